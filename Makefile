@@ -1,0 +1,152 @@
+# nflash: one top-level Makefile.
+#
+#   make            build build/nflash, build/libnflash.a, build/libnflash.so
+#   make test       build with -Werror and run the Criterion suite
+#   make demo       the main job (see README.md)
+#   make bench      build and run the benchmarks in bench/
+#   make deps       apt-get install whatever Debian package is missing
+#   make install PREFIX=/usr/local
+#
+# Options: V=1 (verbose), SANITIZE=address,undefined or SANITIZE=thread
+# (objects go to build-<sanitizer>/), BPF=0 (no eBPF), WERROR=0.
+
+.DELETE_ON_ERROR:
+.SUFFIXES:
+
+PREFIX   ?= /usr/local
+V        ?= 0
+BPF      ?= 1
+WERROR   ?= 1
+SANITIZE ?=
+VERSION  := 0.1.0
+
+ifeq ($(V),1)
+Q :=
+msg = @true
+else
+Q := @
+msg = @printf '  %-7s %s\n' $(1) $(2)
+endif
+
+comma := ,
+ifneq ($(SANITIZE),)
+B := build-$(subst $(comma),-,$(SANITIZE))
+else
+B := build
+endif
+
+CC      ?= cc
+CLANG   ?= clang
+BPFTOOL ?= bpftool
+
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -pthread \
+	-Wall -Wextra -Wshadow -Wno-unused-parameter -Wstrict-prototypes \
+	-Iinclude -I$(B) -MMD -MP -DNF_VERSION='"$(VERSION)"'
+ifeq ($(WERROR),1)
+CFLAGS_BASE += -Werror
+endif
+ifneq ($(SANITIZE),)
+CFLAGS_BASE += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS_SAN := -fsanitize=$(SANITIZE)
+endif
+CFLAGS  ?=
+CFLAGS  += $(CFLAGS_BASE)
+LDLIBS  := -laio -luring -lnuma -lm -lpthread
+
+# Kernels for one ISA live in files named *_avx2.c / *_avx512.c and are
+# chosen at start-up by cpuid; only those files get the ISA flags.
+ISA_AVX2   := -mavx2 -mfma -mf16c
+ISA_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mavx2 -mfma -mf16c
+
+LIB_SRC := $(sort $(wildcard storage/*.c compute/*.c planner/*.c))
+ifeq ($(BPF),1)
+LIB_SRC += $(filter-out %.bpf.c,$(wildcard bpf/*.c))
+LDLIBS  += -lbpf -lelf -lz
+CFLAGS  += -DNF_HAVE_BPF=1
+else
+CFLAGS  += -DNF_HAVE_BPF=0
+endif
+TOOL_SRC  := $(sort $(wildcard tools/*.c))
+TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+TESTUTIL_SRC := $(sort $(wildcard tests/util_*.c))
+BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(B)/%.o)
+TOOL_OBJ  := $(TOOL_SRC:%.c=$(B)/%.o)
+TEST_OBJ  := $(TEST_SRC:%.c=$(B)/%.o) $(TESTUTIL_SRC:%.c=$(B)/%.o)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
+
+# tools/ objects other than main() are reusable by tests and benches.
+TOOL_LIB_OBJ := $(filter-out $(B)/tools/nflash.o,$(TOOL_OBJ))
+
+.PHONY: all deps test test-run demo bench install clean fuzz
+all: deps $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
+
+deps:
+	$(Q)CI=$(CI) sh tools/deps.sh
+
+$(B)/%.o: %.c
+	$(call msg,CC,$@)
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(ISA_AVX512),$(if $(findstring _avx2,$<),$(ISA_AVX2))) -c $< -o $@
+
+$(B)/libnflash.a: $(LIB_OBJ)
+	$(call msg,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(B)/libnflash.so: $(LIB_OBJ)
+	$(call msg,LD,$@)
+	$(Q)$(CC) -shared -Wl,-soname,libnflash.so.0 $(LDFLAGS_SAN) -o $@ $^ $(LDLIBS)
+
+$(B)/nflash: $(TOOL_OBJ) $(B)/libnflash.a
+	$(call msg,LD,$@)
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TOOL_OBJ) $(B)/libnflash.a $(LDLIBS)
+
+$(B)/nflash.pc: Makefile
+	$(Q)mkdir -p $(@D)
+	$(Q)printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: nflash\nDescription: LLM inference streaming FFN neurons from flash\nVersion: %s\nLibs: -L$${libdir} -lnflash\nLibs.private: %s\nCflags: -I$${includedir}\n' \
+		'$(PREFIX)' '$(VERSION)' '$(LDLIBS)' > $@
+
+# ---- eBPF ---------------------------------------------------------------
+# (rules for bpf/*.bpf.c -> $(B)/bpf/*.skel.h live here; see bpf/)
+-include bpf/bpf.mk
+
+# ---- tests --------------------------------------------------------------
+$(B)/tests/nflash-tests: $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a
+	$(call msg,LD,$@)
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(LDLIBS) -lcriterion
+
+# TEST_FILTER='storage/*' runs one suite; TEST_JOBS sets Criterion's workers.
+TEST_JOBS ?= 2
+test: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
+	$(Q)$(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
+
+# ---- benchmarks ---------------------------------------------------------
+$(B)/bench/%: bench/%.c $(TOOL_LIB_OBJ) $(B)/libnflash.a
+	$(call msg,CCLD,$@)
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(B)/libnflash.a $(LDLIBS)
+
+bench: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(BENCH_BIN)
+	$(Q)sh bench/run.sh $(B)
+
+demo: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+	$(Q)sh tools/demo.sh $(B)
+
+# ---- install ------------------------------------------------------------
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/nflash
+	install -m 755 $(B)/nflash $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(B)/libnflash.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(B)/libnflash.so $(DESTDIR)$(PREFIX)/lib/libnflash.so.0
+	ln -sf libnflash.so.0 $(DESTDIR)$(PREFIX)/lib/libnflash.so
+	install -m 644 include/nflash/*.h $(DESTDIR)$(PREFIX)/include/nflash/
+	install -m 644 $(B)/nflash.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+
+clean:
+	rm -rf build build-*
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

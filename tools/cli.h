@@ -1,0 +1,89 @@
+/*
+ * tools/cli.h - helpers every `nflash` subcommand shares: flag parsing with
+ * errors that name the flag, a progress bar for long work, a small JSON
+ * writer for --json reports, and the meaning of exit codes.
+ *
+ * Exit codes (documented in README.md):
+ *   0  success
+ *   1  the operation failed: bad or corrupt file, I/O error, verify found damage
+ *   2  usage error, or this machine cannot run it (not root, no BTF, ...)
+ *
+ * Not thread-safe; used from the command's main thread only.
+ */
+#ifndef NFLASH_TOOLS_CLI_H
+#define NFLASH_TOOLS_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum { NF_EXIT_OK = 0, NF_EXIT_FAIL = 1, NF_EXIT_USAGE = 2 };
+
+/* One subcommand: tools/<name>.c defines nf_cmd_<name>(). */
+struct nf_cmd {
+	const char *name;
+	int (*run)(int argc, char **argv);   /* argv[0] is the subcommand name */
+	const char *summary;
+};
+
+/* Print "nflash: <message>\n" to stderr. */
+void nf_cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void nf_cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/*
+ * Value of flag argv[*i]: advances *i and returns argv[*i], or prints
+ * "nflash: FLAG needs a value" and returns NULL.
+ */
+const char *nf_cli_value(int argc, char **argv, int *i);
+
+/* Parsers: 0 on success; on bad input print an error naming flag, return NF_EUSAGE. */
+int nf_cli_u64(const char *flag, const char *s, uint64_t *out);
+int nf_cli_int(const char *flag, const char *s, long min, long max, long *out);
+int nf_cli_double(const char *flag, const char *s, double *out);
+/* "4096", "64K", "1.5G", "2GiB": binary units (K = 1024). */
+int nf_cli_size(const char *flag, const char *s, uint64_t *out);
+/* "1,2,3" -> malloc'd array the caller frees. */
+int nf_cli_ids(const char *flag, const char *s, int32_t **ids, size_t *n);
+
+/* Monotonic seconds. */
+double nf_cli_now(void);
+
+/*
+ * Progress bar on stderr, drawn only when stderr is a terminal and at most
+ * 10 times a second. unit_bytes makes it show MB/s; otherwise items/s.
+ */
+struct nf_progress {
+	const char *label;
+	uint64_t total;
+	uint64_t done;
+	double t0, last;
+	bool tty, unit_bytes, drawn;
+};
+void nf_progress_start(struct nf_progress *p, const char *label, uint64_t total, bool unit_bytes);
+void nf_progress_update(struct nf_progress *p, uint64_t done);
+void nf_progress_end(struct nf_progress *p);
+
+/*
+ * Minimal streaming JSON writer. key is NULL inside arrays. Strings are
+ * escaped. Non-finite doubles are written as null.
+ */
+struct nf_json {
+	FILE *f;
+	int depth;
+	bool need_comma[64];
+	bool pretty;
+};
+void nf_json_init(struct nf_json *j, FILE *f, bool pretty);
+void nf_json_obj_begin(struct nf_json *j, const char *key);
+void nf_json_obj_end(struct nf_json *j);
+void nf_json_arr_begin(struct nf_json *j, const char *key);
+void nf_json_arr_end(struct nf_json *j);
+void nf_json_str(struct nf_json *j, const char *key, const char *v);
+void nf_json_u64(struct nf_json *j, const char *key, uint64_t v);
+void nf_json_i64(struct nf_json *j, const char *key, int64_t v);
+void nf_json_dbl(struct nf_json *j, const char *key, double v);
+void nf_json_bool(struct nf_json *j, const char *key, bool v);
+/* Ends the top-level value with a newline. */
+void nf_json_finish(struct nf_json *j);
+
+#endif

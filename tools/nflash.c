@@ -1,0 +1,54 @@
+/*
+ * nflash.c - the `nflash` command: dispatch to one subcommand per file.
+ *
+ * Each subcommand lives in tools/<name>.c as nf_cmd_<name>(argc, argv) and
+ * returns an exit code from cli.h (0 ok, 1 failed, 2 usage).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+
+static const struct nf_cmd nf_cmds[] = {
+	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
+	{ NULL, NULL, NULL },
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: nflash <command> [options]\n"
+		"\n"
+		"Runs LLMs whose weights do not fit in memory by streaming the FFN\n"
+		"neurons each token activates from flash (PowerInfer-2 style).\n"
+		"\n"
+		"commands:\n");
+	for (size_t i = 0; nf_cmds[i].name; i++)
+		fprintf(f, "  %-10s %s\n", nf_cmds[i].name, nf_cmds[i].summary);
+	fprintf(f,
+		"\n"
+		"`nflash <command> --help` describes one command.\n"
+		"exit codes: 0 success, 1 operation failed, 2 usage error or unsupported here\n");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return NF_EXIT_USAGE;
+	}
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return NF_EXIT_OK;
+	}
+	if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+		printf("nflash %s\n", NF_VERSION);
+		return NF_EXIT_OK;
+	}
+	for (size_t i = 0; nf_cmds[i].name; i++)
+		if (!strcmp(argv[1], nf_cmds[i].name))
+			return nf_cmds[i].run(argc - 1, argv + 1);
+	nf_cli_err("unknown command '%s' (try 'nflash --help')", argv[1]);
+	return NF_EXIT_USAGE;
+}
