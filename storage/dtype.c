@@ -1,0 +1,235 @@
+/*
+ * dtype.c - element type table, fp16/bf16 conversion, reference quantizers.
+ *
+ * Invariant: encodings are bit-exact with ggml (round-to-nearest-even fp16
+ * like F16C; Q4_0/Q8_0 rounding as ggml's quantize_row_*_ref), because the
+ * fidelity tests compare against llama.cpp to 1e-6.
+ */
+#include <math.h>
+#include <string.h>
+#include <strings.h>
+
+#include "nflash/dtype.h"
+
+bool nf_dtype_valid(uint32_t t)
+{
+	return t == NF_DTYPE_F32 || t == NF_DTYPE_F16 || t == NF_DTYPE_Q4_0 ||
+	       t == NF_DTYPE_Q8_0 || t == NF_DTYPE_BF16;
+}
+
+const char *nf_dtype_name(uint32_t t)
+{
+	switch (t) {
+	case NF_DTYPE_F32: return "f32";
+	case NF_DTYPE_F16: return "f16";
+	case NF_DTYPE_Q4_0: return "q4_0";
+	case NF_DTYPE_Q8_0: return "q8_0";
+	case NF_DTYPE_BF16: return "bf16";
+	default: return "unknown";
+	}
+}
+
+int nf_dtype_parse(const char *name)
+{
+	static const uint32_t all[] = { NF_DTYPE_F32, NF_DTYPE_F16, NF_DTYPE_Q4_0,
+					NF_DTYPE_Q8_0, NF_DTYPE_BF16 };
+	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+		if (!strcasecmp(name, nf_dtype_name(all[i])))
+			return (int)all[i];
+	return -1;
+}
+
+size_t nf_dtype_block_len(uint32_t t)
+{
+	switch (t) {
+	case NF_DTYPE_F32: case NF_DTYPE_F16: case NF_DTYPE_BF16: return 1;
+	case NF_DTYPE_Q4_0: case NF_DTYPE_Q8_0: return NF_QK;
+	default: return 0;
+	}
+}
+
+size_t nf_dtype_block_size(uint32_t t)
+{
+	switch (t) {
+	case NF_DTYPE_F32: return 4;
+	case NF_DTYPE_F16: case NF_DTYPE_BF16: return 2;
+	case NF_DTYPE_Q4_0: return sizeof(struct nf_block_q4_0);
+	case NF_DTYPE_Q8_0: return sizeof(struct nf_block_q8_0);
+	default: return 0;
+	}
+}
+
+size_t nf_dtype_row_size(uint32_t t, uint64_t n)
+{
+	size_t bl = nf_dtype_block_len(t);
+	if (!bl || n % bl)
+		return 0;
+	return (size_t)(n / bl) * nf_dtype_block_size(t);
+}
+
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float nf_fp16_to_fp32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+	uint32_t exp = (h >> 10) & 0x1f;
+	uint32_t man = h & 0x3ff;
+	if (exp == 0) {
+		if (man == 0)
+			return bits_f32(sign);
+		/* subnormal: man * 2^-24 */
+		float v = (float)man * 0x1p-24f;
+		return sign ? -v : v;
+	}
+	if (exp == 31)
+		return bits_f32(sign | 0x7f800000u | (man << 13));
+	return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+uint16_t nf_fp32_to_fp16(float f)
+{
+	uint32_t x = f32_bits(f);
+	uint32_t sign = (x >> 16) & 0x8000;
+	uint32_t ax = x & 0x7fffffffu;
+	if (ax >= 0x7f800000u) /* inf or nan */
+		return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 | ((ax >> 13) & 0x3ff) : 0));
+	if (ax >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+		return (uint16_t)(sign | 0x7c00);
+	if (ax < 0x38800000u) { /* below 2^-14: subnormal or zero */
+		/* value / 2^-24, rounded to nearest even */
+		float v = bits_f32(ax) * 0x1p24f;
+		uint32_t r = (uint32_t)nearbyintf(v);
+		return (uint16_t)(sign | r);
+	}
+	uint32_t exp = ((ax >> 23) - 112) << 10;
+	uint32_t man = (ax >> 13) & 0x3ff;
+	uint32_t rest = ax & 0x1fff;
+	uint32_t h = exp | man;
+	if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+		h++;
+	return (uint16_t)(sign | h);
+}
+
+float nf_bf16_to_fp32(uint16_t h)
+{
+	return bits_f32((uint32_t)h << 16);
+}
+
+uint16_t nf_fp32_to_bf16(float f)
+{
+	uint32_t x = f32_bits(f);
+	if ((x & 0x7fffffffu) > 0x7f800000u) /* nan: keep it quiet */
+		return (uint16_t)((x >> 16) | 64);
+	return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
+}
+
+void nf_quantize_row_q8_0(const float *x, struct nf_block_q8_0 *y, size_t n)
+{
+	for (size_t b = 0; b < n / NF_QK; b++) {
+		const float *v = x + b * NF_QK;
+		float amax = 0;
+		for (int j = 0; j < NF_QK; j++)
+			amax = fmaxf(amax, fabsf(v[j]));
+		float d = amax / 127.0f;
+		float id = d ? 1.0f / d : 0.0f;
+		y[b].d = nf_fp32_to_fp16(d);
+		for (int j = 0; j < NF_QK; j++)
+			y[b].qs[j] = (int8_t)roundf(v[j] * id);
+	}
+}
+
+void nf_quantize_row_q4_0(const float *x, struct nf_block_q4_0 *y, size_t n)
+{
+	for (size_t b = 0; b < n / NF_QK; b++) {
+		const float *v = x + b * NF_QK;
+		float amax = 0, max = 0;
+		for (int j = 0; j < NF_QK; j++) {
+			if (amax < fabsf(v[j])) {
+				amax = fabsf(v[j]);
+				max = v[j];
+			}
+		}
+		float d = max / -8.0f;
+		float id = d ? 1.0f / d : 0.0f;
+		y[b].d = nf_fp32_to_fp16(d);
+		for (int j = 0; j < NF_QK / 2; j++) {
+			float x0 = v[j] * id, x1 = v[NF_QK / 2 + j] * id;
+			uint8_t q0 = (uint8_t)fminf(15.0f, (float)(int8_t)(x0 + 8.5f));
+			uint8_t q1 = (uint8_t)fminf(15.0f, (float)(int8_t)(x1 + 8.5f));
+			y[b].qs[j] = (uint8_t)(q0 | (q1 << 4));
+		}
+	}
+}
+
+void nf_dequantize_row(uint32_t t, const void *src, float *dst, size_t n)
+{
+	switch (t) {
+	case NF_DTYPE_F32:
+		memcpy(dst, src, n * sizeof(float));
+		break;
+	case NF_DTYPE_F16: {
+		const uint16_t *s = src;
+		for (size_t i = 0; i < n; i++)
+			dst[i] = nf_fp16_to_fp32(s[i]);
+		break;
+	}
+	case NF_DTYPE_BF16: {
+		const uint16_t *s = src;
+		for (size_t i = 0; i < n; i++)
+			dst[i] = nf_bf16_to_fp32(s[i]);
+		break;
+	}
+	case NF_DTYPE_Q8_0: {
+		const struct nf_block_q8_0 *b = src;
+		for (size_t i = 0; i < n / NF_QK; i++) {
+			float d = nf_fp16_to_fp32(b[i].d);
+			for (int j = 0; j < NF_QK; j++)
+				dst[i * NF_QK + j] = b[i].qs[j] * d;
+		}
+		break;
+	}
+	case NF_DTYPE_Q4_0: {
+		const struct nf_block_q4_0 *b = src;
+		for (size_t i = 0; i < n / NF_QK; i++) {
+			float d = nf_fp16_to_fp32(b[i].d);
+			for (int j = 0; j < NF_QK / 2; j++) {
+				dst[i * NF_QK + j] = ((b[i].qs[j] & 0x0f) - 8) * d;
+				dst[i * NF_QK + j + NF_QK / 2] = ((b[i].qs[j] >> 4) - 8) * d;
+			}
+		}
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+void nf_quantize_row(uint32_t t, const float *src, void *dst, size_t n)
+{
+	switch (t) {
+	case NF_DTYPE_F32:
+		memcpy(dst, src, n * sizeof(float));
+		break;
+	case NF_DTYPE_F16: {
+		uint16_t *d = dst;
+		for (size_t i = 0; i < n; i++)
+			d[i] = nf_fp32_to_fp16(src[i]);
+		break;
+	}
+	case NF_DTYPE_BF16: {
+		uint16_t *d = dst;
+		for (size_t i = 0; i < n; i++)
+			d[i] = nf_fp32_to_bf16(src[i]);
+		break;
+	}
+	case NF_DTYPE_Q8_0:
+		nf_quantize_row_q8_0(src, dst, n);
+		break;
+	case NF_DTYPE_Q4_0:
+		nf_quantize_row_q4_0(src, dst, n);
+		break;
+	default:
+		break;
+	}
+}
