@@ -1,0 +1,99 @@
+/*
+ * nflash/kernels.h - the numeric kernels of the transformer.
+ *
+ * A plain C reference implements every op; AVX2 and AVX-512 versions
+ * (compute/kernels_avx2.c, compute/kernels_avx512.c) implement the same table
+ * and are chosen once, at first call of nf_kernels_get(), by cpuid. The
+ * environment variable NFLASH_ISA=scalar|avx2|avx512 forces one (for tests
+ * and benchmarks). AMX is not used.
+ *
+ * Matrix products follow ggml: the activation vector x is first converted
+ * to the weight type's "dot type" (Q8_0 for Q4_0/Q8_0 weights, F16 for F16,
+ * BF16 for BF16, F32 for F32) and the dot product is taken on that, integer
+ * for quantized types. This is what makes logits match llama.cpp to 1e-6.
+ *
+ *	const struct nf_kernels *k = nf_kernels_get();
+ *	enum nf_ktype kt = nf_ktype_of(NF_DTYPE_Q4_0);
+ *	k->act_prepare[kt](x, xq, n);                    // xq: nf_act_size(kt, n) bytes
+ *	k->gemv[kt](n, rows, W, row_bytes, xq, y);       // y[r] = W[r] . x
+ *
+ * Kernels never allocate and are thread-safe (callers split rows between
+ * threads). Row lengths n are multiples of 32 for quantized types.
+ */
+#ifndef NFLASH_KERNELS_H
+#define NFLASH_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nflash/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Weight types the kernels index by. */
+enum nf_ktype {
+	NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
+	NF_KT_COUNT,
+};
+
+/* The kernel index of a dtype, or -1 if no kernel handles it. */
+int nf_ktype_of(uint32_t dtype);
+/* The dtype in which activations are given to a weight type's dot product. */
+uint32_t nf_ktype_dot_dtype(enum nf_ktype kt);
+/* Bytes of a prepared activation row of n values for weight kernel kt. */
+size_t nf_act_size(enum nf_ktype kt, size_t n);
+
+struct nf_kernels {
+	const char *isa; /* "scalar", "avx2", "avx512" */
+
+	/* Convert f32 activations to kt's dot type (quantize to Q8_0, round to
+	 * fp16/bf16, or copy). */
+	void (*act_prepare[NF_KT_COUNT])(const float *x, void *xq, size_t n);
+
+	/* y[r] = dot(W row r, xq), r in [0, nrows); rows are row_bytes apart. */
+	void (*gemv[NF_KT_COUNT])(size_t n, size_t nrows, const void *w, size_t row_bytes,
+				  const void *xq, float *y);
+
+	/* Batched: y[b * ldy + r] = dot(W row r, xq row b), b in [0, nb);
+	 * prepared activation rows are xq_stride bytes apart. */
+	void (*gemm[NF_KT_COUNT])(size_t n, size_t nrows, const void *w, size_t row_bytes,
+				  size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy);
+
+	/* y[k] += a * W_row[k], k in [0, n): the sparse "down column" update.
+	 * Callers round a as the reference requires before calling. */
+	void (*axpy[NF_KT_COUNT])(size_t n, float a, const void *wrow, float *y);
+
+	/* out = x / sqrt(mean(x^2) + eps) * w (w may be NULL: no scale). out may alias x. */
+	void (*rmsnorm)(float *out, const float *x, const float *w, size_t n, float eps);
+	/* In place, numerically stable (max subtracted). */
+	void (*softmax)(float *x, size_t n);
+	/* g[i] = act(g[i]) * u[i]; u may be NULL (no gate). */
+	void (*silu_mul)(float *g, const float *u, size_t n);
+	void (*relu_mul)(float *g, const float *u, size_t n);
+	/* dReLU: g[i] = relu(g[i]) * relu(u[i]). */
+	void (*drelu_mul)(float *g, const float *u, size_t n);
+	/* Dot and scaled-add on f32 vectors (attention scores and values). */
+	float (*dot_f32)(const float *a, const float *b, size_t n);
+	void (*axpy_f32)(size_t n, float a, const float *x, float *y);
+};
+
+/* The best table for this CPU (or NFLASH_ISA), chosen once; never NULL. */
+const struct nf_kernels *nf_kernels_get(void);
+/* The plain C reference. */
+const struct nf_kernels *nf_kernels_ref(void);
+/* A named ISA's table, or NULL if this CPU (or build) cannot run it. */
+const struct nf_kernels *nf_kernels_isa(const char *isa);
+
+/*
+ * RoPE, LLaMA "normal" style: rotates adjacent pairs (x[2i], x[2i+1]) of each
+ * head by pos * freq_scale * base^(-2i/head_dim). x holds n_head heads.
+ */
+void nf_rope(float *x, size_t n_head, size_t head_dim, int64_t pos, float freq_base,
+	     float freq_scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NFLASH_KERNELS_H */
