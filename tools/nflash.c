@@ -9,9 +9,12 @@
 
 #include "cli.h"
 
+int nf_cmd_synth(int argc, char **argv);
+
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
+	{ "synth", nf_cmd_synth, "write a synthetic sparse model (GGUF); --report measures one" },
 	{ NULL, NULL, NULL },
 };
 
