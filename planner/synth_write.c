@@ -32,6 +32,7 @@
 #include "nflash/dtype.h"
 #include "nflash/gguf.h"
 #include "nflash/synth.h"
+#include "synth_gate.h"
 
 #define CHUNK_BYTES (8u << 20)
 #define LAYER_GLOBAL 0xffffu
@@ -288,6 +289,7 @@ struct expert_state {
 struct gen {
 	const struct nf_synth_params *p;
 	uint32_t d, n_tok, R, n_exp, layer;
+	bool avx2;          /* use the AVX2 gate kernel (same bytes, faster) */
 	float sigma_e;      /* rms of the token-channel embedding values as stored */
 	float threshold;    /* powerinfer.sparse_threshold */
 	float sigma_down;   /* std of down weights */
@@ -320,6 +322,8 @@ static int gen_init(struct gen *g, const struct nf_synth_params *p)
 	g->R = p->pred_rank / 2 - 1;
 	g->n_exp = p->n_expert ? p->n_expert : 1;
 	g->layer = LAYER_GLOBAL;
+	g->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+		  !getenv("NFLASH_SYNTH_NO_AVX2");
 	const uint32_t ff = p->n_ff;
 	double n_active = (1.0 - p->sparsity) * ff * (p->n_expert ? p->n_expert_used : 1);
 	if (n_active < 1)
@@ -409,11 +413,15 @@ static void gate_row(const struct gen *g, struct expert_state *x, uint32_t j, fl
 {
 	const uint32_t nt = g->n_tok, R = g->R;
 	const float *b = x->B + (size_t)j * R;
-	memset(tmp, 0, nt * sizeof(float));
-	for (uint32_t k = 0; k < R; k++) {
-		const float bk = b[k], *a = x->A + (size_t)k * nt;
-		for (uint32_t c = 0; c < nt; c++)
-			tmp[c] += bk * a[c];
+	if (g->avx2) {
+		nf_synth_gate_row_avx2(x->A, b, R, nt, tmp);
+	} else {
+		memset(tmp, 0, nt * sizeof(float));
+		for (uint32_t k = 0; k < R; k++) {
+			const float bk = b[k], *a = x->A + (size_t)k * nt;
+			for (uint32_t c = 0; c < nt; c++)
+				tmp[c] += bk * a[c];
+		}
 	}
 	double ss = 0;   /* integers: exact in double in any order */
 	for (uint32_t c = 0; c < nt; c++)
@@ -426,12 +434,197 @@ static void gate_row(const struct gen *g, struct expert_state *x, uint32_t j, fl
 		out[NF_SYNTH_TOK_BEGIN + c] = tmp[c] * s;
 }
 
+/*
+ * Grid tensors: the purely random matrices (attention, up for ReLU/SiLU,
+ * down, output) hold integers k times a power-of-two step delta, so that
+ * Q4_0/Q8_0 blocks can be written directly (no float round trip) and so
+ * that both layouts of the down matrix are exactly the same real matrix:
+ * in every 32-block of a down row or column one element ("the pattern",
+ * where (c + j) % 32 == 0, plus (1, j) for j % 32 == 0 since channel 0 is
+ * reserved) has magnitude K + 1, which makes ggml's own quantizer pick
+ * scale delta and reproduce every value exactly along either axis. The
+ * pattern's sign alternates by block so the matrix has zero mean.
+ */
+static bool is_grid(const struct gen *g, enum kind k)
+{
+	switch (k) {
+	case K_OUTPUT: case K_Q: case K_K: case K_V: case K_O: case K_DOWN: case K_DOWN_T:
+		return true;
+	case K_UP:
+		return g->p->act != NF_SYNTH_ACT_DRELU;
+	default:
+		return false;
+	}
+}
+
+static int grid_K(const struct gen *g, enum kind k)
+{
+	bool q4 = g->p->dtype == NF_DTYPE_Q4_0;
+	if (k == K_DOWN || k == K_DOWN_T)
+		return q4 ? 7 : 126;
+	return q4 ? 7 : 127;
+}
+
+static float grid_delta(const struct gen *g, enum kind k)
+{
+	const struct nf_synth_params *p = g->p;
+	double sigma;
+	switch (k) {
+	case K_OUTPUT: sigma = 2.0 / sqrt((double)g->d); break;
+	case K_O: sigma = 1.0 / sqrt((double)g->d * p->n_layer); break;
+	case K_DOWN: case K_DOWN_T: sigma = g->sigma_down; break;
+	default: sigma = 1.0 / sqrt((double)g->d); break;
+	}
+	double K = grid_K(g, k);
+	return (float)exp2(round(log2(sigma / sqrt(K * (K + 1) / 3.0))));
+}
+
+/* Uniform integer in [-K, K] from one random byte. */
+static inline int8_t kbyte(unsigned b, int K)
+{
+	return (int8_t)((int)((b * (unsigned)(2 * K + 1)) >> 8) - K);
+}
+
+typedef uint8_t nf_vu8 __attribute__((vector_size(16)));
+typedef int8_t nf_vi8 __attribute__((vector_size(16)));
+typedef uint16_t nf_vu16 __attribute__((vector_size(32)));
+typedef int16_t nf_vi16 __attribute__((vector_size(32)));
+
+/* Turn random bytes into uniform integers in [-K, K], in place; n is a
+ * multiple of 16. Written with vector types: it runs on every weight. */
+static void kbytes(int8_t *k, size_t n, int K)
+{
+	const uint16_t m = (uint16_t)(2 * K + 1);
+	for (size_t i = 0; i < n; i += 16) {
+		nf_vu8 b;
+		memcpy(&b, k + i, 16);
+		nf_vu16 w = __builtin_convertvector(b, nf_vu16);
+		w = (w * m) >> 8;
+		nf_vi16 s = (nf_vi16)w - (int16_t)K;
+		nf_vi8 r = __builtin_convertvector(s, nf_vi8);
+		memcpy(k + i, &r, 16);
+	}
+}
+
+/* Down element (c, j) uses byte (c * ff + j) % 8 of 64-bit number
+ * (c * ff + j) / 8: rows of ffn_down read eight elements per number.
+ * Pattern elements: (c + j) % 32 == 0, and (1, j) for j % 32 == 0. */
+static inline int8_t down_sign_k(uint64_t c, uint64_t j, int K)
+{
+	return (int8_t)((((c >> 5) + (j >> 5)) & 1) ? -(K + 1) : K + 1);
+}
+
+/* The integers of row `row` of grid tensor t (t->ne[0] of them). */
+static void grid_row(const struct gen *g, const struct tdesc *t, uint64_t row, int8_t *k)
+{
+	const uint64_t n = t->ne[0], ff = g->p->n_ff;
+	const uint32_t e = (uint32_t)(row / t->ne[1]);
+	const uint64_t j = row % t->ne[1];
+	const uint64_t key = stream_key(g->p->seed, t->kind == K_DOWN_T ? K_DOWN : t->kind,
+					t->layer, e);
+	const int K = grid_K(g, t->kind);
+
+	if (t->kind == K_DOWN) {         /* row = output channel j, element i = neuron */
+		if (is_reserved(g, j)) {
+			memset(k, 0, n);
+			return;
+		}
+		for (uint64_t i = 0; i < n; i += 8) {
+			uint64_t z = rnd(key, (j * ff + i) / 8);
+			memcpy(k + i, &z, 8);
+		}
+		kbytes(k, n, K);
+		for (uint64_t i = (32 - j % 32) % 32; i < n; i += 32)
+			k[i] = down_sign_k(j, i, K);
+		if (j == 1)
+			for (uint64_t i = 0; i < n; i += 32)
+				k[i] = down_sign_k(j, i, K);
+		return;
+	}
+	if (t->kind == K_DOWN_T) {       /* row = neuron j, element c = channel */
+		for (uint64_t c = 0; c < n; c++)
+			k[c] = (int8_t)(rnd(key, (c * ff + j) / 8) >> (8 * (j % 8)));
+		kbytes(k, n, K);
+		for (uint64_t c = (32 - j % 32) % 32; c < n; c += 32)
+			k[c] = down_sign_k(c, j, K);
+		if (j % 32 == 0)
+			k[1] = down_sign_k(1, j, K);
+		k[NF_SYNTH_BIAS_CHANNEL] = 0;
+		memset(k + NF_SYNTH_TOK_BEGIN, 0, g->n_tok);
+		return;
+	}
+	if (t->kind == K_O && is_reserved(g, j)) {
+		memset(k, 0, n);
+		return;
+	}
+	uint64_t base = (t->kind == K_UP ? j : row) * (n / 8);
+	for (uint64_t i = 0; i < n; i += 8) {
+		uint64_t z = rnd(key, base + i / 8);
+		memcpy(k + i, &z, 8);
+	}
+	kbytes(k, n, K);
+	if (t->kind == K_UP)
+		k[NF_SYNTH_BIAS_CHANNEL] = 0;
+}
+
+static void grid_floats(const struct gen *g, const struct tdesc *t, uint64_t row, float *out,
+			float *tmp)
+{
+	int8_t *k = (int8_t *)tmp;
+	float delta = grid_delta(g, t->kind);
+	grid_row(g, t, row, k);
+	for (uint64_t i = 0; i < t->ne[0]; i++)
+		out[i] = (float)k[i] * delta;
+}
+
+/*
+ * Encode a grid row directly as Q4_0 or Q8_0. Blocks holding the pattern
+ * (or all zeros) get exactly the bytes ggml's quantizer would give for the
+ * same values; other blocks use scale delta, a valid encoding of the
+ * same values.
+ */
+static void grid_encode(const struct gen *g, const struct tdesc *t, uint64_t row, void *dst,
+			int8_t *k)
+{
+	const uint64_t n = t->ne[0];
+	const float delta = grid_delta(g, t->kind);
+	const int K = grid_K(g, t->kind);
+	const uint16_t d_pos = nf_fp32_to_fp16(delta), d_neg = nf_fp32_to_fp16(-delta);
+	grid_row(g, t, row, k);
+	for (uint64_t b = 0; b < n / NF_QK; b++) {
+		const int8_t *v = k + b * NF_QK;
+		bool any = false, plus = false;
+		for (int i = 0; i < NF_QK; i++) {
+			any |= v[i] != 0;
+			plus |= v[i] == K + 1;
+		}
+		if (t->type == NF_DTYPE_Q4_0) {
+			struct nf_block_q4_0 *y = (struct nf_block_q4_0 *)dst + b;
+			/* d = -delta when the block's extreme is +8: q = 8 - k */
+			uint8_t q[NF_QK];
+			y->d = !any ? nf_fp32_to_fp16(-0.0f) : plus ? d_neg : d_pos;
+			if (plus)
+				for (int i = 0; i < NF_QK; i++)
+					q[i] = (uint8_t)(8 - v[i]);
+			else
+				for (int i = 0; i < NF_QK; i++)
+					q[i] = (uint8_t)(v[i] + 8);
+			for (int i = 0; i < NF_QK / 2; i++)
+				y->qs[i] = (uint8_t)(q[i] | (q[NF_QK / 2 + i] << 4));
+		} else {
+			struct nf_block_q8_0 *y = (struct nf_block_q8_0 *)dst + b;
+			y->d = any ? d_pos : 0;
+			memcpy(y->qs, v, NF_QK);
+		}
+	}
+}
+
 /* Row `row` of tensor t as floats (t->ne[0] values). tmp: >= n_ff + n_embd floats. */
 static void gen_row(const struct gen *g, const struct tdesc *t, uint64_t row, float *out,
 		    float *tmp)
 {
 	const struct nf_synth_params *p = g->p;
-	const uint32_t d = g->d, ff = p->n_ff, nt = g->n_tok, R = g->R;
+	const uint32_t d = g->d, nt = g->n_tok, R = g->R;
 	const uint64_t n = t->ne[0];
 	const uint32_t e = (uint32_t)(row / t->ne[1]);
 	const uint64_t j = row % t->ne[1];
@@ -444,23 +637,8 @@ static void gen_row(const struct gen *g, const struct tdesc *t, uint64_t row, fl
 		fill_uniform(key, row * (n / 2), out, n, sq3);
 		out[NF_SYNTH_BIAS_CHANNEL] = NF_SYNTH_BIAS_VALUE;
 		return;
-	case K_OUTPUT:
-		fill_uniform(key, row * (n / 2), out, n, sq3 * 2.0f / sqrtf((float)d));
-		return;
-	case K_NORM:
-		for (uint64_t i = 0; i < n; i++)
-			out[i] = 1.0f;
-		return;
-	case K_Q: case K_K: case K_V:
-		fill_uniform(key, row * (n / 2), out, n, sq3 / sqrtf((float)d));
-		return;
-	case K_O:
-		if (is_reserved(g, row)) {
-			memset(out, 0, n * sizeof(float));
-			return;
-		}
-		fill_uniform(key, row * (n / 2), out, n,
-			     sq3 / sqrtf((float)d * (float)p->n_layer));
+	case K_OUTPUT: case K_Q: case K_K: case K_V: case K_O: case K_DOWN: case K_DOWN_T:
+		grid_floats(g, t, row, out, tmp);
 		return;
 	case K_ROUTER:
 		fill_uniform(key, row * (n / 2), out, n, sq3 / sqrtf((float)d));
@@ -485,29 +663,8 @@ static void gen_row(const struct gen *g, const struct tdesc *t, uint64_t row, fl
 			out[NF_SYNTH_BIAS_CHANNEL] = x->ubias[j];
 			return;
 		}
-		fill_uniform(key, j * (n / 2), out, n, sq3 / sqrtf((float)d));
-		out[NF_SYNTH_BIAS_CHANNEL] = 0;
+		grid_floats(g, t, row, out, tmp);
 		return;
-	case K_DOWN: {
-		/* Row = output channel c (length n_ff); element (c, i) of the
-		 * real matrix comes from counter c * n_ff + i. */
-		const float s = sq3 * g->sigma_down * 0x1p-31f;
-		if (is_reserved(g, j)) {
-			memset(out, 0, n * sizeof(float));
-			return;
-		}
-		for (uint64_t i = 0; i < n; i++)
-			out[i] = (float)(int32_t)(uint32_t)rnd(key, j * ff + i) * s;
-		return;
-	}
-	case K_DOWN_T: {
-		/* Row = neuron j (length n_embd): column j of the same matrix. */
-		const float s = sq3 * g->sigma_down * 0x1p-31f;
-		for (uint64_t c = 0; c < n; c++)
-			out[c] = is_reserved(g, c) ? 0.0f :
-				 (float)(int32_t)(uint32_t)rnd(key, c * ff + j) * s;
-		return;
-	}
 	case K_FC1: {
 		/* [A; e_bias; -A; -e_bias] / 127: ReLU of it carries A h both ways. */
 		memset(out, 0, n * sizeof(float));
@@ -768,7 +925,14 @@ struct chunk_job {
 static void *chunk_work(void *arg)
 {
 	struct chunk_job *j = arg;
+	const bool direct = is_grid(j->g, j->t->kind) &&
+			    (j->t->type == NF_DTYPE_Q4_0 || j->t->type == NF_DTYPE_Q8_0);
 	for (uint64_t r = j->row0; r < j->row1; r++) {
+		if (direct) {
+			grid_encode(j->g, j->t, r, j->dst + (r - j->row0) * j->row_bytes,
+				    (int8_t *)j->tmp);
+			continue;
+		}
 		gen_row(j->g, j->t, r, j->row, j->tmp);
 		nf_synth_quantize_row(j->t->type, j->row, j->dst + (r - j->row0) * j->row_bytes,
 				j->t->ne[0]);
