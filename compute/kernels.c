@@ -57,6 +57,9 @@ const struct nf_kernels *nf_kernels_isa(const char *isa)
 	__builtin_cpu_init();
 	if (!strcmp(isa, "scalar"))
 		return &nf_kernels_table_ref;
+	if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") &&
+	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+		return &nf_kernels_table_avx2;
 	return NULL;
 }
 
