@@ -39,7 +39,7 @@ static inline float h2f(uint16_t h)
 
 /* ---- activation preparation ---------------------------------------------- */
 
-static void prepare_q8_0(const float *x, void *xq, size_t n)
+void nf_kavx2_prepare_q8_0(const float *x, void *xq, size_t n)
 {
 	struct nf_block_q8_0 *y = xq;
 	const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -66,7 +66,7 @@ static void prepare_q8_0(const float *x, void *xq, size_t n)
 	}
 }
 
-static void prepare_f16(const float *x, void *xq, size_t n)
+void nf_kavx2_prepare_f16(const float *x, void *xq, size_t n)
 {
 	uint16_t *h = xq;
 	size_t i = 0;
@@ -77,7 +77,7 @@ static void prepare_f16(const float *x, void *xq, size_t n)
 		h[i] = nf_fp32_to_fp16(x[i]);
 }
 
-static void prepare_bf16(const float *x, void *xq, size_t n)
+void nf_kavx2_prepare_bf16(const float *x, void *xq, size_t n)
 {
 	uint16_t *h = xq;
 	size_t i = 0;
@@ -317,7 +317,7 @@ static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((
 					 (const char *)xq + b * xq_stride, y + b * ldy + r0); \
 		}                                                                            \
 	}                                                                                    \
-	static void axpy_##T(size_t n, float a, const void *wrow, float *y)                 \
+	void nf_kavx2_axpy_##T(size_t n, float a, const void *wrow, float *y)               \
 	{                                                                                    \
 		__m256 av = _mm256_set1_ps(a);                                               \
 		size_t i = 0;                                                                \
@@ -333,7 +333,7 @@ FDOT(bf16)
 
 /* ---- quantized axpy ----------------------------------------------------------- */
 
-static void axpy_q8_0(size_t n, float a, const void *wrow, float *y)
+void nf_kavx2_axpy_q8_0(size_t n, float a, const void *wrow, float *y)
 {
 	const struct nf_block_q8_0 *b = wrow;
 	__m256 av = _mm256_set1_ps(a);
@@ -348,7 +348,7 @@ static void axpy_q8_0(size_t n, float a, const void *wrow, float *y)
 	}
 }
 
-static void axpy_q4_0(size_t n, float a, const void *wrow, float *y)
+void nf_kavx2_axpy_q4_0(size_t n, float a, const void *wrow, float *y)
 {
 	const struct nf_block_q4_0 *b = wrow;
 	__m256 av = _mm256_set1_ps(a);
@@ -368,17 +368,17 @@ static void axpy_q4_0(size_t n, float a, const void *wrow, float *y)
 
 /* ---- vector ops ---------------------------------------------------------------- */
 
-static float dot_f32v(const float *a, const float *b, size_t n)
+float nf_kavx2_dot_f32v(const float *a, const float *b, size_t n)
 {
 	return fdot_f32(n, a, b);
 }
 
-static void axpy_f32v(size_t n, float a, const float *x, float *y)
+void nf_kavx2_axpy_f32v(size_t n, float a, const float *x, float *y)
 {
-	axpy_f32(n, a, x, y);
+	nf_kavx2_axpy_f32(n, a, x, y);
 }
 
-static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+void nf_kavx2_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
 {
 	__m256d s0 = _mm256_setzero_pd(), s1 = s0;
 	size_t i = 0;
@@ -410,10 +410,10 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 	.isa = "avx2",
 	.act_prepare = {
 		[NF_KT_F32] = nf_kref_prepare_f32,
-		[NF_KT_F16] = prepare_f16,
-		[NF_KT_BF16] = prepare_bf16,
-		[NF_KT_Q8_0] = prepare_q8_0,
-		[NF_KT_Q4_0] = prepare_q8_0,
+		[NF_KT_F16] = nf_kavx2_prepare_f16,
+		[NF_KT_BF16] = nf_kavx2_prepare_bf16,
+		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,
+		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
@@ -424,14 +424,15 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = gemm_q4_0,
 	},
 	.axpy = {
-		[NF_KT_F32] = axpy_f32, [NF_KT_F16] = axpy_f16, [NF_KT_BF16] = axpy_bf16,
-		[NF_KT_Q8_0] = axpy_q8_0, [NF_KT_Q4_0] = axpy_q4_0,
+		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
+		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
+		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
 	},
-	.rmsnorm = rmsnorm,
+	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kref_softmax,
 	.silu_mul = nf_kref_silu_mul,
 	.relu_mul = nf_kref_relu_mul,
 	.drelu_mul = nf_kref_drelu_mul,
-	.dot_f32 = dot_f32v,
-	.axpy_f32 = axpy_f32v,
+	.dot_f32 = nf_kavx2_dot_f32v,
+	.axpy_f32 = nf_kavx2_axpy_f32v,
 };
