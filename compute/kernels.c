@@ -57,6 +57,15 @@ const struct nf_kernels *nf_kernels_isa(const char *isa)
 	__builtin_cpu_init();
 	if (!strcmp(isa, "scalar"))
 		return &nf_kernels_table_ref;
+	if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") &&
+	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+		return &nf_kernels_table_avx2;
+	if (!strcmp(isa, "avx512") && __builtin_cpu_supports("avx2") &&
+	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+	    __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+	    __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16"))
+		return &nf_kernels_table_avx512;
 	return NULL;
 }
 

@@ -28,4 +28,18 @@ void nf_kref_prepare_f32(const float *x, void *xq, size_t n);
 void nf_kref_prepare_q8_0(const float *x, void *xq, size_t n);
 void nf_kref_axpy_bf16(size_t n, float a, const void *wrow, float *y);
 
+/* AVX2 ops the AVX-512 table reuses (compute/kernels_avx2.c); call only
+ * when the AVX2 table itself is available. */
+void nf_kavx2_prepare_q8_0(const float *x, void *xq, size_t n);
+void nf_kavx2_prepare_f16(const float *x, void *xq, size_t n);
+void nf_kavx2_prepare_bf16(const float *x, void *xq, size_t n);
+void nf_kavx2_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
+void nf_kavx2_axpy_f32(size_t n, float a, const void *wrow, float *y);
+void nf_kavx2_axpy_f16(size_t n, float a, const void *wrow, float *y);
+void nf_kavx2_axpy_bf16(size_t n, float a, const void *wrow, float *y);
+void nf_kavx2_axpy_q8_0(size_t n, float a, const void *wrow, float *y);
+void nf_kavx2_axpy_q4_0(size_t n, float a, const void *wrow, float *y);
+float nf_kavx2_dot_f32v(const float *a, const float *b, size_t n);
+void nf_kavx2_axpy_f32v(size_t n, float a, const float *x, float *y);
+
 #endif /* NF_KERNELS_IMPL_H */
