@@ -40,7 +40,7 @@ static void draw(struct nf_sampler *s, const float *lg, int n, int *hist, int nv
 	}
 }
 
-Test(compute, sampler_greedy_ties_lowest_id)
+Test(sampler, greedy_ties_lowest_id)
 {
 	float lg[6] = { 0.5f, 3.0f, NAN, 3.0f, -INFINITY, 2.9f };
 	cr_assert_eq(nf_sampler_argmax(lg, 6), 1);
@@ -51,7 +51,7 @@ Test(compute, sampler_greedy_ties_lowest_id)
 	cr_assert_eq(nf_sampler_argmax(all_nan, 2), 0);
 }
 
-Test(compute, sampler_temperature_matches_softmax)
+Test(sampler, temperature_matches_softmax)
 {
 	/* p = 1/7, 2/7, 4/7 at temperature 1; at 0.5, 1/21, 4/21, 16/21 */
 	float lg[3] = { 0.0f, logf(2.0f), logf(4.0f) };
@@ -69,7 +69,7 @@ Test(compute, sampler_temperature_matches_softmax)
 	nf_sampler_close(s);
 }
 
-Test(compute, sampler_top_k)
+Test(sampler, top_k)
 {
 	float lg[5] = { 1.0f, 1.1f, 0.9f, 1.05f, 0.2f };
 	int h[5];
@@ -87,7 +87,7 @@ Test(compute, sampler_top_k)
 	nf_sampler_close(s);
 }
 
-Test(compute, sampler_top_p)
+Test(sampler, top_p)
 {
 	/* probabilities 0.5, 0.3, 0.15, 0.05 (ids permuted) */
 	float lg[4] = { logf(0.15f), logf(0.5f), logf(0.05f), logf(0.3f) };
@@ -108,7 +108,7 @@ Test(compute, sampler_top_p)
 	nf_sampler_close(s);
 }
 
-Test(compute, sampler_min_p)
+Test(sampler, min_p)
 {
 	float lg[4] = { logf(0.15f), logf(0.5f), logf(0.05f), logf(0.3f) };
 	int h[4];
@@ -126,7 +126,7 @@ Test(compute, sampler_min_p)
 	nf_sampler_close(s);
 }
 
-Test(compute, sampler_repetition_penalty_and_window)
+Test(sampler, repetition_penalty_and_window)
 {
 	struct nf_sampler_params p = plain(0.0f);
 	p.repeat_penalty = 1.5f;
@@ -153,7 +153,7 @@ Test(compute, sampler_repetition_penalty_and_window)
 	nf_sampler_close(s);
 }
 
-Test(compute, sampler_seed_reproducible)
+Test(sampler, seed_reproducible)
 {
 	float lg[8];
 	for (int i = 0; i < 8; i++)
@@ -178,7 +178,7 @@ Test(compute, sampler_seed_reproducible)
 	nf_sampler_close(c);
 }
 
-Test(compute, sampler_rejects_bad_params)
+Test(sampler, rejects_bad_params)
 {
 	struct nf_sampler *s = NULL;
 	struct nf_sampler_params p = plain(1.0f);
