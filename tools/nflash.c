@@ -9,11 +9,14 @@
 
 #include "cli.h"
 
+int nf_cmd_eval(int argc, char **argv);
+int nf_cmd_generate(int argc, char **argv);
 int nf_cmd_synth(int argc, char **argv);
-
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
+	{ "eval", nf_cmd_eval, "run a prompt of token ids, print the last position's logits" },
+	{ "generate", nf_cmd_generate, "generate text after a prompt, with llama.cpp-style timings" },
 	{ "synth", nf_cmd_synth, "write a synthetic sparse model (GGUF); --report measures one" },
 	{ NULL, NULL, NULL },
 };
