@@ -640,6 +640,10 @@ static void gen_row(const struct gen *g, const struct tdesc *t, uint64_t row, fl
 	case K_OUTPUT: case K_Q: case K_K: case K_V: case K_O: case K_DOWN: case K_DOWN_T:
 		grid_floats(g, t, row, out, tmp);
 		return;
+	case K_NORM:
+		for (uint64_t i = 0; i < n; i++)
+			out[i] = 1.0f;
+		return;
 	case K_ROUTER:
 		fill_uniform(key, row * (n / 2), out, n, sq3 / sqrtf((float)d));
 		for (uint64_t c = 0; c < n; c++)

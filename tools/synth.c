@@ -231,9 +231,89 @@ int nf_cmd_synth(int argc, char **argv)
 	return NF_EXIT_OK;
 }
 
+static void report_row(FILE *f, const char *label, const struct nf_synth_layer_stats *s)
+{
+	fprintf(f, "%-6s %9.4f %7.3f %7.3f %7.3f %8.3f %7.3f %8.4f %9.4f\n", label, s->sparsity,
+		s->top1_share, s->top10_share, s->top20_share, s->overlap, s->skew, s->recall,
+		s->precision);
+}
+
+static void json_stats(struct nf_json *j, const struct nf_synth_layer_stats *s)
+{
+	nf_json_dbl(j, "sparsity", s->sparsity);
+	nf_json_dbl(j, "top1_share", s->top1_share);
+	nf_json_dbl(j, "top10_share", s->top10_share);
+	nf_json_dbl(j, "top20_share", s->top20_share);
+	nf_json_dbl(j, "overlap", s->overlap);
+	nf_json_dbl(j, "skew", s->skew);
+	nf_json_dbl(j, "recall", s->recall);
+	nf_json_dbl(j, "precision", s->precision);
+}
+
 int nf_synth_report_main(const char *path, uint32_t n_tokens, uint64_t seed, bool json,
 			 int n_threads)
 {
-	nf_cli_err("--report %s: not implemented yet", path);
-	return NF_EXIT_FAIL;
+	struct nf_synth_report r;
+	struct nf_diag d = { 0 };
+	struct nf_progress pr;
+	struct nf_synth_report_opts o = { .n_tokens = n_tokens, .seed = seed,
+					  .n_threads = n_threads, .progress = progress_cb,
+					  .progress_arg = &pr };
+	nf_progress_start(&pr, "report", n_tokens, false);
+	double t0 = nf_cli_now();
+	int rc = nf_synth_report_run(path, &o, &r, &d);
+	nf_progress_end(&pr);
+	if (rc < 0) {
+		nf_cli_err("--report: %s", nf_diag_msg(&d, rc));
+		return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
+	}
+	double dt = nf_cli_now() - t0;
+	if (json) {
+		struct nf_json j;
+		nf_json_init(&j, stdout, true);
+		nf_json_obj_begin(&j, NULL);
+		nf_json_str(&j, "model", path);
+		nf_json_u64(&j, "tokens", r.tokens);
+		nf_json_str(&j, "token_stream", "seeded uniform random ids in [3, n_vocab)");
+		nf_json_u64(&j, "seed", seed);
+		nf_json_str(&j, "activation", r.act);
+		nf_json_u64(&j, "neurons_per_layer", r.n_neurons);
+		nf_json_bool(&j, "predictor", r.predictor);
+		nf_json_dbl(&j, "threshold", r.threshold);
+		nf_json_dbl(&j, "seconds", dt);
+		json_stats(&j, &r.mean);
+		nf_json_arr_begin(&j, "layers");
+		for (uint32_t i = 0; i < r.n_layer; i++) {
+			nf_json_obj_begin(&j, NULL);
+			nf_json_u64(&j, "layer", i);
+			json_stats(&j, &r.layers[i]);
+			nf_json_obj_end(&j);
+		}
+		nf_json_arr_end(&j);
+		nf_json_obj_end(&j);
+		nf_json_finish(&j);
+	} else {
+		printf("model %s: %u layers, %u FFN neurons per layer, activation %s\n", path,
+		       r.n_layer, r.n_neurons, r.act);
+		printf("tokens: %llu of a seeded uniform random stream (seed %llu), dense forward "
+		       "pass, %.1f s\n", (unsigned long long)r.tokens, (unsigned long long)seed, dt);
+		if (r.predictor)
+			printf("predictor: fc2 . relu(fc1 . resid) >= %g (PowerInfer's rule)\n",
+			       r.threshold);
+		else
+			printf("predictor: none in this file\n");
+		printf("%-6s %9s %7s %7s %7s %8s %7s %8s %9s\n", "layer", "sparsity", "top1%",
+		       "top10%", "top20%", "overlap", "skew", "recall", "precision");
+		for (uint32_t i = 0; i < r.n_layer; i++) {
+			char lab[16];
+			snprintf(lab, sizeof(lab), "%u", i);
+			report_row(stdout, lab, &r.layers[i]);
+		}
+		report_row(stdout, "mean", &r.mean);
+		printf("top N%%: share of all firings by the N%% most frequent neurons; overlap: "
+		       "share of a token's active neurons also active for the previous token; "
+		       "skew: fitted power-law exponent of firing frequency by rank\n");
+	}
+	nf_synth_report_free(&r);
+	return NF_EXIT_OK;
 }

@@ -196,6 +196,44 @@ double nf_synth_fit_skew(const uint64_t *counts, size_t n, uint64_t tokens);
  * [3, n_vocab) (no <unk>, <s>, </s>), a function of (seed, i). */
 int32_t nf_synth_token(uint64_t seed, uint64_t i, uint32_t n_vocab);
 
+/* ---- the report -------------------------------------------------------------- */
+
+struct nf_synth_report_opts {
+	uint32_t n_tokens;    /* tokens of the stream, >= 2 */
+	uint64_t seed;        /* of the token stream (nf_synth_token) */
+	int n_threads;        /* compute threads (0: all CPUs) */
+	uint32_t window;      /* tokens per sequence (0: min(context length, 256)); the
+			       * KV cache is reset between windows */
+	void (*progress)(void *arg, uint64_t done, uint64_t total);
+	void *progress_arg;
+};
+
+struct nf_synth_report {
+	uint32_t n_layer, n_neurons;  /* neurons per layer (all experts) */
+	uint64_t tokens;
+	bool predictor;               /* the file has fc1/fc2 */
+	float threshold;
+	const char *act;              /* activation the runtime applied (static) */
+	struct nf_synth_layer_stats *layers;   /* n_layer, owned */
+	struct nf_synth_layer_stats mean;      /* means over layers */
+};
+
+/*
+ * nf_synth_report_run - load the model at path (any LLaMA-family GGUF the
+ * runtime loads: synthetic, llama.cpp or PowerInfer), run it densely over
+ * o->n_tokens tokens of the seeded random stream (uniform ids in
+ * [3, n_vocab), in windows of o->window tokens), and measure in every FFN
+ * call which neurons fire (gate pre-activation > 0; for dReLU also up > 0)
+ * and, if the file has predictors, which ones PowerInfer's predictor
+ * selects (fc2 . ReLU(fc1 . resid) >= powerinfer.sparse_threshold, on the
+ * residual entering the FFN block). For MoE, only routed experts count.
+ * Returns 0 and fills *out (free with nf_synth_report_free), or a negative
+ * code with a message in d.
+ */
+int nf_synth_report_run(const char *path, const struct nf_synth_report_opts *o,
+			struct nf_synth_report *out, struct nf_diag *d);
+void nf_synth_report_free(struct nf_synth_report *r);
+
 #ifdef __cplusplus
 }
 #endif
