@@ -116,27 +116,27 @@ Test(planner_synth, moe_q8_0_meets_targets) { check_model(NF_DTYPE_Q8_0, NF_SYNT
 
 /* ---- bytes ------------------------------------------------------------------ */
 
-static void *slurp(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	cr_assert(f, "open %s", path);
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	void *buf = malloc((size_t)n);
-	cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-	fclose(f);
-	*len = (size_t)n;
-	return buf;
-}
-
+/* Byte-for-byte comparison of two files, streamed. */
 static bool same_file(const char *a, const char *b)
 {
-	size_t la, lb;
-	void *x = slurp(a, &la), *y = slurp(b, &lb);
-	bool same = la == lb && !memcmp(x, y, la);
+	FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+	cr_assert(fa && fb, "open %s, %s", a, b);
+	const size_t len = 1 << 16;
+	char *x = malloc(len), *y = malloc(len);
+	bool same = true;
+	for (;;) {
+		size_t na = fread(x, 1, len, fa), nb = fread(y, 1, len, fb);
+		if (na != nb || memcmp(x, y, na)) {
+			same = false;
+			break;
+		}
+		if (na == 0)
+			break;
+	}
 	free(x);
 	free(y);
+	fclose(fa);
+	fclose(fb);
 	return same;
 }
 
