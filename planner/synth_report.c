@@ -50,9 +50,27 @@ struct hook {
 	float *g, *u, *z, *score;    /* n_ff, n_ff, rank, n_ff */
 	float *router;               /* n_expert */
 	void *xq;                    /* prepared activations, max over types */
+	/* dense layers run batched: n_batch rows of each */
+	float *G, *U, *Z, *S;        /* gate, up, fc1 output, scores */
+	void *xqb;                   /* n_batch prepared rows */
+	size_t xq_row;               /* bytes per prepared row (max over types) */
 	uint8_t *fired, *pred;       /* n_neurons */
 	int err;
 };
+
+static struct mat mat_of_weight(const struct nf_weight *w, uint32_t e)
+{
+	return (struct mat){ .data = (const uint8_t *)w->data + (size_t)e * w->expert_bytes,
+			     .kt = w->kt, .n = w->n, .nrows = w->nrows, .row_bytes = w->row_bytes };
+}
+
+static struct mat mat_of_tensor(const struct nf_gguf_tensor *t, uint32_t e)
+{
+	size_t rb = nf_dtype_row_size(t->type, t->ne[0]);
+	return (struct mat){ .data = (const uint8_t *)t->data + (size_t)e * rb * t->ne[1],
+			     .kt = nf_ktype_of(t->type), .n = (uint32_t)t->ne[0],
+			     .nrows = (uint32_t)t->ne[1], .row_bytes = rb };
+}
 
 struct mv_job {
 	const struct nf_kernels *k;
@@ -71,6 +89,71 @@ static void mv_worker(void *arg, int ith, int nth)
 				     j->w->row_bytes, j->xq, j->y + r0);
 }
 
+struct mm_job {
+	const struct nf_kernels *k;
+	const struct mat *w;
+	const uint8_t *xq;
+	size_t xq_row, nb;
+	float *y;             /* nb x w->nrows */
+};
+
+/* Tiles of 64 rows, dealt round-robin, each multiplied by every token:
+ * a tile's weights stay in cache across the batch. */
+static void mm_worker(void *arg, int ith, int nth)
+{
+	struct mm_job *j = arg;
+	const uint32_t tile = 64, nt = (j->w->nrows + tile - 1) / tile;
+	for (uint32_t t = (uint32_t)ith; t < nt; t += (uint32_t)nth) {
+		uint32_t r0 = t * tile, r1 = r0 + tile < j->w->nrows ? r0 + tile : j->w->nrows;
+		j->k->gemm[j->w->kt](j->w->n, r1 - r0, j->w->data + (size_t)r0 * j->w->row_bytes,
+				     j->w->row_bytes, j->nb, j->xq, j->xq_row, j->y + r0,
+				     j->w->nrows);
+	}
+}
+
+/* Y = X W^T for nb rows of x (ldx apart), inputs rounded to W's dot type. */
+static void matmul(const struct nf_ffn_env *env, struct hook *h, const struct mat *w,
+		   const float *x, size_t ldx, size_t nb, float *y)
+{
+	for (size_t b = 0; b < nb; b++)
+		env->k->act_prepare[w->kt](x + b * ldx, (uint8_t *)h->xqb + b * h->xq_row, w->n);
+	struct mm_job j = { .k = env->k, .w = w, .xq = h->xqb, .xq_row = h->xq_row, .nb = nb,
+			    .y = y };
+	if (env->pool)
+		nf_pool_run(env->pool, mm_worker, &j);
+	else
+		mm_worker(&j, 0, 1);
+}
+
+/* Dense layer: every token of the batch at once. */
+static void observe_dense(const struct nf_ffn_env *env, struct hook *h,
+			  const struct nf_layer_weights *L, const struct nf_ffn_io *io)
+{
+	const uint32_t ff = h->hp->n_ff, E = h->hp->n_embd;
+	const bool drelu = h->hp->act == NF_FFN_DRELU;
+	struct mat gate = mat_of_weight(&L->gate, 0), up = mat_of_weight(&L->up, 0);
+	matmul(env, h, &gate, io->x, E, io->nb, h->G);
+	if (drelu)
+		matmul(env, h, &up, io->x, E, io->nb, h->U);
+	if (h->predictor) {
+		struct mat fc1 = mat_of_tensor(h->fc1[io->layer], 0);
+		struct mat fc2 = mat_of_tensor(h->fc2[io->layer], 0);
+		matmul(env, h, &fc1, io->resid, E, io->nb, h->Z);
+		for (size_t i = 0; i < io->nb * h->rank; i++)
+			h->Z[i] = h->Z[i] > 0 ? h->Z[i] : 0;
+		matmul(env, h, &fc2, h->Z, h->rank, io->nb, h->S);
+	}
+	for (size_t b = 0; b < io->nb; b++) {
+		const float *g = h->G + b * ff, *u = h->U + b * ff, *s = h->S + b * ff;
+		for (uint32_t j = 0; j < ff; j++) {
+			h->fired[j] = g[j] > 0 && (!drelu || u[j] > 0);
+			if (h->predictor)
+				h->pred[j] = s[j] >= h->threshold;
+		}
+		nf_synth_stats_add(h->stats, io->layer, h->fired, h->predictor ? h->pred : NULL, ff);
+	}
+}
+
 /* y = W x, with x rounded to W's dot type as the runtime does. */
 static void matvec(const struct nf_ffn_env *env, struct hook *h, const struct mat *w,
 		   const float *x, float *y)
@@ -81,20 +164,6 @@ static void matvec(const struct nf_ffn_env *env, struct hook *h, const struct ma
 		nf_pool_run(env->pool, mv_worker, &j);
 	else
 		mv_worker(&j, 0, 1);
-}
-
-static struct mat mat_of_weight(const struct nf_weight *w, uint32_t e)
-{
-	return (struct mat){ .data = (const uint8_t *)w->data + (size_t)e * w->expert_bytes,
-			     .kt = w->kt, .n = w->n, .nrows = w->nrows, .row_bytes = w->row_bytes };
-}
-
-static struct mat mat_of_tensor(const struct nf_gguf_tensor *t, uint32_t e)
-{
-	size_t rb = nf_dtype_row_size(t->type, t->ne[0]);
-	return (struct mat){ .data = (const uint8_t *)t->data + (size_t)e * rb * t->ne[1],
-			     .kt = nf_ktype_of(t->type), .n = (uint32_t)t->ne[0],
-			     .nrows = (uint32_t)t->ne[1], .row_bytes = rb };
 }
 
 /* Fire and predict for one token's FFN input of expert e (0 when dense);
@@ -131,12 +200,16 @@ static int hook_forward(void *self, const struct nf_ffn_env *env, const struct n
 	const struct nf_model_hparams *hp = h->hp;
 	const struct nf_layer_weights *L = nf_model_layer(h->m, io->layer);
 	const uint32_t E = hp->n_embd, ff = hp->n_ff;
+	if (!hp->n_expert) {
+		observe_dense(env, h, L, io);
+		return nf_ctx_ffn_builtin(h->ctx, io);
+	}
 	for (size_t b = 0; b < io->nb; b++) {
 		const float *x = io->x + b * E, *resid = io->resid + b * E;
 		memset(h->fired, 0, h->n_neurons);
 		memset(h->pred, 0, h->n_neurons);
 		uint32_t computed = ff;
-		if (hp->n_expert) {
+		{
 			/* Route as the runtime does: top n_expert_used router logits
 			 * (softmax is monotonic), ties to the lower expert id. */
 			struct mat r = mat_of_weight(&L->router, 0);
@@ -151,8 +224,6 @@ static int hook_forward(void *self, const struct nf_ffn_env *env, const struct n
 				observe(env, h, io->layer, (uint32_t)best, L, x, resid);
 			}
 			computed = hp->n_expert_used * ff;
-		} else {
-			observe(env, h, io->layer, 0, L, x, resid);
 		}
 		nf_synth_stats_add(h->stats, io->layer, h->fired, h->predictor ? h->pred : NULL,
 				   computed);
@@ -172,6 +243,11 @@ static void hook_free(struct hook *h)
 	free(h->xq);
 	free(h->fired);
 	free(h->pred);
+	free(h->G);
+	free(h->U);
+	free(h->Z);
+	free(h->S);
+	free(h->xqb);
 }
 
 /* Bind and check the predictor tensors of every layer. */
@@ -261,6 +337,19 @@ int nf_synth_report_run(const char *path, const struct nf_synth_report_opts *o,
 	h.score = malloc(hp->n_ff * sizeof(float));
 	h.router = malloc((hp->n_expert + 1) * sizeof(float));
 	h.xq = malloc(xq_bytes);
+	h.xq_row = (xq_bytes + 63) / 64 * 64;
+	if (!hp->n_expert) {
+		size_t nb = window;
+		h.G = malloc(nb * hp->n_ff * sizeof(float));
+		h.U = malloc(hp->act == NF_FFN_DRELU ? nb * hp->n_ff * sizeof(float) : 1);
+		h.Z = malloc(nb * (h.rank + 1) * sizeof(float));
+		h.S = malloc(h.predictor ? nb * hp->n_ff * sizeof(float) : 1);
+		h.xqb = malloc(nb * h.xq_row);
+		if (!h.G || !h.U || !h.Z || !h.S || !h.xqb) {
+			nf_diag_fail(d, rc, "out of memory for the report's batch");
+			goto cleanup;
+		}
+	}
 	h.fired = malloc(h.n_neurons);
 	h.pred = malloc(h.n_neurons);
 	ids = malloc((size_t)o->n_tokens * sizeof(int32_t));
