@@ -9,9 +9,11 @@
 
 #include "cli.h"
 
+int nf_cmd_tokenize(int argc, char **argv);
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
+	{ "tokenize", nf_cmd_tokenize, "token ids of a text with a GGUF vocabulary" },
 	{ NULL, NULL, NULL },
 };
 
