@@ -339,12 +339,27 @@ static int cmp_special(const void *x, const void *y, void *arg)
 	return a < b ? -1 : a > b;
 }
 
+#define BAR "\xef\xbd\x9c"  /* U+FF5C, DeepSeek's fullwidth bar */
+#define SPU "\xe2\x96\x81"  /* U+2581 */
+
 static void find_special(struct nf_tok *t)
 {
-	/* Texts llama.cpp treats as end of generation, forcing them to control. */
+	/*
+	 * Texts llama.cpp recognises as end-of-turn, end-of-generation and
+	 * fill-in-the-middle tokens: it forces them to control type (so they
+	 * are split out of text only with parse_special), and the first group
+	 * ends generation.
+	 */
 	static const char *const eog_texts[] = {
 		"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-		"<|eom_id|>", "<EOT>",
+		"<|eom_id|>", "<EOT>", "<" BAR "end" SPU "of" SPU "sentence" BAR ">",
+		"<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+		"<REPO>", "<|file_sep|>",
+	};
+	static const char *const fim_texts[] = {
+		"<|fim_prefix|>", "<fim-prefix>", "<" BAR "fim" SPU "begin" BAR ">", "<PRE>",
+		"<|fim_suffix|>", "<fim-suffix>", "<" BAR "fim" SPU "hole" BAR ">", "<SUF>",
+		"<|fim_middle|>", "<fim-middle>", "<" BAR "fim" SPU "end" BAR ">", "<MID>",
 	};
 	for (size_t k = 0; k < sizeof(eog_texts) / sizeof(eog_texts[0]); k++) {
 		int32_t id = nf_tok_lookup(t, eog_texts[k], strlen(eog_texts[k]));
@@ -352,6 +367,11 @@ static void find_special(struct nf_tok *t)
 			t->eog[id] = true;
 			t->attr[id] = NF_TOK_CONTROL;
 		}
+	}
+	for (size_t k = 0; k < sizeof(fim_texts) / sizeof(fim_texts[0]); k++) {
+		int32_t id = nf_tok_lookup(t, fim_texts[k], strlen(fim_texts[k]));
+		if (id >= 0)
+			t->attr[id] = NF_TOK_CONTROL;
 	}
 	if (t->eos >= 0)
 		t->eog[t->eos] = true;

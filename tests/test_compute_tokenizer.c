@@ -275,6 +275,52 @@ Test(tokenizer, random_bytes_round_trip)
 	}
 }
 
+/* Arbitrary bytes and long texts: valid ids, nothing read out of bounds (ASan). */
+Test(tokenizer, random_bytes_and_long_text)
+{
+	const char *files[] = { VOCAB "ggml-vocab-llama-spm.gguf", VOCAB "ggml-vocab-gpt-2.gguf" };
+	uint32_t seed = 99;
+	for (size_t f = 0; f < 2; f++) {
+		struct nf_tok *t = open_tok(files[f], NULL);
+		for (int it = 0; it < 500; it++) {
+			char s[200];
+			seed = seed * 1103515245u + 12345u;
+			size_t len = (seed >> 16) % sizeof(s);
+			for (size_t i = 0; i < len; i++) {
+				seed = seed * 1103515245u + 12345u;
+				s[i] = (char)(seed >> 24);
+			}
+			char *exact = malloc(len ? len : 1);   /* no slack for ASan */
+			memcpy(exact, s, len);
+			size_t n;
+			int32_t *ids = encode(t, exact, len, NF_TOK_PARSE_SPECIAL, &n);
+			for (size_t i = 0; i < n; i++)
+				cr_assert(ids[i] >= 0 && (uint32_t)ids[i] < nf_tok_n_vocab(t));
+			free(ids);
+			free(exact);
+		}
+		/* every test case at once, 8 times over */
+		char path[300];
+		snprintf(path, sizeof(path), "%s.inp", files[f]);
+		size_t il;
+		char *inp = slurp(path, &il);
+		char *big = malloc(il * 8);
+		for (int k = 0; k < 8; k++)
+			memcpy(big + k * il, inp, il);
+		size_t n, dl;
+		int32_t *ids = encode(t, big, il * 8, 0, &n);
+		cr_assert_gt(n, il);
+		char *dec = decode(t, ids, n, &dl);
+		size_t skip = nf_tok_kind(t) == NF_TOK_SPM;
+		cr_assert(dl == il * 8 + skip && !memcmp(dec + skip, big, il * 8));
+		free(dec);
+		free(ids);
+		free(big);
+		free(inp);
+		nf_tok_close(t);
+	}
+}
+
 /* The tiny models' toy vocabulary: 3 specials, 256 byte tokens, 61 pieces. */
 Test(tokenizer, toy_vocab)
 {
