@@ -108,14 +108,12 @@ static bool byte_printable(unsigned b)
 	return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
 }
 
+/* The non-printable bytes are 0x00-0x20 (33), 0x7f-0xa0 (34) and 0xad. */
 static uint32_t byte_to_cp(unsigned b)
 {
 	if (byte_printable(b))
 		return b;
-	uint32_t k = 0;
-	for (unsigned x = 0; x < b; x++)
-		k += !byte_printable(x);
-	return 0x100 + k;
+	return 0x100 + (b <= 0x20 ? b : b <= 0xa0 ? 33 + (b - 0x7f) : 67);
 }
 
 int nf_tok_bpe_cp_to_byte(uint32_t cp)
@@ -123,10 +121,7 @@ int nf_tok_bpe_cp_to_byte(uint32_t cp)
 	if (cp < 0x100)
 		return byte_printable(cp) ? (int)cp : -1;
 	uint32_t k = cp - 0x100;
-	for (unsigned b = 0; b < 256; b++)
-		if (!byte_printable(b) && k-- == 0)
-			return (int)b;
-	return -1;
+	return k < 33 ? (int)k : k < 67 ? (int)(0x7f + k - 33) : k == 67 ? 0xad : -1;
 }
 
 /* ---- the GPT-2 pre-tokenizer -------------------------------------------- */
@@ -240,24 +235,47 @@ static void bpe_word(const struct nf_tok *t, const char *w, size_t wlen, struct 
 	}
 }
 
+/* Bytes code point cp takes once each of its UTF-8 bytes is mapped (1 or 2 each). */
+static size_t mapped_len(uint32_t cp)
+{
+	char u[4];
+	size_t un = nf_tok_utf8_encode(cp, u), n = 0;
+	for (size_t j = 0; j < un; j++)
+		n += byte_to_cp((unsigned char)u[j]) < 0x80 ? 1 : 2;
+	return n;
+}
+
 int nf_tok_bpe_encode(const struct nf_tok *t, const char *text, size_t len, struct nf_tok_ids *out)
 {
 	if (len == 0)
 		return 0;
 	uint32_t *cps = malloc(len * sizeof(*cps));
 	size_t *ends = malloc(len * sizeof(*ends));
-	char *word = malloc(8 * len);            /* 4 UTF-8 bytes per code point, 2 per mapped byte */
-	struct nf_tok_sym *sym = malloc(8 * len * sizeof(*sym));
+	char *word = NULL;
+	struct nf_tok_sym *sym = NULL;
 	struct nf_tok_heap h = {0};
 	int rc = 0;
-	if (!cps || !ends || !word || !sym) {
+	if (!cps || !ends) {
 		rc = -ENOMEM;
 		goto out;
 	}
 	size_t n = 0;
 	for (size_t off = 0; off < len; n++)
 		off += nf_tok_utf8_decode(text + off, len - off, &cps[n]);
-	size_t nw = gpt2_split(cps, n, ends);
+	size_t nw = gpt2_split(cps, n, ends), longest = 0;
+	for (size_t i = 0, start = 0; i < nw; start = ends[i], i++) {
+		size_t wl = 0;
+		for (size_t k = start; k < ends[i]; k++)
+			wl += mapped_len(cps[k]);
+		if (wl > longest)
+			longest = wl;
+	}
+	word = malloc(longest);
+	sym = malloc(longest * sizeof(*sym));
+	if (!word || !sym) {
+		rc = -ENOMEM;
+		goto out;
+	}
 	for (size_t i = 0, start = 0; i < nw && !out->err; start = ends[i], i++) {
 		size_t wl = 0;
 		for (size_t k = start; k < ends[i]; k++) {

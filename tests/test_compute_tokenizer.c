@@ -416,3 +416,29 @@ Test(tokenizer, bad_vocabularies)
 	unlink(p);
 	free(p);
 }
+
+/* GPT-2's byte alphabet: a bijection of the 256 bytes onto code points below
+ * U+0144, printable Latin-1 bytes mapped to themselves. */
+Test(tokenizer, gpt2_byte_alphabet)
+{
+	struct nf_tok *t = open_tok(VOCAB "ggml-vocab-gpt-2.gguf", NULL);
+	bool seen[256] = { false };
+	/* tokens 0..255 of GPT-2 are the 256 single-byte symbols */
+	for (int32_t id = 0; id < 256; id++) {
+		char b[4];
+		cr_assert_eq(nf_tok_piece(t, id, false, b, sizeof(b)), 1, "token %d", id);
+		unsigned char c = (unsigned char)b[0];
+		cr_assert(!seen[c], "byte %#x twice", c);
+		seen[c] = true;
+		const char *txt = nf_tok_text(t, id);
+		if ((c >= 0x21 && c <= 0x7e) || (c >= 0xa1 && c <= 0xac) || c >= 0xae) {
+			char want[4] = {0};
+			if (c < 0x80)
+				want[0] = (char)c;
+			else
+				want[0] = (char)(0xc0 | (c >> 6)), want[1] = (char)(0x80 | (c & 0x3f));
+			cr_assert_str_eq(txt, want);
+		}
+	}
+	nf_tok_close(t);
+}
