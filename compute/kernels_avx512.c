@@ -111,17 +111,21 @@ INLINE __m512i q4_idx_d(void)
 				27, 27, 27, 27, 18, 18, 18, 18, 9, 9, 9, 9, 0, 0, 0, 0);
 }
 
-INLINE struct q4w q4_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+INLINE struct q4w q4_decode(__m512i raw0, __m512i raw1, __m512i idxq, __m512i idxd)
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
-	__m512i raw0 = _mm512_loadu_si512((const void *)p);
-	__m512i raw1 = _mm512_loadu_si512((const void *)(p + Q4_GBYTES - 64));
 	__m512i q = _mm512_permutex2var_epi16(raw0, idxq, raw1);
 	struct q4w w;
 	w.lo = _mm512_and_si512(q, m4);
 	w.hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
 	w.dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idxd, raw0)));
 	return w;
+}
+
+INLINE struct q4w q4_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+{
+	return q4_decode(_mm512_loadu_si512((const void *)p),
+			 _mm512_loadu_si512((const void *)(p + Q4_GBYTES - 64)), idxq, idxd);
 }
 
 INLINE __m512 q4_fma(struct q4w w, const struct q4x *x, __m512 acc)
@@ -156,16 +160,51 @@ INLINE void q4_tile(const int R, const int B, size_t ng, const uint8_t *const *w
 			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
 }
 
+/*
+ * One row over ng groups. Unaligned 64-byte loads that straddle cache lines
+ * halve the bandwidth a row streams from DRAM at, so where the row allows
+ * (address a multiple of 8), groups are read as runs of 8 groups = 9
+ * aligned lines, each group's two windows cut out with VALIGND; the groups
+ * before the first aligned one and after the last run take the unaligned
+ * path. Aligned loads stay inside the row.
+ */
+#define Q4_RUN 8
+
 static float q4_row(const uint8_t *w, const struct q4x *x, size_t ng)
 {
 	const __m512i idxq = q4_idx_qs(), idxd = q4_idx_d();
 	__m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-	size_t g = 0;
-	for (; g + 2 <= ng; g += 2) {
+	size_t a = (uintptr_t)w & 63, g = 0, head = ng;
+	if (a % 8 == 0)
+		head = ((64 - a) / 8) % Q4_RUN;
+	for (; g < head && g < ng; g++)
 		acc0 = q4_fma(q4_unpack(w + g * Q4_GBYTES, idxq, idxd), x + g, acc0);
-		acc1 = q4_fma(q4_unpack(w + (g + 1) * Q4_GBYTES, idxq, idxd), x + g + 1, acc1);
+	for (; g + Q4_RUN <= ng; g += Q4_RUN) {
+		const __m512i *L = (const __m512i *)(w + g * Q4_GBYTES);
+		const struct q4x *xg = x + g;
+		__m512i l0 = _mm512_load_si512(L), l1 = _mm512_load_si512(L + 1);
+#define Q4_STEP(k, lo, hi, acc)                                                                \
+	acc = q4_fma(q4_decode(_mm512_alignr_epi32(hi, lo, 2 * (k)),                           \
+			       (k) < 7 ? _mm512_alignr_epi32(hi, lo, (2 * (k) + 2) & 15) : hi, idxq, idxd), \
+		     xg + (k), acc)
+		Q4_STEP(0, l0, l1, acc0);
+		__m512i l2 = _mm512_load_si512(L + 2);
+		Q4_STEP(1, l1, l2, acc1);
+		__m512i l3 = _mm512_load_si512(L + 3);
+		Q4_STEP(2, l2, l3, acc0);
+		__m512i l4 = _mm512_load_si512(L + 4);
+		Q4_STEP(3, l3, l4, acc1);
+		__m512i l5 = _mm512_load_si512(L + 5);
+		Q4_STEP(4, l4, l5, acc0);
+		__m512i l6 = _mm512_load_si512(L + 6);
+		Q4_STEP(5, l5, l6, acc1);
+		__m512i l7 = _mm512_load_si512(L + 7);
+		Q4_STEP(6, l6, l7, acc0);
+		__m512i l8 = _mm512_load_si512(L + 8);
+		Q4_STEP(7, l7, l8, acc1);
+#undef Q4_STEP
 	}
-	if (g < ng)
+	for (; g < ng; g++)
 		acc0 = q4_fma(q4_unpack(w + g * Q4_GBYTES, idxq, idxd), x + g, acc0);
 	return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
@@ -218,15 +257,19 @@ INLINE __m512i q8_idx_d(void)
 				17, 17, 17, 17, 17, 17, 17, 17, 0, 0, 0, 0, 0, 0, 0, 0);
 }
 
-INLINE struct q8w q8_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+INLINE struct q8w q8_decode(__m512i raw0, __m512i raw1, __m512i idxq, __m512i idxd)
 {
-	__m512i raw0 = _mm512_loadu_si512((const void *)p);
-	__m512i raw1 = _mm512_loadu_si512((const void *)(p + Q8_GBYTES - 64));
 	__m512i q = _mm512_permutex2var_epi16(raw0, idxq, raw1);
 	struct q8w w;
 	w.u = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
 	w.dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idxd, raw0)));
 	return w;
+}
+
+INLINE struct q8w q8_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+{
+	return q8_decode(_mm512_loadu_si512((const void *)p),
+			 _mm512_loadu_si512((const void *)(p + Q8_GBYTES - 64)), idxq, idxd);
 }
 
 INLINE __m512 q8_fma(struct q8w w, const struct q8x *x, __m512 acc)
@@ -259,16 +302,36 @@ INLINE void q8_tile(const int R, const int B, size_t ng, const uint8_t *const *w
 			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
 }
 
+/* As q4_row: runs of 16 groups (2 blocks, 68 bytes each) = 17 aligned
+ * lines where the row address is a multiple of 4. */
+#define Q8_RUN 16
+
 static float q8_row(const uint8_t *w, const struct q8x *x, size_t ng)
 {
 	const __m512i idxq = q8_idx_qs(), idxd = q8_idx_d();
 	__m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-	size_t g = 0;
-	for (; g + 2 <= ng; g += 2) {
+	size_t a = (uintptr_t)w & 63, g = 0, head = ng;
+	if (a % 4 == 0)
+		head = ((64 - a) / 4) % Q8_RUN;
+	for (; g < head && g < ng; g++)
 		acc0 = q8_fma(q8_unpack(w + g * Q8_GBYTES, idxq, idxd), x + g, acc0);
-		acc1 = q8_fma(q8_unpack(w + (g + 1) * Q8_GBYTES, idxq, idxd), x + g + 1, acc1);
+	for (; g + Q8_RUN <= ng; g += Q8_RUN) {
+		const __m512i *L = (const __m512i *)(w + g * Q8_GBYTES);
+		const struct q8x *xg = x + g;
+		__m512i lo = _mm512_load_si512(L), hi;
+#define Q8_STEP(k, acc)                                                                          \
+	hi = _mm512_load_si512(L + (k) + 1);                                                     \
+	acc = q8_fma(q8_decode(_mm512_alignr_epi32(hi, lo, (k)),                                 \
+			       (k) < 15 ? _mm512_alignr_epi32(hi, lo, ((k) + 1) & 15) : hi, idxq, idxd), \
+		     xg + (k), acc);                                                             \
+	lo = hi
+		Q8_STEP(0, acc0); Q8_STEP(1, acc1); Q8_STEP(2, acc0); Q8_STEP(3, acc1);
+		Q8_STEP(4, acc0); Q8_STEP(5, acc1); Q8_STEP(6, acc0); Q8_STEP(7, acc1);
+		Q8_STEP(8, acc0); Q8_STEP(9, acc1); Q8_STEP(10, acc0); Q8_STEP(11, acc1);
+		Q8_STEP(12, acc0); Q8_STEP(13, acc1); Q8_STEP(14, acc0); Q8_STEP(15, acc1);
+#undef Q8_STEP
 	}
-	if (g < ng)
+	for (; g < ng; g++)
 		acc0 = q8_fma(q8_unpack(w + g * Q8_GBYTES, idxq, idxd), x + g, acc0);
 	return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
