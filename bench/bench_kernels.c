@@ -8,6 +8,9 @@
  * threads summing an array of the same size with the widest vector loads.
  * gemm: a 512-row activation batch against one 4096 x 2048 matrix.
  * Every figure is the median of REPS timed passes after one warm-up pass.
+ * The cpu_ columns divide by the slowest thread's CPU time instead of wall
+ * time: on a machine shared with other work they show what the kernel does
+ * while it runs, and the wall-clock columns what the caller waited.
  *
  *	make bench BENCH=bench_kernels      # or: build/bench/bench_kernels [isa...]
  */
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../tools/cli.h"
 #include "bench_common.h"
@@ -38,13 +42,31 @@ struct gemv_job {
 	float *y;
 	/* gemm */
 	size_t nb, xq_stride;
+	double cpu[8]; /* per-thread CPU seconds of the last job */
 };
+
+static double thread_cpu(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static double max_cpu(const double *c, int nth)
+{
+	double m = 0;
+	for (int i = 0; i < nth; i++)
+		m = c[i] > m ? c[i] : m;
+	return m;
+}
 
 static void gemv_fn(void *arg, int ith, int nth)
 {
 	struct gemv_job *j = arg;
 	size_t r0 = j->rows * (size_t)ith / (size_t)nth, r1 = j->rows * (size_t)(ith + 1) / (size_t)nth;
+	double t0 = thread_cpu();
 	j->k->gemv[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->xq, j->y + r0);
+	j->cpu[ith] = thread_cpu() - t0;
 }
 
 static void gemm_fn(void *arg, int ith, int nth)
@@ -59,6 +81,7 @@ struct read_job {
 	const char *buf;
 	size_t bytes;
 	uint64_t sink[8];
+	double cpu[8];
 };
 
 __attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, size_t bytes)
@@ -94,7 +117,9 @@ static void read_fn(void *arg, int ith, int nth)
 	struct read_job *j = arg;
 	size_t chunk = j->bytes / (size_t)nth & ~(size_t)255;
 	const char *p = j->buf + chunk * (size_t)ith;
+	double t0 = thread_cpu();
 	j->sink[ith] += __builtin_cpu_supports("avx512f") ? sum_avx512(p, chunk) : sum_avx2(p, chunk);
+	j->cpu[ith] = thread_cpu() - t0;
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -139,17 +164,20 @@ static void *alloc_huge(size_t bytes)
 	return p;
 }
 
-static double memread_gbps(struct nf_pool *p, const char *buf, size_t bytes)
+/* Wall-clock and CPU-time read bandwidth of the pool's threads. */
+static void memread_gbps(struct nf_pool *p, const char *buf, size_t bytes, double *wall, double *cpu)
 {
 	struct read_job j = { .buf = buf, .bytes = bytes };
-	double t[REPS];
+	double t[REPS], c[REPS];
 	nf_pool_run(p, read_fn, &j);
 	for (int r = 0; r < REPS; r++) {
 		double t0 = nf_cli_now();
 		nf_pool_run(p, read_fn, &j);
 		t[r] = nf_cli_now() - t0;
+		c[r] = max_cpu(j.cpu, nf_pool_nthreads(p));
 	}
-	return (double)bytes / nf_bench_median(t, REPS) / 1e9;
+	*wall = (double)bytes / nf_bench_median(t, REPS) / 1e9;
+	*cpu = (double)bytes / nf_bench_median(c, REPS) / 1e9;
 }
 
 int main(int argc, char **argv)
@@ -181,7 +209,7 @@ int main(int argc, char **argv)
 	/* memory-read reference: same bytes as one matrix set, same threads */
 	char *rbuf = alloc_huge(SET_BYTES);
 	memset(rbuf, 1, SET_BYTES);
-	double mem_gbps[3] = { 0 };
+	double mem_gbps[3] = { 0 }, mem_cpu[3] = { 0 };
 	struct nf_pool *pools[3] = { NULL };
 	for (int nt = 1; nt <= 2; nt++) {
 		int rc = nf_pool_open(nt, -1, &pools[nt]);
@@ -189,14 +217,16 @@ int main(int argc, char **argv)
 			fprintf(stderr, "bench_kernels: pool: %d\n", rc);
 			return 1;
 		}
-		mem_gbps[nt] = memread_gbps(pools[nt], rbuf, SET_BYTES);
+		memread_gbps(pools[nt], rbuf, SET_BYTES, &mem_gbps[nt], &mem_cpu[nt]);
 	}
 	free(rbuf);
 
-	printf("op\tisa\ttype\tthreads\tGB_per_s\tmemread_GB_per_s\tratio\tGFLOP_per_s\n");
+	printf("op\tisa\ttype\tthreads\tGB_per_s\tmemread_GB_per_s\tratio\tcpu_GB_per_s\t"
+	       "cpu_memread_GB_per_s\tcpu_ratio\tGFLOP_per_s\n");
 	for (int nt = 1; nt <= 2; nt++)
-		printf("memread\t%s\t-\t%d\t%.2f\t%.2f\t1.00\t-\n",
-		       __builtin_cpu_supports("avx512f") ? "avx512" : "avx2", nt, mem_gbps[nt], mem_gbps[nt]);
+		printf("memread\t%s\t-\t%d\t%.2f\t%.2f\t1.00\t%.2f\t%.2f\t1.00\t-\n",
+		       __builtin_cpu_supports("avx512f") ? "avx512" : "avx2", nt, mem_gbps[nt], mem_gbps[nt],
+		       mem_cpu[nt], mem_cpu[nt]);
 	fflush(stdout);
 
 	for (int ti = 0; ti < 3; ti++) {
@@ -213,20 +243,24 @@ int main(int argc, char **argv)
 			for (int nt = 1; nt <= 2; nt++) {
 				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = N_ROWS,
 						      .row_bytes = rb, .xq = xq, .y = y };
-				double t[REPS];
+				double t[REPS], c[REPS];
 				for (int r = -1; r < REPS; r++) {
-					double t0 = nf_cli_now();
+					double t0 = nf_cli_now(), cs = 0;
 					for (size_t m = 0; m < nmat; m++) {
 						j.w = w + m * mat;
 						nf_pool_run(pools[nt], gemv_fn, &j);
+						cs += max_cpu(j.cpu, nt);
 					}
-					if (r >= 0)
+					if (r >= 0) {
 						t[r] = nf_cli_now() - t0;
+						c[r] = cs;
+					}
 				}
 				double gbps = (double)(nmat * mat) / nf_bench_median(t, REPS) / 1e9;
-				printf("gemv\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.1f\n", k->isa, type_names[ti], nt,
-				       gbps, mem_gbps[nt], gbps / mem_gbps[nt],
-				       gbps * 1e9 / (double)rb * 2 * N_COLS / 1e9);
+				double cgbps = (double)(nmat * mat) / nf_bench_median(c, REPS) / 1e9;
+				printf("gemv\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\n", k->isa,
+				       type_names[ti], nt, gbps, mem_gbps[nt], gbps / mem_gbps[nt], cgbps,
+				       mem_cpu[nt], cgbps / mem_cpu[nt], gbps * 1e9 / (double)rb * 2 * N_COLS / 1e9);
 				fflush(stdout);
 			}
 			if (!strcmp(k->isa, "scalar"))
@@ -249,9 +283,8 @@ int main(int argc, char **argv)
 						t[r] = nf_cli_now() - t0;
 				}
 				double sec = nf_bench_median(t, 3);
-				printf("gemm%d\t%s\t%s\t%d\t%.2f\t%.2f\t-\t%.1f\n", GEMM_BATCH, k->isa,
-				       type_names[ti], nt, (double)GEMM_ROWS * rb / sec / 1e9, mem_gbps[nt],
-				       2.0 * N_COLS * GEMM_ROWS * GEMM_BATCH / sec / 1e9);
+				printf("gemm%d\t%s\t%s\t%d\t-\t-\t-\t-\t-\t-\t%.1f\n", GEMM_BATCH, k->isa,
+				       type_names[ti], nt, 2.0 * N_COLS * GEMM_ROWS * GEMM_BATCH / sec / 1e9);
 				fflush(stdout);
 			}
 		}
