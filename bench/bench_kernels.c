@@ -1,0 +1,299 @@
+/*
+ * bench_kernels.c - gemv bandwidth of the kernels against the machine's
+ * memory-read bandwidth, gemm throughput, measured in the same run.
+ *
+ * gemv: y = W x over a set of 4096-column x 11008-row matrices larger than
+ * the last-level cache (cycled, so every pass streams from DRAM), rows split
+ * between pool threads. GB/s counts weight bytes read. memread: the same
+ * threads summing an array of the same size with the widest vector loads.
+ * gemm: a 512-row activation batch against one 4096 x 2048 matrix.
+ * Every figure is the median of REPS timed passes after one warm-up pass.
+ * The cpu_ columns divide by the slowest thread's CPU time instead of wall
+ * time: on a machine shared with other work they show what the kernel does
+ * while it runs, and the wall-clock columns what the caller waited.
+ *
+ *	make bench BENCH=bench_kernels      # or: build/bench/bench_kernels [isa...]
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../tools/cli.h"
+#include "bench_common.h"
+#include "nflash/kernels.h"
+#include "nflash/pool.h"
+
+#define REPS 5
+#define SET_BYTES (320ull << 20) /* matrix set per type, well above L3 */
+#define N_COLS 4096
+#define N_ROWS 11008
+#define GEMM_ROWS 2048
+#define GEMM_BATCH 512
+
+struct gemv_job {
+	const struct nf_kernels *k;
+	enum nf_ktype kt;
+	size_t n, rows, row_bytes;
+	const char *w;
+	const void *xq;
+	float *y;
+	/* gemm */
+	size_t nb, xq_stride;
+	double cpu[8]; /* per-thread CPU seconds of the last job */
+};
+
+static double thread_cpu(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static double max_cpu(const double *c, int nth)
+{
+	double m = 0;
+	for (int i = 0; i < nth; i++)
+		m = c[i] > m ? c[i] : m;
+	return m;
+}
+
+static void gemv_fn(void *arg, int ith, int nth)
+{
+	struct gemv_job *j = arg;
+	size_t r0 = j->rows * (size_t)ith / (size_t)nth, r1 = j->rows * (size_t)(ith + 1) / (size_t)nth;
+	double t0 = thread_cpu();
+	j->k->gemv[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->xq, j->y + r0);
+	j->cpu[ith] = thread_cpu() - t0;
+}
+
+static void gemm_fn(void *arg, int ith, int nth)
+{
+	struct gemv_job *j = arg;
+	size_t r0 = j->rows * (size_t)ith / (size_t)nth, r1 = j->rows * (size_t)(ith + 1) / (size_t)nth;
+	j->k->gemm[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->nb, j->xq,
+			  j->xq_stride, j->y + r0, j->rows);
+}
+
+struct read_job {
+	const char *buf;
+	size_t bytes;
+	uint64_t sink[8];
+	double cpu[8];
+};
+
+__attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, size_t bytes)
+{
+	__m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+	for (size_t i = 0; i + 256 <= bytes; i += 256) {
+		s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)(p + i)));
+		s1 = _mm512_add_epi64(s1, _mm512_load_si512((const void *)(p + i + 64)));
+		s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(p + i + 128)));
+		s3 = _mm512_add_epi64(s3, _mm512_load_si512((const void *)(p + i + 192)));
+	}
+	return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1),
+								  _mm512_add_epi64(s2, s3)));
+}
+
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t bytes)
+{
+	__m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+	for (size_t i = 0; i + 128 <= bytes; i += 128) {
+		s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(p + i)));
+		s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+		s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+		s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+	}
+	s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+	uint64_t l[4];
+	_mm256_storeu_si256((__m256i *)l, s0);
+	return l[0] + l[1] + l[2] + l[3];
+}
+
+static void read_fn(void *arg, int ith, int nth)
+{
+	struct read_job *j = arg;
+	size_t chunk = j->bytes / (size_t)nth & ~(size_t)255;
+	const char *p = j->buf + chunk * (size_t)ith;
+	double t0 = thread_cpu();
+	j->sink[ith] += __builtin_cpu_supports("avx512f") ? sum_avx512(p, chunk) : sum_avx2(p, chunk);
+	j->cpu[ith] = thread_cpu() - t0;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+/* Random weights whose fp16 scales and values are finite and modest. */
+static void fill_weights(enum nf_ktype kt, char *w, size_t rows, size_t row_bytes, uint64_t seed)
+{
+	uint64_t s = seed | 1;
+	for (size_t i = 0; i + 8 <= rows * row_bytes; i += 8) {
+		uint64_t v = rng_next(&s);
+		memcpy(w + i, &v, 8);
+	}
+	for (size_t r = 0; r < rows; r++) {
+		char *row = w + r * row_bytes;
+		if (kt == NF_KT_F16) {
+			uint16_t *h = (uint16_t *)row;
+			for (size_t i = 0; i < N_COLS; i++)
+				h[i] = (uint16_t)((h[i] & 0x83ff) | 0x2c00); /* |v| in [1/16, 1/8) */
+		} else {
+			size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
+			for (size_t b = 0; b < N_COLS / NF_QK; b++) {
+				uint16_t d = nf_fp32_to_fp16(0.001f * (float)(1 + (b + r) % 7));
+				memcpy(row + b * bs, &d, 2);
+			}
+		}
+	}
+}
+
+static void *alloc_huge(size_t bytes)
+{
+	void *p = aligned_alloc(2 << 20, (bytes + (2 << 20) - 1) & ~(size_t)((2 << 20) - 1));
+	if (!p) {
+		fprintf(stderr, "bench_kernels: out of memory (%zu bytes)\n", bytes);
+		exit(1);
+	}
+	return p;
+}
+
+/* Wall-clock and CPU-time read bandwidth of the pool's threads. */
+static void memread_gbps(struct nf_pool *p, const char *buf, size_t bytes, double *wall, double *cpu)
+{
+	struct read_job j = { .buf = buf, .bytes = bytes };
+	double t[REPS], c[REPS];
+	nf_pool_run(p, read_fn, &j);
+	for (int r = 0; r < REPS; r++) {
+		double t0 = nf_cli_now();
+		nf_pool_run(p, read_fn, &j);
+		t[r] = nf_cli_now() - t0;
+		c[r] = max_cpu(j.cpu, nf_pool_nthreads(p));
+	}
+	*wall = (double)bytes / nf_bench_median(t, REPS) / 1e9;
+	*cpu = (double)bytes / nf_bench_median(c, REPS) / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16 };
+	static const char *const type_names[] = { "q4_0", "q8_0", "f16" };
+	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16 };
+	const char *all_isas[] = { "avx512", "avx2", "scalar" };
+	const char **isas = all_isas;
+	int nisa = 3;
+	if (argc > 1) {
+		isas = (const char **)argv + 1;
+		nisa = argc - 1;
+	}
+	char extra[128];
+	snprintf(extra, sizeof(extra), "best isa %s; gemv %dx%d, set %llu MiB per type",
+		 nf_kernels_get()->isa, N_ROWS, N_COLS, SET_BYTES >> 20);
+	nf_bench_header("bench_kernels", extra);
+
+	float *x = malloc(N_COLS * sizeof(float));
+	float *y = malloc(N_ROWS * (size_t)GEMM_BATCH * sizeof(float));
+	char *xq = alloc_huge(GEMM_BATCH * nf_act_size(NF_KT_F32, N_COLS));
+	if (!x || !y)
+		return 1;
+	uint64_t s = 42;
+	for (size_t i = 0; i < N_COLS; i++)
+		x[i] = (float)(rng_next(&s) % 2001) / 1000.0f - 1.0f;
+
+	/* memory-read reference: same bytes as one matrix set, same threads */
+	char *rbuf = alloc_huge(SET_BYTES);
+	memset(rbuf, 1, SET_BYTES);
+	double mem_gbps[3] = { 0 }, mem_cpu[3] = { 0 };
+	struct nf_pool *pools[3] = { NULL };
+	for (int nt = 1; nt <= 2; nt++) {
+		int rc = nf_pool_open(nt, -1, &pools[nt]);
+		if (rc) {
+			fprintf(stderr, "bench_kernels: pool: %d\n", rc);
+			return 1;
+		}
+		memread_gbps(pools[nt], rbuf, SET_BYTES, &mem_gbps[nt], &mem_cpu[nt]);
+	}
+	free(rbuf);
+
+	printf("op\tisa\ttype\tthreads\tGB_per_s\tmemread_GB_per_s\tratio\tcpu_GB_per_s\t"
+	       "cpu_memread_GB_per_s\tcpu_ratio\tGFLOP_per_s\n");
+	for (int nt = 1; nt <= 2; nt++)
+		printf("memread\t%s\t-\t%d\t%.2f\t%.2f\t1.00\t%.2f\t%.2f\t1.00\t-\n",
+		       __builtin_cpu_supports("avx512f") ? "avx512" : "avx2", nt, mem_gbps[nt], mem_gbps[nt],
+		       mem_cpu[nt], mem_cpu[nt]);
+	fflush(stdout);
+
+	for (int ti = 0; ti < 3; ti++) {
+		enum nf_ktype kt = types[ti];
+		size_t rb = nf_dtype_row_size(type_dtypes[ti], N_COLS), mat = rb * N_ROWS;
+		size_t nmat = (SET_BYTES + mat - 1) / mat;
+		char *w = alloc_huge(nmat * mat);
+		fill_weights(kt, w, nmat * N_ROWS, rb, 7 + ti);
+		for (int ii = 0; ii < nisa; ii++) {
+			const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+			if (!k)
+				continue;
+			k->act_prepare[kt](x, xq, N_COLS);
+			for (int nt = 1; nt <= 2; nt++) {
+				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = N_ROWS,
+						      .row_bytes = rb, .xq = xq, .y = y };
+				double t[REPS], c[REPS];
+				for (int r = -1; r < REPS; r++) {
+					double t0 = nf_cli_now(), cs = 0;
+					for (size_t m = 0; m < nmat; m++) {
+						j.w = w + m * mat;
+						nf_pool_run(pools[nt], gemv_fn, &j);
+						cs += max_cpu(j.cpu, nt);
+					}
+					if (r >= 0) {
+						t[r] = nf_cli_now() - t0;
+						c[r] = cs;
+					}
+				}
+				double gbps = (double)(nmat * mat) / nf_bench_median(t, REPS) / 1e9;
+				double cgbps = (double)(nmat * mat) / nf_bench_median(c, REPS) / 1e9;
+				printf("gemv\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\n", k->isa,
+				       type_names[ti], nt, gbps, mem_gbps[nt], gbps / mem_gbps[nt], cgbps,
+				       mem_cpu[nt], cgbps / mem_cpu[nt], gbps * 1e9 / (double)rb * 2 * N_COLS / 1e9);
+				fflush(stdout);
+			}
+			if (!strcmp(k->isa, "scalar"))
+				continue; /* a 512-row scalar gemm takes minutes */
+			size_t as = nf_act_size(kt, N_COLS);
+			for (size_t b = 0; b < GEMM_BATCH; b++) {
+				for (size_t i = 0; i < N_COLS; i++)
+					x[i] = (float)(rng_next(&s) % 2001) / 1000.0f - 1.0f;
+				k->act_prepare[kt](x, xq + b * as, N_COLS);
+			}
+			for (int nt = 1; nt <= 2; nt++) {
+				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = GEMM_ROWS,
+						      .row_bytes = rb, .w = w, .xq = xq, .y = y,
+						      .nb = GEMM_BATCH, .xq_stride = as };
+				double t[3];
+				for (int r = -1; r < 3; r++) {
+					double t0 = nf_cli_now();
+					nf_pool_run(pools[nt], gemm_fn, &j);
+					if (r >= 0)
+						t[r] = nf_cli_now() - t0;
+				}
+				double sec = nf_bench_median(t, 3);
+				printf("gemm%d\t%s\t%s\t%d\t-\t-\t-\t-\t-\t-\t%.1f\n", GEMM_BATCH, k->isa,
+				       type_names[ti], nt, 2.0 * N_COLS * GEMM_ROWS * GEMM_BATCH / sec / 1e9);
+				fflush(stdout);
+			}
+		}
+		free(w);
+	}
+	nf_pool_close(pools[1]);
+	nf_pool_close(pools[2]);
+	free(x);
+	free(y);
+	free(xq);
+	return 0;
+}

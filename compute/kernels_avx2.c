@@ -1,0 +1,474 @@
+/*
+ * kernels_avx2.c - the kernel table for AVX2 + FMA + F16C.
+ *
+ * Invariants:
+ * 1. Prepared activations are bit-identical to the reference (same amax,
+ *    same d = amax / 127 and id = 127 / amax, round to nearest even).
+ * 2. Integer block sums are exact; only the order of the f32 sum over
+ *    blocks and lanes differs from the reference.
+ * 3. axpy computes y = fma(a, w, y) per element, bit-identical to the
+ *    reference.
+ * 4. Only this file is compiled with -mavx2 -mfma -mf16c, and kernels.c
+ *    hands out its table only after cpuid confirmed all three.
+ * 5. Nothing here allocates; scratch lives on the stack, bounded by
+ *    GEMV_CHUNK.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels_impl.h"
+
+/* Activation blocks whose scales (and Q4_0 corrections) are prepared per
+ * gemv pass: 36 bytes of stack each. */
+#define GEMV_CHUNK 512
+/* Weight rows kept hot while every activation tile passes over them. */
+#define GEMM_ROW_BLOCK 16
+
+static inline float hsum8(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+static inline float h2f(uint16_t h)
+{
+	return _cvtsh_ss(h);
+}
+
+/* ---- activation preparation ---------------------------------------------- */
+
+void nf_kavx2_prepare_q8_0(const float *x, void *xq, size_t n)
+{
+	struct nf_block_q8_0 *y = xq;
+	const __m256 sign = _mm256_set1_ps(-0.0f);
+	const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+	for (size_t b = 0; b < n / NF_QK; b++) {
+		const float *v = x + b * NF_QK;
+		__m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+		__m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+		__m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+					 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+		__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+		m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+		float amax = _mm_cvtss_f32(m4);
+		y[b].d = (uint16_t)_cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+		__m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+		const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+		__m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, id), rnd));
+		__m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, id), rnd));
+		__m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, id), rnd));
+		__m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, id), rnd));
+		__m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+		_mm256_storeu_si256((__m256i *)y[b].qs, _mm256_permutevar8x32_epi32(p, perm));
+	}
+}
+
+void nf_kavx2_prepare_f16(const float *x, void *xq, size_t n)
+{
+	uint16_t *h = xq;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((__m128i *)(h + i),
+				 _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+	for (; i < n; i++)
+		h[i] = nf_fp32_to_fp16(x[i]);
+}
+
+void nf_kavx2_prepare_bf16(const float *x, void *xq, size_t n)
+{
+	uint16_t *h = xq;
+	size_t i = 0;
+	const __m256i absmask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+	const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+	const __m256i quiet = _mm256_set1_epi32(64);
+	for (; i + 8 <= n; i += 8) {
+		__m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+		__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+		__m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
+		__m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absmask), inf);
+		__m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+		r = _mm256_blendv_epi8(r, q, nan);
+		__m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+		_mm_storeu_si128((__m128i *)(h + i), _mm256_castsi256_si128(p));
+	}
+	for (; i < n; i++)
+		h[i] = nf_fp32_to_bf16(x[i]);
+}
+
+/* ---- integer block products ------------------------------------------------ */
+
+/* The 32 weights of a Q4_0 block as signed bytes -8..7, in x's order. */
+static inline __m256i q4_unpack(const uint8_t *qs)
+{
+	__m128i q = _mm_loadu_si128((const __m128i *)qs);
+	__m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+	return _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+}
+
+/* Eight int32 partial sums of w . x for signed bytes (|w| <= 127). */
+static inline __m256i dot_i8(__m256i w, __m256i x)
+{
+	__m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+	return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Activation scales of up to GEMV_CHUNK blocks as f32. */
+static void x_scales(const struct nf_block_q8_0 *x, size_t nb, float *dx)
+{
+	for (size_t i = 0; i < nb; i++)
+		dx[i] = h2f(x[i].d);
+}
+
+static float row_q8_0(const struct nf_block_q8_0 *w, const struct nf_block_q8_0 *x,
+		      const float *dx, size_t nb)
+{
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+	size_t i = 0;
+	for (; i + 2 <= nb; i += 2) {
+		__m256i s0 = dot_i8(_mm256_loadu_si256((const __m256i *)w[i].qs),
+				    _mm256_loadu_si256((const __m256i *)x[i].qs));
+		__m256i s1 = dot_i8(_mm256_loadu_si256((const __m256i *)w[i + 1].qs),
+				    _mm256_loadu_si256((const __m256i *)x[i + 1].qs));
+		acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * dx[i]), _mm256_cvtepi32_ps(s0), acc0);
+		acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * dx[i + 1]), _mm256_cvtepi32_ps(s1), acc1);
+	}
+	for (; i < nb; i++) {
+		__m256i s0 = dot_i8(_mm256_loadu_si256((const __m256i *)w[i].qs),
+				    _mm256_loadu_si256((const __m256i *)x[i].qs));
+		acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * dx[i]), _mm256_cvtepi32_ps(s0), acc0);
+	}
+	return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Nibbles 0..15 in x's order (low nibbles, then high), unsigned. */
+static inline __m256i q4_nibbles(const uint8_t *qs)
+{
+	__m128i q = _mm_loadu_si128((const __m128i *)qs);
+	__m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+	return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* Per activation block: the 8 lane sums of 8 * x that turn
+ * maddubs(nibbles, x) into the sum of (q - 8) * x. */
+static void x_corr(const struct nf_block_q8_0 *x, size_t nb, __m256i *corr)
+{
+	const __m256i ones8 = _mm256_set1_epi8(8), ones16 = _mm256_set1_epi16(1);
+	for (size_t i = 0; i < nb; i++) {
+		__m256i xv = _mm256_loadu_si256((const __m256i *)x[i].qs);
+		corr[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xv), ones16);
+	}
+}
+
+static float row_q4_0(const struct nf_block_q4_0 *w, const struct nf_block_q8_0 *x,
+		      const float *dx, const __m256i *corr, size_t nb)
+{
+	const __m256i ones16 = _mm256_set1_epi16(1);
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+	size_t i = 0;
+#define Q4_BLOCK(i, acc)                                                                        \
+	do {                                                                                    \
+		__m256i p = _mm256_maddubs_epi16(q4_nibbles(w[i].qs),                           \
+						 _mm256_loadu_si256((const __m256i *)x[i].qs)); \
+		__m256i s = _mm256_sub_epi32(_mm256_madd_epi16(p, ones16), corr[i]);            \
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * dx[i]), _mm256_cvtepi32_ps(s), acc); \
+	} while (0)
+	for (; i + 2 <= nb; i += 2) {
+		Q4_BLOCK(i, acc0);
+		Q4_BLOCK(i + 1, acc1);
+	}
+	for (; i < nb; i++)
+		Q4_BLOCK(i, acc0);
+#undef Q4_BLOCK
+	return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+static float row_q8_0_c(const struct nf_block_q8_0 *w, const struct nf_block_q8_0 *x,
+			const float *dx, const __m256i *corr, size_t nb)
+{
+	(void)corr;
+	return row_q8_0(w, x, dx, nb);
+}
+
+/* Scratch per pass: activation scales and, for Q4_0, lane corrections. */
+#define QGEMV(T, WBLOCK, ROW, CORR)                                                        \
+	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
+			     const void *xq, float *y)                                     \
+	{                                                                                  \
+		const struct nf_block_q8_0 *x = xq;                                        \
+		float dx[GEMV_CHUNK];                                                      \
+		__m256i corr[CORR ? GEMV_CHUNK : 1];                                       \
+		size_t nb = n / NF_QK;                                                     \
+		for (size_t c = 0; c < nb; c += GEMV_CHUNK) {                              \
+			size_t cn = nb - c < GEMV_CHUNK ? nb - c : GEMV_CHUNK;             \
+			x_scales(x + c, cn, dx);                                           \
+			if (CORR)                                                          \
+				x_corr(x + c, cn, corr);                                   \
+			for (size_t r = 0; r < nrows; r++) {                               \
+				const WBLOCK *wr = (const WBLOCK *)((const char *)w + r * row_bytes) + c; \
+				float s = ROW(wr, x + c, dx, corr, cn);                    \
+				y[r] = c ? y[r] + s : s;                                   \
+			}                                                                  \
+		}                                                                          \
+	}
+
+QGEMV(q8_0, struct nf_block_q8_0, row_q8_0_c, 0)
+QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
+
+/*
+ * gemm tile: 2 weight rows x 4 activation rows. Each weight block is
+ * unpacked once for the four activations, each activation block loaded once
+ * for the two rows. Edges fall back to the one-row dot.
+ */
+#define TILE_R 2
+#define TILE_B 4
+
+#define QGEMM(T, WBLOCK, UNPACK)                                                            \
+	static void tile_##T(size_t nb, const WBLOCK *const wr[TILE_R],                     \
+			     const struct nf_block_q8_0 *const xb[TILE_B], float out[TILE_R][TILE_B]) \
+	{                                                                                   \
+		__m256 acc[TILE_R][TILE_B];                                                 \
+		for (int r = 0; r < TILE_R; r++)                                            \
+			for (int b = 0; b < TILE_B; b++)                                    \
+				acc[r][b] = _mm256_setzero_ps();                            \
+		for (size_t i = 0; i < nb; i++) {                                           \
+			__m256i wv[TILE_R], wa[TILE_R];                                     \
+			__m256 dw[TILE_R];                                                  \
+			_Pragma("GCC unroll 2") for (int r = 0; r < TILE_R; r++) {          \
+				wv[r] = UNPACK(wr[r] + i);                                  \
+				wa[r] = _mm256_sign_epi8(wv[r], wv[r]);                     \
+				dw[r] = _mm256_set1_ps(h2f(wr[r][i].d));                    \
+			}                                                                   \
+			_Pragma("GCC unroll 4") for (int b = 0; b < TILE_B; b++) {          \
+				__m256i xv = _mm256_loadu_si256((const __m256i *)xb[b][i].qs); \
+				__m256 dx = _mm256_set1_ps(h2f(xb[b][i].d));                \
+				_Pragma("GCC unroll 2") for (int r = 0; r < TILE_R; r++) {  \
+					__m256i p = _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wv[r])); \
+					__m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))); \
+					acc[r][b] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), s, acc[r][b]); \
+				}                                                           \
+			}                                                                   \
+		}                                                                           \
+		for (int r = 0; r < TILE_R; r++)                                            \
+			for (int b = 0; b < TILE_B; b++)                                    \
+				out[r][b] = hsum8(acc[r][b]);                               \
+	}                                                                                   \
+	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,      \
+			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
+	{                                                                                   \
+		size_t nb = n / NF_QK;                                                      \
+		const char *wc = w, *xc = xq;                                               \
+		for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {                     \
+			size_t r1 = r0 + GEMM_ROW_BLOCK < nrows ? r0 + GEMM_ROW_BLOCK : nrows; \
+			size_t b = 0;                                                       \
+			for (; b + TILE_B <= nbat; b += TILE_B) {                           \
+				const struct nf_block_q8_0 *xb[TILE_B];                     \
+				for (int j = 0; j < TILE_B; j++)                            \
+					xb[j] = (const void *)(xc + (b + j) * xq_stride);   \
+				size_t r = r0;                                              \
+				for (; r + TILE_R <= r1; r += TILE_R) {                     \
+					const WBLOCK *wr[TILE_R];                           \
+					float out[TILE_R][TILE_B];                          \
+					for (int k = 0; k < TILE_R; k++)                    \
+						wr[k] = (const void *)(wc + (r + k) * row_bytes); \
+					tile_##T(nb, wr, xb, out);                          \
+					for (int k = 0; k < TILE_R; k++)                    \
+						for (int j = 0; j < TILE_B; j++)            \
+							y[(b + j) * ldy + r + k] = out[k][j]; \
+				}                                                           \
+				for (; r < r1; r++)                                         \
+					for (int j = 0; j < TILE_B; j++)                    \
+						gemv_##T(n, 1, wc + r * row_bytes, row_bytes, xb[j], \
+							 y + (b + j) * ldy + r);            \
+			}                                                                   \
+			for (; b < nbat; b++)                                               \
+				gemv_##T(n, r1 - r0, wc + r0 * row_bytes, row_bytes,        \
+					 xc + b * xq_stride, y + b * ldy + r0);             \
+		}                                                                           \
+	}
+
+static inline __m256i q8_load(const struct nf_block_q8_0 *b)
+{
+	return _mm256_loadu_si256((const __m256i *)b->qs);
+}
+
+static inline __m256i q4_load(const struct nf_block_q4_0 *b)
+{
+	return q4_unpack(b->qs);
+}
+
+QGEMM(q8_0, struct nf_block_q8_0, q8_load)
+QGEMM(q4_0, struct nf_block_q4_0, q4_load)
+
+/* ---- float weights ---------------------------------------------------------- */
+
+static inline __m256 ld_f32(const void *p, size_t i) { return _mm256_loadu_ps((const float *)p + i); }
+static inline __m256 ld_f16(const void *p, size_t i)
+{
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+}
+static inline __m256 ld_bf16(const void *p, size_t i)
+{
+	__m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline float el_f32(const void *p, size_t i) { return ((const float *)p)[i]; }
+static inline float el_f16(const void *p, size_t i) { return h2f(((const uint16_t *)p)[i]); }
+static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const uint16_t *)p)[i]); }
+
+#define FDOT(T)                                                                              \
+	static float fdot_##T(size_t n, const void *w, const void *x)                        \
+	{                                                                                    \
+		__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                  \
+		size_t i = 0;                                                                \
+		for (; i + 32 <= n; i += 32) {                                               \
+			a0 = _mm256_fmadd_ps(ld_##T(w, i), ld_##T(x, i), a0);                \
+			a1 = _mm256_fmadd_ps(ld_##T(w, i + 8), ld_##T(x, i + 8), a1);        \
+			a2 = _mm256_fmadd_ps(ld_##T(w, i + 16), ld_##T(x, i + 16), a2);      \
+			a3 = _mm256_fmadd_ps(ld_##T(w, i + 24), ld_##T(x, i + 24), a3);      \
+		}                                                                            \
+		for (; i + 8 <= n; i += 8)                                                   \
+			a0 = _mm256_fmadd_ps(ld_##T(w, i), ld_##T(x, i), a0);                \
+		float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))); \
+		for (; i < n; i++)                                                           \
+			s += el_##T(w, i) * el_##T(x, i);                                    \
+		return s;                                                                    \
+	}                                                                                    \
+	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,       \
+			     const void *xq, float *y)                                       \
+	{                                                                                    \
+		for (size_t r = 0; r < nrows; r++)                                           \
+			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);             \
+	}                                                                                    \
+	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,       \
+			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
+	{                                                                                    \
+		for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {                      \
+			size_t rn = nrows - r0 < GEMM_ROW_BLOCK ? nrows - r0 : GEMM_ROW_BLOCK; \
+			for (size_t b = 0; b < nbat; b++)                                    \
+				gemv_##T(n, rn, (const char *)w + r0 * row_bytes, row_bytes, \
+					 (const char *)xq + b * xq_stride, y + b * ldy + r0); \
+		}                                                                            \
+	}                                                                                    \
+	void nf_kavx2_axpy_##T(size_t n, float a, const void *wrow, float *y)               \
+	{                                                                                    \
+		__m256 av = _mm256_set1_ps(a);                                               \
+		size_t i = 0;                                                                \
+		for (; i + 8 <= n; i += 8)                                                   \
+			_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, ld_##T(wrow, i), _mm256_loadu_ps(y + i))); \
+		for (; i < n; i++)                                                           \
+			y[i] = fmaf(a, el_##T(wrow, i), y[i]);                               \
+	}
+
+FDOT(f32)
+FDOT(f16)
+FDOT(bf16)
+
+/* ---- quantized axpy ----------------------------------------------------------- */
+
+void nf_kavx2_axpy_q8_0(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q8_0 *b = wrow;
+	__m256 av = _mm256_set1_ps(a);
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		__m256 d = _mm256_set1_ps(h2f(b[i].d));
+		float *o = y + i * NF_QK;
+		for (int j = 0; j < NF_QK; j += 8) {
+			__m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + j)));
+			__m256 wv = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+			_mm256_storeu_ps(o + j, _mm256_fmadd_ps(av, wv, _mm256_loadu_ps(o + j)));
+		}
+	}
+}
+
+void nf_kavx2_axpy_q4_0(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q4_0 *b = wrow;
+	__m256 av = _mm256_set1_ps(a);
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		__m256 d = _mm256_set1_ps(h2f(b[i].d));
+		__m256i v = q4_unpack(b[i].qs);
+		int8_t q[32];
+		_mm256_storeu_si256((__m256i *)q, v);
+		float *o = y + i * NF_QK;
+		for (int j = 0; j < NF_QK; j += 8) {
+			__m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + j)));
+			__m256 wv = _mm256_mul_ps(_mm256_cvtepi32_ps(qi), d);
+			_mm256_storeu_ps(o + j, _mm256_fmadd_ps(av, wv, _mm256_loadu_ps(o + j)));
+		}
+	}
+}
+
+/* ---- vector ops ---------------------------------------------------------------- */
+
+float nf_kavx2_dot_f32v(const float *a, const float *b, size_t n)
+{
+	return fdot_f32(n, a, b);
+}
+
+void nf_kavx2_axpy_f32v(size_t n, float a, const float *x, float *y)
+{
+	nf_kavx2_axpy_f32(n, a, x, y);
+}
+
+void nf_kavx2_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+{
+	__m256d s0 = _mm256_setzero_pd(), s1 = s0;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 v = _mm256_loadu_ps(x + i);
+		__m256 sq = _mm256_mul_ps(v, v);
+		s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+		s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+	}
+	double lanes[4];
+	_mm256_storeu_pd(lanes, _mm256_add_pd(s0, s1));
+	double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+	for (; i < n; i++)
+		sum += (double)(x[i] * x[i]);
+	float mean = (float)(sum / (double)n);
+	float scale = 1.0f / sqrtf(mean + eps);
+	__m256 sv = _mm256_set1_ps(scale);
+	for (i = 0; i + 8 <= n; i += 8) {
+		__m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+		if (w)
+			v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+		_mm256_storeu_ps(out + i, v);
+	}
+	for (; i < n; i++)
+		out[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
+}
+
+const struct nf_kernels nf_kernels_table_avx2 = {
+	.isa = "avx2",
+	.act_prepare = {
+		[NF_KT_F32] = nf_kref_prepare_f32,
+		[NF_KT_F16] = nf_kavx2_prepare_f16,
+		[NF_KT_BF16] = nf_kavx2_prepare_bf16,
+		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,
+		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
+	},
+	.gemv = {
+		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
+		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = gemv_q4_0,
+	},
+	.gemm = {
+		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
+		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = gemm_q4_0,
+	},
+	.axpy = {
+		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
+		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
+		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
+	},
+	.rmsnorm = nf_kavx2_rmsnorm,
+	.softmax = nf_kref_softmax,
+	.silu_mul = nf_kref_silu_mul,
+	.relu_mul = nf_kref_relu_mul,
+	.drelu_mul = nf_kref_drelu_mul,
+	.dot_f32 = nf_kavx2_dot_f32v,
+	.axpy_f32 = nf_kavx2_axpy_f32v,
+};

@@ -1,0 +1,562 @@
+/*
+ * kernels_avx512.c - the kernel table for AVX-512 (F, BW, VL, DQ, VNNI).
+ *
+ * Quantized products use VPDPBUSD (unsigned x signed bytes, 4-way into
+ * int32). The activation row is first repacked, once per call and per
+ * chunk, into the lane order the unpacked weights come in, with the
+ * correction for unsigned weights precomputed per lane:
+ *   Q4_0: a group of 4 blocks (72 bytes) becomes lo nibbles | hi nibbles;
+ *         sum (q - 8) x = dpbusd(q, x) - 8 * sum x.
+ *   Q8_0: a pair of blocks (68 bytes) becomes 64 bytes w + 128 (unsigned);
+ *         sum w x = dpbusd(w + 128, x) - 128 * sum x.
+ * Both integer sums are exact; scales are applied per block in f32.
+ *
+ * Invariants:
+ * 1. Integer block sums are exact; results differ from the reference only
+ *    in the order of the f32 sum over blocks and lanes.
+ * 2. Weight loads never pass the end of a row: a group's two overlapping
+ *    64-byte loads start at its first and at its (size - 64)th byte.
+ * 3. Only this file is compiled with the AVX-512 flags, and kernels.c hands
+ *    out its table only after cpuid confirmed every one of them (and AVX2,
+ *    FMA, F16C, whose kernels this table reuses).
+ * 4. No allocation: repacked activations live on the stack, at most
+ *    32 KiB per call.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels_impl.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Rows of weights a gemm keeps hot in L2 while activation tiles pass. */
+#define GEMM_ROW_BLOCK 64
+
+/* ---- scalar tails (blocks past the last whole group) ------------------------ */
+
+static float tail_q4(const struct nf_block_q4_0 *w, const struct nf_block_q8_0 *x, size_t nb)
+{
+	float s = 0.0f;
+	for (size_t i = 0; i < nb; i++) {
+		int32_t sumi = 0;
+		for (int j = 0; j < NF_QK / 2; j++)
+			sumi += ((w[i].qs[j] & 0x0f) - 8) * x[i].qs[j] +
+				((w[i].qs[j] >> 4) - 8) * x[i].qs[j + NF_QK / 2];
+		s += (float)sumi * (_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d));
+	}
+	return s;
+}
+
+static float tail_q8(const struct nf_block_q8_0 *w, const struct nf_block_q8_0 *x, size_t nb)
+{
+	float s = 0.0f;
+	for (size_t i = 0; i < nb; i++) {
+		int32_t sumi = 0;
+		for (int j = 0; j < NF_QK; j++)
+			sumi += w[i].qs[j] * x[i].qs[j];
+		s += (float)sumi * (_cvtsh_ss(w[i].d) * _cvtsh_ss(x[i].d));
+	}
+	return s;
+}
+
+/* ---- Q4_0 --------------------------------------------------------------------- */
+
+#define Q4_GROUP 4                          /* blocks per group */
+#define Q4_GBYTES (Q4_GROUP * 18)           /* 72 */
+#define Q4_CHUNK 128                        /* groups repacked per pass (32 KiB) */
+
+struct q4x {
+	__m512i lo, hi;   /* x[0..15] and x[16..31] of the 4 blocks, 16 bytes each */
+	__m512i corr;     /* -8 * lane sums of x */
+	__m512 dx;        /* block scale, 4 lanes per block */
+};
+
+static void q4x_pack(const struct nf_block_q8_0 *x, size_t ng, struct q4x *out)
+{
+	const __m512i ones = _mm512_set1_epi8(1);
+	for (size_t g = 0; g < ng; g++) {
+		const struct nf_block_q8_0 *b = x + g * Q4_GROUP;
+		uint16_t dh[16];
+		for (int j = 0; j < Q4_GROUP; j++) {
+			memcpy((char *)&out[g].lo + 16 * j, b[j].qs, 16);
+			memcpy((char *)&out[g].hi + 16 * j, b[j].qs + 16, 16);
+			dh[4 * j] = dh[4 * j + 1] = dh[4 * j + 2] = dh[4 * j + 3] = b[j].d;
+		}
+		__m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, out[g].lo);
+		s = _mm512_dpbusd_epi32(s, ones, out[g].hi);
+		out[g].corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 3));
+		out[g].dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
+	}
+}
+
+struct q4w {
+	__m512i lo, hi;
+	__m512 dw;
+};
+
+/* Word indices: the 4 blocks' 16-byte qs packed from two overlapping loads
+ * (bytes 0..63 and 8..71 of the group); and each block's scale x4. */
+INLINE __m512i q4_idx_qs(void)
+{
+	return _mm512_set_epi16(32 + 31, 32 + 30, 32 + 29, 32 + 28, 32 + 27, 32 + 26, 32 + 25, 32 + 24,
+				26, 25, 24, 23, 22, 21, 20, 19,
+				17, 16, 15, 14, 13, 12, 11, 10,
+				8, 7, 6, 5, 4, 3, 2, 1);
+}
+
+INLINE __m512i q4_idx_d(void)
+{
+	return _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+				27, 27, 27, 27, 18, 18, 18, 18, 9, 9, 9, 9, 0, 0, 0, 0);
+}
+
+INLINE struct q4w q4_decode(__m512i raw0, __m512i raw1, __m512i idxq, __m512i idxd)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	__m512i q = _mm512_permutex2var_epi16(raw0, idxq, raw1);
+	struct q4w w;
+	w.lo = _mm512_and_si512(q, m4);
+	w.hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+	w.dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idxd, raw0)));
+	return w;
+}
+
+INLINE struct q4w q4_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+{
+	return q4_decode(_mm512_loadu_si512((const void *)p),
+			 _mm512_loadu_si512((const void *)(p + Q4_GBYTES - 64)), idxq, idxd);
+}
+
+INLINE __m512 q4_fma(struct q4w w, const struct q4x *x, __m512 acc)
+{
+	__m512i s = _mm512_dpbusd_epi32(x->corr, w.lo, x->lo);
+	s = _mm512_dpbusd_epi32(s, w.hi, x->hi);
+	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w.dw, x->dx), acc);
+}
+
+/* R weight rows x B activation rows over ng groups: out[r * B + b]. */
+INLINE void q4_tile(const int R, const int B, size_t ng, const uint8_t *const *wr,
+		    const struct q4x *const *xb, float *out)
+{
+	const __m512i idxq = q4_idx_qs(), idxd = q4_idx_d();
+	__m512 acc[4][4];
+	for (int r = 0; r < R; r++)
+		for (int b = 0; b < B; b++)
+			acc[r][b] = _mm512_setzero_ps();
+	for (size_t g = 0; g < ng; g++) {
+		struct q4w w[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			w[r] = q4_unpack(wr[r] + g * Q4_GBYTES, idxq, idxd);
+#pragma GCC unroll 4
+		for (int b = 0; b < B; b++)
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				acc[r][b] = q4_fma(w[r], xb[b] + g, acc[r][b]);
+	}
+	for (int r = 0; r < R; r++)
+		for (int b = 0; b < B; b++)
+			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
+}
+
+/*
+ * One row over ng groups. Unaligned 64-byte loads that straddle cache lines
+ * halve the bandwidth a row streams from DRAM at, so where the row allows
+ * (address a multiple of 8), groups are read as runs of 8 groups = 9
+ * aligned lines, each group's two windows cut out with VALIGND; the groups
+ * before the first aligned one and after the last run take the unaligned
+ * path. Aligned loads stay inside the row.
+ */
+#define Q4_RUN 8
+
+static float q4_row(const uint8_t *w, const struct q4x *x, size_t ng)
+{
+	const __m512i idxq = q4_idx_qs(), idxd = q4_idx_d();
+	__m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+	size_t a = (uintptr_t)w & 63, g = 0, head = ng;
+	if (a % 8 == 0)
+		head = ((64 - a) / 8) % Q4_RUN;
+	for (; g < head && g < ng; g++)
+		acc0 = q4_fma(q4_unpack(w + g * Q4_GBYTES, idxq, idxd), x + g, acc0);
+	for (; g + Q4_RUN <= ng; g += Q4_RUN) {
+		const __m512i *L = (const __m512i *)(w + g * Q4_GBYTES);
+		const struct q4x *xg = x + g;
+		__m512i l0 = _mm512_load_si512(L), l1 = _mm512_load_si512(L + 1);
+#define Q4_STEP(k, lo, hi, acc)                                                                \
+	acc = q4_fma(q4_decode(_mm512_alignr_epi32(hi, lo, 2 * (k)),                           \
+			       (k) < 7 ? _mm512_alignr_epi32(hi, lo, (2 * (k) + 2) & 15) : hi, idxq, idxd), \
+		     xg + (k), acc)
+		Q4_STEP(0, l0, l1, acc0);
+		__m512i l2 = _mm512_load_si512(L + 2);
+		Q4_STEP(1, l1, l2, acc1);
+		__m512i l3 = _mm512_load_si512(L + 3);
+		Q4_STEP(2, l2, l3, acc0);
+		__m512i l4 = _mm512_load_si512(L + 4);
+		Q4_STEP(3, l3, l4, acc1);
+		__m512i l5 = _mm512_load_si512(L + 5);
+		Q4_STEP(4, l4, l5, acc0);
+		__m512i l6 = _mm512_load_si512(L + 6);
+		Q4_STEP(5, l5, l6, acc1);
+		__m512i l7 = _mm512_load_si512(L + 7);
+		Q4_STEP(6, l6, l7, acc0);
+		__m512i l8 = _mm512_load_si512(L + 8);
+		Q4_STEP(7, l7, l8, acc1);
+#undef Q4_STEP
+	}
+	for (; g < ng; g++)
+		acc0 = q4_fma(q4_unpack(w + g * Q4_GBYTES, idxq, idxd), x + g, acc0);
+	return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* ---- Q8_0 --------------------------------------------------------------------- */
+
+#define Q8_GROUP 2                          /* blocks per group */
+#define Q8_GBYTES (Q8_GROUP * 34)           /* 68 */
+#define Q8_CHUNK 170                        /* groups repacked per pass (~32 KiB) */
+
+struct q8x {
+	__m512i x;        /* the 2 blocks' 32 qs each */
+	__m512i corr;     /* -128 * lane sums of x */
+	__m512 dx;        /* block scale, 8 lanes per block */
+};
+
+static void q8x_pack(const struct nf_block_q8_0 *x, size_t ng, struct q8x *out)
+{
+	const __m512i ones = _mm512_set1_epi8(1);
+	for (size_t g = 0; g < ng; g++) {
+		const struct nf_block_q8_0 *b = x + g * Q8_GROUP;
+		uint16_t dh[16];
+		for (int j = 0; j < Q8_GROUP; j++) {
+			memcpy((char *)&out[g].x + 32 * j, b[j].qs, 32);
+			for (int l = 0; l < 8; l++)
+				dh[8 * j + l] = b[j].d;
+		}
+		__m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, out[g].x);
+		out[g].corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7));
+		out[g].dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
+	}
+}
+
+struct q8w {
+	__m512i u;
+	__m512 dw;
+};
+
+INLINE __m512i q8_idx_qs(void)
+{
+	/* block 0: words 1..16 of bytes 0..63; block 1: words 16..31 of bytes 4..67 */
+	return _mm512_set_epi16(32 + 31, 32 + 30, 32 + 29, 32 + 28, 32 + 27, 32 + 26, 32 + 25, 32 + 24,
+				32 + 23, 32 + 22, 32 + 21, 32 + 20, 32 + 19, 32 + 18, 32 + 17, 32 + 16,
+				16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1);
+}
+
+INLINE __m512i q8_idx_d(void)
+{
+	return _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+				17, 17, 17, 17, 17, 17, 17, 17, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+INLINE struct q8w q8_decode(__m512i raw0, __m512i raw1, __m512i idxq, __m512i idxd)
+{
+	__m512i q = _mm512_permutex2var_epi16(raw0, idxq, raw1);
+	struct q8w w;
+	w.u = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
+	w.dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idxd, raw0)));
+	return w;
+}
+
+INLINE struct q8w q8_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+{
+	return q8_decode(_mm512_loadu_si512((const void *)p),
+			 _mm512_loadu_si512((const void *)(p + Q8_GBYTES - 64)), idxq, idxd);
+}
+
+INLINE __m512 q8_fma(struct q8w w, const struct q8x *x, __m512 acc)
+{
+	__m512i s = _mm512_dpbusd_epi32(x->corr, w.u, x->x);
+	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w.dw, x->dx), acc);
+}
+
+INLINE void q8_tile(const int R, const int B, size_t ng, const uint8_t *const *wr,
+		    const struct q8x *const *xb, float *out)
+{
+	const __m512i idxq = q8_idx_qs(), idxd = q8_idx_d();
+	__m512 acc[4][4];
+	for (int r = 0; r < R; r++)
+		for (int b = 0; b < B; b++)
+			acc[r][b] = _mm512_setzero_ps();
+	for (size_t g = 0; g < ng; g++) {
+		struct q8w w[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			w[r] = q8_unpack(wr[r] + g * Q8_GBYTES, idxq, idxd);
+#pragma GCC unroll 4
+		for (int b = 0; b < B; b++)
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				acc[r][b] = q8_fma(w[r], xb[b] + g, acc[r][b]);
+	}
+	for (int r = 0; r < R; r++)
+		for (int b = 0; b < B; b++)
+			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
+}
+
+/* As q4_row: runs of 16 groups (2 blocks, 68 bytes each) = 17 aligned
+ * lines where the row address is a multiple of 4. */
+#define Q8_RUN 16
+
+static float q8_row(const uint8_t *w, const struct q8x *x, size_t ng)
+{
+	const __m512i idxq = q8_idx_qs(), idxd = q8_idx_d();
+	__m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+	size_t a = (uintptr_t)w & 63, g = 0, head = ng;
+	if (a % 4 == 0)
+		head = ((64 - a) / 4) % Q8_RUN;
+	for (; g < head && g < ng; g++)
+		acc0 = q8_fma(q8_unpack(w + g * Q8_GBYTES, idxq, idxd), x + g, acc0);
+	for (; g + Q8_RUN <= ng; g += Q8_RUN) {
+		const __m512i *L = (const __m512i *)(w + g * Q8_GBYTES);
+		const struct q8x *xg = x + g;
+		__m512i lo = _mm512_load_si512(L), hi;
+#define Q8_STEP(k, acc)                                                                          \
+	hi = _mm512_load_si512(L + (k) + 1);                                                     \
+	acc = q8_fma(q8_decode(_mm512_alignr_epi32(hi, lo, (k)),                                 \
+			       (k) < 15 ? _mm512_alignr_epi32(hi, lo, ((k) + 1) & 15) : hi, idxq, idxd), \
+		     xg + (k), acc);                                                             \
+	lo = hi
+		Q8_STEP(0, acc0); Q8_STEP(1, acc1); Q8_STEP(2, acc0); Q8_STEP(3, acc1);
+		Q8_STEP(4, acc0); Q8_STEP(5, acc1); Q8_STEP(6, acc0); Q8_STEP(7, acc1);
+		Q8_STEP(8, acc0); Q8_STEP(9, acc1); Q8_STEP(10, acc0); Q8_STEP(11, acc1);
+		Q8_STEP(12, acc0); Q8_STEP(13, acc1); Q8_STEP(14, acc0); Q8_STEP(15, acc1);
+#undef Q8_STEP
+	}
+	for (; g < ng; g++)
+		acc0 = q8_fma(q8_unpack(w + g * Q8_GBYTES, idxq, idxd), x + g, acc0);
+	return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* ---- quantized gemv / gemm drivers ------------------------------------------- */
+
+/*
+ * gemv: repack a chunk of x, run every row over it, add the chunk's sum
+ * into y; blocks past the last whole group go through the scalar tail.
+ * gemm: for each block of GEMM_ROW_BLOCK weight rows, for each tile of 4
+ * activation rows, repack the tile chunk by chunk and run 2x4 tiles.
+ */
+#define QDRIVERS(T, WBLOCK, XPACK, GROUP, GBYTES, CHUNK)                                      \
+	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			     const void *xq, float *y)                                        \
+	{                                                                                     \
+		const struct nf_block_q8_0 *x = xq;                                           \
+		struct XPACK xp[CHUNK];                                                       \
+		size_t nb = n / NF_QK, ng = nb / GROUP, nt = nb % GROUP;                      \
+		for (size_t r = 0; r < nrows; r++)                                            \
+			y[r] = 0.0f;                                                          \
+		for (size_t c = 0; c < ng; c += CHUNK) {                                      \
+			size_t cn = ng - c < CHUNK ? ng - c : CHUNK;                          \
+			XPACK##_pack(x + c * GROUP, cn, xp);                                  \
+			for (size_t r = 0; r < nrows; r++)                                    \
+				y[r] += T##_row((const uint8_t *)w + r * row_bytes + c * GBYTES, xp, cn); \
+		}                                                                             \
+		if (nt)                                                                       \
+			for (size_t r = 0; r < nrows; r++)                                    \
+				y[r] += tail_##T((const WBLOCK *)((const char *)w + r * row_bytes) + ng * GROUP, \
+						 x + ng * GROUP, nt);                         \
+	}                                                                                     \
+	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
+	{                                                                                     \
+		enum { GCHUNK = CHUNK / 4 };                                                  \
+		struct XPACK xp[4][GCHUNK];                                                   \
+		const uint8_t *wc = w;                                                        \
+		const char *xc = xq;                                                          \
+		size_t nb = n / NF_QK, ng = nb / GROUP, nt = nb % GROUP;                      \
+		for (size_t b = 0; b < nbat; b++)                                             \
+			for (size_t r = 0; r < nrows; r++)                                    \
+				y[b * ldy + r] = 0.0f;                                        \
+		for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {                       \
+			size_t r1 = r0 + GEMM_ROW_BLOCK < nrows ? r0 + GEMM_ROW_BLOCK : nrows;  \
+			for (size_t b0 = 0; b0 < nbat; b0 += 4) {                             \
+				size_t bn = nbat - b0 < 4 ? nbat - b0 : 4;                    \
+				for (size_t c = 0; c < ng; c += GCHUNK) {                     \
+					size_t cn = ng - c < GCHUNK ? ng - c : GCHUNK;        \
+					const struct XPACK *xb[4];                            \
+					for (size_t j = 0; j < bn; j++) {                     \
+						const struct nf_block_q8_0 *xr =              \
+							(const void *)(xc + (b0 + j) * xq_stride); \
+						XPACK##_pack(xr + c * GROUP, cn, xp[j]);      \
+						xb[j] = xp[j];                                \
+					}                                                     \
+					size_t r = r0;                                        \
+					const uint8_t *wr[2];                                 \
+					float out[8];                                         \
+					for (; r + 2 <= r1; r += 2) {                         \
+						wr[0] = wc + r * row_bytes + c * GBYTES;      \
+						wr[1] = wr[0] + row_bytes;                    \
+						if (bn == 4) {                                \
+							T##_tile(2, 4, cn, wr, xb, out);      \
+							for (size_t j = 0; j < 4; j++) {      \
+								y[(b0 + j) * ldy + r] += out[j];  \
+								y[(b0 + j) * ldy + r + 1] += out[4 + j]; \
+							}                                     \
+						} else {                                      \
+							for (size_t j = 0; j < bn; j++) {     \
+								T##_tile(2, 1, cn, wr, xb + j, out); \
+								y[(b0 + j) * ldy + r] += out[0];  \
+								y[(b0 + j) * ldy + r + 1] += out[1]; \
+							}                                     \
+						}                                             \
+					}                                                     \
+					for (; r < r1; r++) {                                 \
+						wr[0] = wc + r * row_bytes + c * GBYTES;      \
+						for (size_t j = 0; j < bn; j++)               \
+							y[(b0 + j) * ldy + r] += T##_row(wr[0], xb[j], cn); \
+					}                                                     \
+				}                                                             \
+			}                                                                     \
+		}                                                                             \
+		if (nt)                                                                       \
+			for (size_t b = 0; b < nbat; b++)                                     \
+				for (size_t r = 0; r < nrows; r++)                            \
+					y[b * ldy + r] += tail_##T(                           \
+						(const WBLOCK *)(wc + r * row_bytes) + ng * GROUP, \
+						(const struct nf_block_q8_0 *)(xc + b * xq_stride) + ng * GROUP, nt); \
+	}
+
+QDRIVERS(q4, struct nf_block_q4_0, q4x, Q4_GROUP, Q4_GBYTES, Q4_CHUNK)
+QDRIVERS(q8, struct nf_block_q8_0, q8x, Q8_GROUP, Q8_GBYTES, Q8_CHUNK)
+
+/* ---- float weights -------------------------------------------------------------- */
+
+INLINE __m512 ld16_f32(const void *p, size_t i) { return _mm512_loadu_ps((const float *)p + i); }
+INLINE __m512 ld16_f16(const void *p, size_t i)
+{
+	return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+}
+INLINE __m512 ld16_bf16(const void *p, size_t i)
+{
+	__m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+INLINE float el_f32(const void *p, size_t i) { return ((const float *)p)[i]; }
+INLINE float el_f16(const void *p, size_t i) { return _cvtsh_ss(((const uint16_t *)p)[i]); }
+INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const uint16_t *)p)[i]); }
+
+#define FKERNELS(T, ESIZE)                                                                    \
+	INLINE void ftile_##T(const int R, const int B, size_t n, const char *const *wr,     \
+			      const char *const *xb, float *out)                              \
+	{                                                                                     \
+		__m512 acc[4][4];                                                             \
+		for (int r = 0; r < R; r++)                                                   \
+			for (int b = 0; b < B; b++)                                           \
+				acc[r][b] = _mm512_setzero_ps();                              \
+		size_t i = 0;                                                                 \
+		for (; i + 16 <= n; i += 16) {                                                \
+			__m512 wv[4];                                                         \
+			_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                   \
+				wv[r] = ld16_##T(wr[r], i);                                   \
+			_Pragma("GCC unroll 4") for (int b = 0; b < B; b++) {                 \
+				__m512 xv = ld16_##T(xb[b], i);                               \
+				_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)           \
+					acc[r][b] = _mm512_fmadd_ps(wv[r], xv, acc[r][b]);    \
+			}                                                                     \
+		}                                                                             \
+		for (int r = 0; r < R; r++)                                                   \
+			for (int b = 0; b < B; b++) {                                         \
+				float s = _mm512_reduce_add_ps(acc[r][b]);                    \
+				for (size_t k = i; k < n; k++)                                \
+					s += el_##T(wr[r], k) * el_##T(xb[b], k);             \
+				out[r * B + b] = s;                                           \
+			}                                                                     \
+	}                                                                                     \
+	static float fdot_##T(size_t n, const void *w, const void *x)                         \
+	{                                                                                     \
+		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
+		size_t i = 0;                                                                 \
+		for (; i + 64 <= n; i += 64) {                                                \
+			a0 = _mm512_fmadd_ps(ld16_##T(w, i), ld16_##T(x, i), a0);             \
+			a1 = _mm512_fmadd_ps(ld16_##T(w, i + 16), ld16_##T(x, i + 16), a1);   \
+			a2 = _mm512_fmadd_ps(ld16_##T(w, i + 32), ld16_##T(x, i + 32), a2);   \
+			a3 = _mm512_fmadd_ps(ld16_##T(w, i + 48), ld16_##T(x, i + 48), a3);   \
+		}                                                                             \
+		for (; i + 16 <= n; i += 16)                                                  \
+			a0 = _mm512_fmadd_ps(ld16_##T(w, i), ld16_##T(x, i), a0);             \
+		float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
+		for (; i < n; i++)                                                            \
+			s += el_##T(w, i) * el_##T(x, i);                                     \
+		return s;                                                                     \
+	}                                                                                     \
+	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			     const void *xq, float *y)                                        \
+	{                                                                                     \
+		for (size_t r = 0; r < nrows; r++)                                            \
+			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);              \
+	}                                                                                     \
+	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
+	{                                                                                     \
+		const char *wc = w, *xc = xq;                                                 \
+		for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {                       \
+			size_t r1 = r0 + GEMM_ROW_BLOCK < nrows ? r0 + GEMM_ROW_BLOCK : nrows;  \
+			for (size_t b0 = 0; b0 < nbat; b0 += 4) {                             \
+				size_t bn = nbat - b0 < 4 ? nbat - b0 : 4;                    \
+				const char *xb[4];                                            \
+				for (size_t j = 0; j < bn; j++)                               \
+					xb[j] = xc + (b0 + j) * xq_stride;                    \
+				size_t r = r0;                                                \
+				const char *wr[4];                                            \
+				float out[16];                                                \
+				for (; r + 4 <= r1 && bn == 4; r += 4) {                      \
+					for (int k = 0; k < 4; k++)                           \
+						wr[k] = wc + (r + k) * row_bytes;             \
+					ftile_##T(4, 4, n, wr, xb, out);                      \
+					for (int k = 0; k < 4; k++)                           \
+						for (int j = 0; j < 4; j++)                   \
+							y[(b0 + j) * ldy + r + k] = out[k * 4 + j]; \
+				}                                                             \
+				for (; r < r1; r++) {                                         \
+					wr[0] = wc + r * row_bytes;                           \
+					for (size_t j = 0; j < bn; j++) {                     \
+						ftile_##T(1, 1, n, wr, xb + j, out);          \
+						y[(b0 + j) * ldy + r] = out[0];               \
+					}                                                     \
+				}                                                             \
+			}                                                                     \
+		}                                                                             \
+	}
+
+FKERNELS(f32, 4)
+FKERNELS(f16, 2)
+FKERNELS(bf16, 2)
+
+const struct nf_kernels nf_kernels_table_avx512 = {
+	.isa = "avx512",
+	.act_prepare = {
+		[NF_KT_F32] = nf_kref_prepare_f32,
+		[NF_KT_F16] = nf_kavx2_prepare_f16,
+		[NF_KT_BF16] = nf_kavx2_prepare_bf16,
+		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,
+		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
+	},
+	.gemv = {
+		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
+		[NF_KT_Q8_0] = gemv_q8, [NF_KT_Q4_0] = gemv_q4,
+	},
+	.gemm = {
+		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
+		[NF_KT_Q8_0] = gemm_q8, [NF_KT_Q4_0] = gemm_q4,
+	},
+	.axpy = {
+		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
+		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
+		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
+	},
+	.rmsnorm = nf_kavx2_rmsnorm,
+	.softmax = nf_kref_softmax,
+	.silu_mul = nf_kref_silu_mul,
+	.relu_mul = nf_kref_relu_mul,
+	.drelu_mul = nf_kref_drelu_mul,
+	.dot_f32 = nf_kavx2_dot_f32v,
+	.axpy_f32 = nf_kavx2_axpy_f32v,
+};

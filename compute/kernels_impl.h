@@ -1,0 +1,45 @@
+/*
+ * kernels_impl.h - private to compute/kernels*.c: the per-ISA tables and the
+ * reference functions SIMD tables reuse for ops that are not hot.
+ *
+ * Invariant: every table fills every entry; a SIMD table either implements
+ * an entry itself or points it at the reference function below.
+ */
+#ifndef NF_KERNELS_IMPL_H
+#define NF_KERNELS_IMPL_H
+
+#include "nflash/kernels.h"
+
+extern const struct nf_kernels nf_kernels_table_ref;
+extern const struct nf_kernels nf_kernels_table_avx2;
+extern const struct nf_kernels nf_kernels_table_avx512;
+
+/* Reference ops shared with the SIMD tables (compute/kernels_ref.c). */
+void nf_kref_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
+void nf_kref_softmax(float *x, size_t n);
+void nf_kref_silu_mul(float *g, const float *u, size_t n);
+void nf_kref_relu_mul(float *g, const float *u, size_t n);
+void nf_kref_drelu_mul(float *g, const float *u, size_t n);
+float nf_kref_dot_f32(const float *a, const float *b, size_t n);
+void nf_kref_axpy_f32(size_t n, float a, const float *x, float *y);
+void nf_kref_prepare_f16(const float *x, void *xq, size_t n);
+void nf_kref_prepare_bf16(const float *x, void *xq, size_t n);
+void nf_kref_prepare_f32(const float *x, void *xq, size_t n);
+void nf_kref_prepare_q8_0(const float *x, void *xq, size_t n);
+void nf_kref_axpy_bf16(size_t n, float a, const void *wrow, float *y);
+
+/* AVX2 ops the AVX-512 table reuses (compute/kernels_avx2.c); call only
+ * when the AVX2 table itself is available. */
+void nf_kavx2_prepare_q8_0(const float *x, void *xq, size_t n);
+void nf_kavx2_prepare_f16(const float *x, void *xq, size_t n);
+void nf_kavx2_prepare_bf16(const float *x, void *xq, size_t n);
+void nf_kavx2_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
+void nf_kavx2_axpy_f32(size_t n, float a, const void *wrow, float *y);
+void nf_kavx2_axpy_f16(size_t n, float a, const void *wrow, float *y);
+void nf_kavx2_axpy_bf16(size_t n, float a, const void *wrow, float *y);
+void nf_kavx2_axpy_q8_0(size_t n, float a, const void *wrow, float *y);
+void nf_kavx2_axpy_q4_0(size_t n, float a, const void *wrow, float *y);
+float nf_kavx2_dot_f32v(const float *a, const float *b, size_t n);
+void nf_kavx2_axpy_f32v(size_t n, float a, const float *x, float *y);
+
+#endif /* NF_KERNELS_IMPL_H */

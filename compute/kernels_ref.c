@@ -1,0 +1,297 @@
+/*
+ * kernels_ref.c - the plain C reference of every kernel in nflash/kernels.h.
+ *
+ * Invariants:
+ * 1. Matrix products take activations in the weight type's dot type: Q8_0
+ *    blocks for Q4_0/Q8_0 weights (integer block sums, then
+ *    sum over blocks of fp16(d_w) * fp16(d_x) * sumi in f32), fp16 for F16,
+ *    bf16 for BF16, f32 for F32; float dot products accumulate in f32.
+ * 2. Activation quantization is the one ggml's x86 SIMD path performs, so
+ *    that every ISA produces bit-identical prepared activations:
+ *    d = amax / 127 (stored fp16), id = amax ? 127 / amax : 0,
+ *    q = x * id rounded to nearest, ties to even.
+ * 3. axpy is y[k] = fma(a, w[k], y[k]) with w[k] the exact f32 value of the
+ *    weight, as the SIMD versions compute it (one rounding per element).
+ * 4. rmsnorm follows ggml: squares in f32 summed in double, mean and scale
+ *    in f32, out = (x * scale) * w.
+ * 5. Nothing here allocates or keeps state; everything is thread-safe.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kernels_impl.h"
+
+/* ---- activation preparation ---------------------------------------------- */
+
+void nf_kref_prepare_f32(const float *x, void *xq, size_t n)
+{
+	if (xq != (const void *)x)
+		memmove(xq, x, n * sizeof(float));
+}
+
+void nf_kref_prepare_f16(const float *x, void *xq, size_t n)
+{
+	uint16_t *h = xq;
+	for (size_t i = 0; i < n; i++)
+		h[i] = nf_fp32_to_fp16(x[i]);
+}
+
+void nf_kref_prepare_bf16(const float *x, void *xq, size_t n)
+{
+	uint16_t *h = xq;
+	for (size_t i = 0; i < n; i++)
+		h[i] = nf_fp32_to_bf16(x[i]);
+}
+
+void nf_kref_prepare_q8_0(const float *x, void *xq, size_t n)
+{
+	struct nf_block_q8_0 *y = xq;
+	for (size_t b = 0; b < n / NF_QK; b++) {
+		const float *v = x + b * NF_QK;
+		float amax = 0.0f;
+		for (int j = 0; j < NF_QK; j++)
+			amax = fmaxf(amax, fabsf(v[j]));
+		float d = amax / 127.0f;
+		float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+		y[b].d = nf_fp32_to_fp16(d);
+		for (int j = 0; j < NF_QK; j++)
+			y[b].qs[j] = (int8_t)nearbyintf(v[j] * id);
+	}
+}
+
+/* ---- one row's dot product per weight type -------------------------------- */
+
+static float dot_f32(size_t n, const void *w, const void *x)
+{
+	const float *a = w, *b = x;
+	float s = 0.0f;
+	for (size_t i = 0; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+static float dot_f16(size_t n, const void *w, const void *x)
+{
+	const uint16_t *a = w, *b = x;
+	float s = 0.0f;
+	for (size_t i = 0; i < n; i++)
+		s += nf_fp16_to_fp32(a[i]) * nf_fp16_to_fp32(b[i]);
+	return s;
+}
+
+static float dot_bf16(size_t n, const void *w, const void *x)
+{
+	const uint16_t *a = w, *b = x;
+	float s = 0.0f;
+	for (size_t i = 0; i < n; i++)
+		s += nf_bf16_to_fp32(a[i]) * nf_bf16_to_fp32(b[i]);
+	return s;
+}
+
+static float dot_q8_0(size_t n, const void *w, const void *x)
+{
+	const struct nf_block_q8_0 *a = w, *b = x;
+	float s = 0.0f;
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		int32_t sumi = 0;
+		for (int j = 0; j < NF_QK; j++)
+			sumi += (int32_t)a[i].qs[j] * b[i].qs[j];
+		s += (float)sumi * (nf_fp16_to_fp32(a[i].d) * nf_fp16_to_fp32(b[i].d));
+	}
+	return s;
+}
+
+static float dot_q4_0(size_t n, const void *w, const void *x)
+{
+	const struct nf_block_q4_0 *a = w;
+	const struct nf_block_q8_0 *b = x;
+	float s = 0.0f;
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		int32_t sumi = 0;
+		for (int j = 0; j < NF_QK / 2; j++) {
+			sumi += ((a[i].qs[j] & 0x0f) - 8) * b[i].qs[j];
+			sumi += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + NF_QK / 2];
+		}
+		s += (float)sumi * (nf_fp16_to_fp32(a[i].d) * nf_fp16_to_fp32(b[i].d));
+	}
+	return s;
+}
+
+typedef float (*row_dot_fn)(size_t n, const void *w, const void *x);
+
+static void gemv_rows(row_dot_fn dot, size_t n, size_t nrows, const void *w,
+		      size_t row_bytes, const void *xq, float *y)
+{
+	const char *wr = w;
+	for (size_t r = 0; r < nrows; r++)
+		y[r] = dot(n, wr + r * row_bytes, xq);
+}
+
+static void gemm_rows(row_dot_fn dot, size_t n, size_t nrows, const void *w,
+		      size_t row_bytes, size_t nb, const void *xq, size_t xq_stride,
+		      float *y, size_t ldy)
+{
+	const char *wr = w, *xr = xq;
+	for (size_t b = 0; b < nb; b++)
+		for (size_t r = 0; r < nrows; r++)
+			y[b * ldy + r] = dot(n, wr + r * row_bytes, xr + b * xq_stride);
+}
+
+#define REF_MATMUL(T)                                                                   \
+	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,  \
+			     const void *xq, float *y)                                  \
+	{                                                                               \
+		gemv_rows(dot_##T, n, nrows, w, row_bytes, xq, y);                      \
+	}                                                                               \
+	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,  \
+			     size_t nb, const void *xq, size_t xq_stride, float *y,     \
+			     size_t ldy)                                                \
+	{                                                                               \
+		gemm_rows(dot_##T, n, nrows, w, row_bytes, nb, xq, xq_stride, y, ldy);  \
+	}
+
+REF_MATMUL(f32)
+REF_MATMUL(f16)
+REF_MATMUL(bf16)
+REF_MATMUL(q8_0)
+REF_MATMUL(q4_0)
+
+/* ---- sparse down-column update --------------------------------------------- */
+
+static void axpy_f32w(size_t n, float a, const void *wrow, float *y)
+{
+	const float *w = wrow;
+	for (size_t k = 0; k < n; k++)
+		y[k] = fmaf(a, w[k], y[k]);
+}
+
+static void axpy_f16(size_t n, float a, const void *wrow, float *y)
+{
+	const uint16_t *w = wrow;
+	for (size_t k = 0; k < n; k++)
+		y[k] = fmaf(a, nf_fp16_to_fp32(w[k]), y[k]);
+}
+
+void nf_kref_axpy_bf16(size_t n, float a, const void *wrow, float *y)
+{
+	const uint16_t *w = wrow;
+	for (size_t k = 0; k < n; k++)
+		y[k] = fmaf(a, nf_bf16_to_fp32(w[k]), y[k]);
+}
+
+static void axpy_q8_0(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q8_0 *b = wrow;
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		float d = nf_fp16_to_fp32(b[i].d);
+		for (int j = 0; j < NF_QK; j++)
+			y[i * NF_QK + j] = fmaf(a, (float)b[i].qs[j] * d, y[i * NF_QK + j]);
+	}
+}
+
+static void axpy_q4_0(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q4_0 *b = wrow;
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		float d = nf_fp16_to_fp32(b[i].d);
+		float *o = y + i * NF_QK;
+		for (int j = 0; j < NF_QK / 2; j++) {
+			o[j] = fmaf(a, (float)((b[i].qs[j] & 0x0f) - 8) * d, o[j]);
+			o[j + NF_QK / 2] = fmaf(a, (float)((b[i].qs[j] >> 4) - 8) * d, o[j + NF_QK / 2]);
+		}
+	}
+}
+
+/* ---- vector ops ------------------------------------------------------------ */
+
+void nf_kref_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+{
+	double sum = 0.0;
+	for (size_t i = 0; i < n; i++)
+		sum += (double)(x[i] * x[i]);
+	float mean = (float)(sum / (double)n);
+	float scale = 1.0f / sqrtf(mean + eps);
+	for (size_t i = 0; i < n; i++)
+		out[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
+}
+
+void nf_kref_softmax(float *x, size_t n)
+{
+	if (!n)
+		return;
+	float max = x[0];
+	for (size_t i = 1; i < n; i++)
+		max = fmaxf(max, x[i]);
+	double sum = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		x[i] = expf(x[i] - max);
+		sum += (double)x[i];
+	}
+	float inv = (float)(1.0 / sum);
+	for (size_t i = 0; i < n; i++)
+		x[i] *= inv;
+}
+
+void nf_kref_silu_mul(float *g, const float *u, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float s = g[i] / (1.0f + expf(-g[i]));
+		g[i] = u ? s * u[i] : s;
+	}
+}
+
+void nf_kref_relu_mul(float *g, const float *u, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float r = g[i] > 0.0f ? g[i] : 0.0f;
+		g[i] = u ? r * u[i] : r;
+	}
+}
+
+void nf_kref_drelu_mul(float *g, const float *u, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float r = g[i] > 0.0f ? g[i] : 0.0f;
+		g[i] = u ? r * (u[i] > 0.0f ? u[i] : 0.0f) : r;
+	}
+}
+
+float nf_kref_dot_f32(const float *a, const float *b, size_t n)
+{
+	return dot_f32(n, a, b);
+}
+
+void nf_kref_axpy_f32(size_t n, float a, const float *x, float *y)
+{
+	axpy_f32w(n, a, x, y);
+}
+
+const struct nf_kernels nf_kernels_table_ref = {
+	.isa = "scalar",
+	.act_prepare = {
+		[NF_KT_F32] = nf_kref_prepare_f32,
+		[NF_KT_F16] = nf_kref_prepare_f16,
+		[NF_KT_BF16] = nf_kref_prepare_bf16,
+		[NF_KT_Q8_0] = nf_kref_prepare_q8_0,
+		[NF_KT_Q4_0] = nf_kref_prepare_q8_0,
+	},
+	.gemv = {
+		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
+		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = gemv_q4_0,
+	},
+	.gemm = {
+		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
+		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = gemm_q4_0,
+	},
+	.axpy = {
+		[NF_KT_F32] = axpy_f32w, [NF_KT_F16] = axpy_f16, [NF_KT_BF16] = nf_kref_axpy_bf16,
+		[NF_KT_Q8_0] = axpy_q8_0, [NF_KT_Q4_0] = axpy_q4_0,
+	},
+	.rmsnorm = nf_kref_rmsnorm,
+	.softmax = nf_kref_softmax,
+	.silu_mul = nf_kref_silu_mul,
+	.relu_mul = nf_kref_relu_mul,
+	.drelu_mul = nf_kref_drelu_mul,
+	.dot_f32 = nf_kref_dot_f32,
+	.axpy_f32 = nf_kref_axpy_f32,
+};

@@ -1,0 +1,457 @@
+/*
+ * test_compute_kernels.c - the kernel tables: the reference against
+ * double-precision formulas, and every ISA's every entry against the
+ * reference on odd sizes.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nflash/kernels.h"
+
+static const char *const isas[] = { "scalar", "avx2", "avx512" };
+static const enum nf_ktype all_kt[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0 };
+static const uint32_t kt_dtype[NF_KT_COUNT] = {
+	[NF_KT_F32] = NF_DTYPE_F32, [NF_KT_F16] = NF_DTYPE_F16, [NF_KT_BF16] = NF_DTYPE_BF16,
+	[NF_KT_Q8_0] = NF_DTYPE_Q8_0, [NF_KT_Q4_0] = NF_DTYPE_Q4_0,
+};
+
+struct rng { uint64_t s; };
+
+static float rnd(struct rng *r)
+{
+	r->s = r->s * 6364136223846793005ull + 1442695040888963407ull;
+	return (float)((r->s >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f; /* [-1, 1) */
+}
+
+/* Fill n floats with a per-32-block scale spread so blocks differ in amax;
+ * block 1 (if any) is all zeros to reach the amax == 0 path. */
+static void fill(struct rng *r, float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		size_t b = i / 32;
+		float scale = (b == 1) ? 0.0f : ldexpf(1.0f, (int)(b % 7) - 3);
+		x[i] = rnd(r) * scale;
+	}
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	cr_assert_not_null(p);
+	return p;
+}
+
+/* Sum of w*x and of |w*x| in double on the dequantized operands. */
+static void exact_dot(enum nf_ktype kt, size_t n, const void *w, const void *xq,
+		      double *dot, double *absdot)
+{
+	float *wf = xmalloc(n * sizeof(float)), *xf = xmalloc(n * sizeof(float));
+	nf_dequantize_row(kt_dtype[kt], w, wf, n);
+	nf_dequantize_row(nf_ktype_dot_dtype(kt), xq, xf, n);
+	double s = 0, a = 0;
+	for (size_t i = 0; i < n; i++) {
+		s += (double)wf[i] * xf[i];
+		a += fabs((double)wf[i] * xf[i]);
+	}
+	*dot = s;
+	*absdot = a;
+	free(wf);
+	free(xf);
+}
+
+static const struct nf_kernels *isa_or_skip(const char *isa)
+{
+	const struct nf_kernels *k = nf_kernels_isa(isa);
+	if (!k)
+		cr_skip_test("ISA %s not available on this CPU or build", isa);
+	cr_assert_str_eq(k->isa, isa);
+	return k;
+}
+
+static void quant_row(enum nf_ktype kt, const float *src, void *dst, size_t n)
+{
+	nf_quantize_row(kt_dtype[kt], src, dst, n);
+}
+
+Test(kernels, type_mapping)
+{
+	cr_assert_eq(nf_ktype_of(NF_DTYPE_Q4_0), NF_KT_Q4_0);
+	cr_assert_eq(nf_ktype_of(NF_DTYPE_BF16), NF_KT_BF16);
+	cr_assert_eq(nf_ktype_of(12345), -1);
+	cr_assert_eq(nf_ktype_dot_dtype(NF_KT_Q4_0), NF_DTYPE_Q8_0);
+	cr_assert_eq(nf_ktype_dot_dtype(NF_KT_F16), NF_DTYPE_F16);
+	cr_assert_eq(nf_ktype_dot_dtype(NF_KT_F32), NF_DTYPE_F32);
+	cr_assert_eq(nf_act_size(NF_KT_Q4_0, 4096), 4096 / 32 * 34);
+	cr_assert_eq(nf_act_size(NF_KT_F16, 100), 200);
+	cr_assert_eq(nf_act_size(NF_KT_F32, 100), 400);
+	const struct nf_kernels *k = nf_kernels_get();
+	cr_assert_not_null(k);
+	cr_assert_eq(k, nf_kernels_get(), "chosen once");
+	cr_assert_not_null(nf_kernels_isa("scalar"));
+	cr_assert_null(nf_kernels_isa("amx"));
+	cr_assert_null(nf_kernels_isa(NULL));
+}
+
+/* NFLASH_ISA forces a table. The choice is made once per process, and
+ * Criterion runs every test in a process of its own, so setenv here is seen
+ * by the first nf_kernels_get() call. */
+Test(kernels, env_forces_scalar)
+{
+	setenv("NFLASH_ISA", "scalar", 1);
+	cr_assert_str_eq(nf_kernels_get()->isa, "scalar");
+}
+
+Test(kernels, env_unknown_falls_back)
+{
+	setenv("NFLASH_ISA", "no-such-isa", 1);
+	const struct nf_kernels *k = nf_kernels_get();
+	cr_assert_not_null(k);
+	cr_assert_not_null(nf_kernels_isa(k->isa));
+}
+
+/* The Q8_0 activation rule: d = amax/127, q = x*127/amax rounded to
+ * nearest with ties to even (as ggml's _mm256_round_ps path). */
+Test(kernels, q8_0_prepare_rounds_ties_to_even)
+{
+	float x[64] = { 0 };
+	x[0] = 127.0f;  /* amax: id = 1 exactly */
+	x[1] = 2.5f;
+	x[2] = -3.5f;
+	x[3] = 0.5f;
+	x[4] = -0.5f;
+	x[5] = 1.5f;
+	x[6] = -126.5f;
+	/* second block all zero: d = 0, q = 0 */
+	struct nf_block_q8_0 q[2];
+	memset(q, 0x55, sizeof(q));
+	nf_kernels_ref()->act_prepare[NF_KT_Q8_0](x, q, 64);
+	cr_assert_eq(nf_fp16_to_fp32(q[0].d), nf_fp16_to_fp32(nf_fp32_to_fp16(1.0f)));
+	int8_t want[7] = { 127, 2, -4, 0, 0, 2, -126 };
+	for (int i = 0; i < 7; i++)
+		cr_assert_eq(q[0].qs[i], want[i], "q[%d] = %d, want %d", i, q[0].qs[i], want[i]);
+	cr_assert_eq(q[1].d, 0);
+	for (int i = 0; i < 32; i++)
+		cr_assert_eq(q[1].qs[i], 0);
+}
+
+/* The reference's matrix products against the same products in double. */
+Test(kernels, ref_gemv_matches_double)
+{
+	const struct nf_kernels *k = nf_kernels_ref();
+	struct rng r = { 1 };
+	const size_t ns[] = { 32, 96, 4096 + 32 };
+	for (size_t t = 0; t < NF_KT_COUNT; t++) {
+		enum nf_ktype kt = all_kt[t];
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+			size_t n = ns[ni], rows = 5;
+			size_t rb = nf_dtype_row_size(kt_dtype[kt], n);
+			float *x = xmalloc(n * sizeof(float)), *wf = xmalloc(n * sizeof(float));
+			char *w = xmalloc(rows * rb), *xq = xmalloc(nf_act_size(kt, n));
+			float y[5];
+			fill(&r, x, n);
+			for (size_t i = 0; i < rows; i++) {
+				fill(&r, wf, n);
+				quant_row(kt, wf, w + i * rb, n);
+			}
+			k->act_prepare[kt](x, xq, n);
+			k->gemv[kt](n, rows, w, rb, xq, y);
+			for (size_t i = 0; i < rows; i++) {
+				double e, a;
+				exact_dot(kt, n, w + i * rb, xq, &e, &a);
+				cr_assert(fabs(y[i] - e) <= 1e-5 * a + 1e-30,
+					  "kt %d n %zu row %zu: %g vs %g", kt, n, i, y[i], e);
+			}
+			free(x);
+			free(wf);
+			free(w);
+			free(xq);
+		}
+	}
+}
+
+Test(kernels, ref_vector_ops_match_double)
+{
+	const struct nf_kernels *k = nf_kernels_ref();
+	struct rng r = { 2 };
+	size_t n = 333;
+	float x[333], w[333], o[333], g[333], u[333];
+	for (size_t i = 0; i < n; i++) {
+		x[i] = rnd(&r) * 4;
+		w[i] = rnd(&r);
+		u[i] = rnd(&r);
+	}
+	double ss = 0;
+	for (size_t i = 0; i < n; i++)
+		ss += (double)x[i] * x[i];
+	double sc = 1.0 / sqrt(ss / n + 1e-5);
+	k->rmsnorm(o, x, w, n, 1e-5f);
+	for (size_t i = 0; i < n; i++)
+		cr_assert(fabs(o[i] - x[i] * sc * w[i]) <= 1e-6 * fabs(x[i] * sc) + 1e-7);
+
+	memcpy(g, x, sizeof(g));
+	k->softmax(g, n);
+	double mx = -INFINITY, sum = 0;
+	for (size_t i = 0; i < n; i++)
+		mx = fmax(mx, x[i]);
+	for (size_t i = 0; i < n; i++)
+		sum += exp(x[i] - mx);
+	for (size_t i = 0; i < n; i++)
+		cr_assert(fabs(g[i] - exp(x[i] - mx) / sum) <= 1e-6 * exp(x[i] - mx) / sum + 1e-9);
+
+	memcpy(g, x, sizeof(g));
+	k->silu_mul(g, u, n);
+	for (size_t i = 0; i < n; i++) {
+		double s = x[i] / (1 + exp(-(double)x[i])) * u[i];
+		cr_assert(fabs(g[i] - s) <= 1e-6 * fabs(s) + 1e-7, "silu %zu", i);
+	}
+	memcpy(g, x, sizeof(g));
+	k->relu_mul(g, u, n);
+	for (size_t i = 0; i < n; i++)
+		cr_assert_eq(g[i], x[i] > 0 ? x[i] * u[i] : 0.0f * u[i]);
+	memcpy(g, x, sizeof(g));
+	k->drelu_mul(g, u, n);
+	for (size_t i = 0; i < n; i++)
+		cr_assert_eq(g[i], (x[i] > 0 ? x[i] : 0) * (u[i] > 0 ? u[i] : 0));
+	memcpy(g, x, sizeof(g));
+	k->relu_mul(g, NULL, n);
+	for (size_t i = 0; i < n; i++)
+		cr_assert_eq(g[i], x[i] > 0 ? x[i] : 0);
+}
+
+Test(kernels, rope_matches_double)
+{
+	const size_t n_head = 3, hd = 64;
+	const int64_t positions[] = { 0, 1, 7, 100 };
+	struct rng r = { 3 };
+	for (size_t pi = 0; pi < 4; pi++) {
+		float x[3 * 64], y[3 * 64];
+		for (size_t i = 0; i < n_head * hd; i++)
+			x[i] = y[i] = rnd(&r);
+		float fs = pi == 3 ? 0.25f : 1.0f;
+		nf_rope(y, n_head, hd, positions[pi], 10000.0f, fs);
+		for (size_t h = 0; h < n_head; h++)
+			for (size_t i = 0; i < hd; i += 2) {
+				double th = positions[pi] * fs * pow(10000.0, -(double)i / hd);
+				double x0 = x[h * hd + i], x1 = x[h * hd + i + 1];
+				double e0 = x0 * cos(th) - x1 * sin(th), e1 = x0 * sin(th) + x1 * cos(th);
+				cr_assert(fabs(y[h * hd + i] - e0) < 2e-5 && fabs(y[h * hd + i + 1] - e1) < 2e-5,
+					  "pos %lld head %zu pair %zu", (long long)positions[pi], h, i);
+			}
+	}
+}
+
+/* ---- every ISA against the reference ------------------------------------- */
+
+static void check_prepare(const struct nf_kernels *k, const struct nf_kernels *ref)
+{
+	struct rng r = { 4 };
+	const size_t n = 4096 + 96;
+	float *x = xmalloc(n * sizeof(float));
+	fill(&r, x, n);
+	/* ties for the rounding mode: amax 127 in block 0, halves elsewhere */
+	x[0] = 127.0f;
+	for (int i = 1; i < 32; i++)
+		x[i] = (float)(i - 16) + 0.5f;
+	for (size_t t = 0; t < NF_KT_COUNT; t++) {
+		enum nf_ktype kt = all_kt[t];
+		for (size_t m = 32; m <= n; m += (m < 256 ? 32 : 992)) {
+			size_t sz = nf_act_size(kt, m);
+			unsigned char *a = xmalloc(sz + 16), *b = xmalloc(sz + 16);
+			memset(a, 0xa5, sz + 16);
+			memset(b, 0xa5, sz + 16);
+			ref->act_prepare[kt](x, a, m);
+			k->act_prepare[kt](x, b, m);
+			cr_assert(!memcmp(a, b, sz + 16), "%s act_prepare kt %d n %zu differs",
+				  k->isa, kt, m);
+			free(a);
+			free(b);
+		}
+	}
+	free(x);
+}
+
+static void check_matmul(const struct nf_kernels *k, const struct nf_kernels *ref)
+{
+	struct rng r = { 5 };
+	const size_t ns[] = { 32, 64, 96, 160, 544, 4096 + 32 };
+	const size_t rows_max = 19, nb_max = 9;
+	for (size_t t = 0; t < NF_KT_COUNT; t++) {
+		enum nf_ktype kt = all_kt[t];
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+			size_t n = ns[ni];
+			size_t rb = nf_dtype_row_size(kt_dtype[kt], n) + 64; /* padded rows */
+			size_t as = nf_act_size(kt, n), xs = as + 32;
+			float *xf = xmalloc(n * sizeof(float)), *wf = xmalloc(n * sizeof(float));
+			char *w = xmalloc(rows_max * rb), *xq = xmalloc(nb_max * xs);
+			memset(w, 0, rows_max * rb);
+			memset(xq, 0, nb_max * xs);
+			for (size_t i = 0; i < rows_max; i++) {
+				fill(&r, wf, n);
+				quant_row(kt, wf, w + i * rb, n);
+			}
+			for (size_t b = 0; b < nb_max; b++) {
+				fill(&r, xf, n);
+				ref->act_prepare[kt](xf, xq + b * xs, n);
+			}
+			double bound[9][19], exact[9][19];
+			for (size_t b = 0; b < nb_max; b++)
+				for (size_t i = 0; i < rows_max; i++)
+					exact_dot(kt, n, w + i * rb, xq + b * xs, &exact[b][i], &bound[b][i]);
+			float ya[19], yb[19];
+			const size_t row_counts[] = { 1, 3, 5, 8, 13, 19 };
+			for (size_t ri = 0; ri < 6; ri++) {
+				size_t rows = row_counts[ri];
+				ref->gemv[kt](n, rows, w, rb, xq, ya);
+				k->gemv[kt](n, rows, w, rb, xq, yb);
+				for (size_t i = 0; i < rows; i++)
+					cr_assert(fabs(ya[i] - yb[i]) <= 1e-5 * bound[0][i] + 1e-30,
+						  "%s gemv kt %d n %zu rows %zu row %zu: %.9g vs ref %.9g",
+						  k->isa, kt, n, rows, i, yb[i], ya[i]);
+			}
+			const size_t nbs[] = { 1, 2, 4, 5, 9 };
+			size_t ldy = rows_max + 3;
+			float *ga = xmalloc(nb_max * ldy * sizeof(float));
+			float *gb = xmalloc(nb_max * ldy * sizeof(float));
+			for (size_t bi = 0; bi < 5; bi++)
+				for (size_t ri = 0; ri < 6; ri++) {
+					size_t nb = nbs[bi], rows = row_counts[ri];
+					for (size_t i = 0; i < nb_max * ldy; i++)
+						ga[i] = gb[i] = -7.0f;
+					ref->gemm[kt](n, rows, w, rb, nb, xq, xs, ga, ldy);
+					k->gemm[kt](n, rows, w, rb, nb, xq, xs, gb, ldy);
+					for (size_t b = 0; b < nb_max; b++)
+						for (size_t i = 0; i < ldy; i++) {
+							float a = ga[b * ldy + i], c = gb[b * ldy + i];
+							if (b >= nb || i >= rows) {
+								cr_assert_eq(c, -7.0f, "%s gemm wrote outside y", k->isa);
+								continue;
+							}
+							cr_assert(fabs(a - c) <= 1e-5 * bound[b][i] + 1e-30,
+								  "%s gemm kt %d n %zu nb %zu rows %zu [%zu,%zu]: %.9g vs ref %.9g",
+								  k->isa, kt, n, nb, rows, b, i, c, a);
+							cr_assert(fabs(a - exact[b][i]) <= 1e-5 * bound[b][i] + 1e-30);
+						}
+				}
+			free(ga);
+			free(gb);
+			free(xf);
+			free(wf);
+			free(w);
+			free(xq);
+		}
+	}
+}
+
+static void check_axpy(const struct nf_kernels *k, const struct nf_kernels *ref)
+{
+	struct rng r = { 6 };
+	const size_t ns[] = { 32, 96, 4096 + 32 };
+	for (size_t t = 0; t < NF_KT_COUNT; t++) {
+		enum nf_ktype kt = all_kt[t];
+		for (size_t ni = 0; ni < 3; ni++) {
+			size_t n = ns[ni];
+			float *wf = xmalloc(n * sizeof(float)), *ya = xmalloc(n * sizeof(float));
+			float *yb = xmalloc(n * sizeof(float));
+			void *w = xmalloc(nf_dtype_row_size(kt_dtype[kt], n));
+			fill(&r, wf, n);
+			quant_row(kt, wf, w, n);
+			for (size_t i = 0; i < n; i++)
+				ya[i] = yb[i] = rnd(&r);
+			float a = rnd(&r) * 3;
+			ref->axpy[kt](n, a, w, ya);
+			k->axpy[kt](n, a, w, yb);
+			for (size_t i = 0; i < n; i++)
+				cr_assert(fabs(ya[i] - yb[i]) <= 1e-6 * (fabs(ya[i]) + fabs(a * wf[i])) + 1e-30,
+					  "%s axpy kt %d n %zu [%zu]: %.9g vs %.9g", k->isa, kt, n, i, yb[i], ya[i]);
+			free(wf);
+			free(ya);
+			free(yb);
+			free(w);
+		}
+	}
+}
+
+static void check_vector_ops(const struct nf_kernels *k, const struct nf_kernels *ref)
+{
+	struct rng r = { 7 };
+	const size_t ns[] = { 1, 7, 33, 4096 + 35 };
+	for (size_t ni = 0; ni < 4; ni++) {
+		size_t n = ns[ni];
+		float *x = xmalloc(n * sizeof(float)), *u = xmalloc(n * sizeof(float));
+		float *a = xmalloc(n * sizeof(float)), *b = xmalloc(n * sizeof(float));
+		float *w = xmalloc(n * sizeof(float));
+		for (size_t i = 0; i < n; i++) {
+			x[i] = rnd(&r) * 8;
+			u[i] = rnd(&r);
+			w[i] = rnd(&r);
+		}
+		ref->rmsnorm(a, x, w, n, 1e-6f);
+		k->rmsnorm(b, x, w, n, 1e-6f);
+		for (size_t i = 0; i < n; i++)
+			cr_assert(fabsf(a[i] - b[i]) <= 1e-6f * fabsf(a[i]) + 1e-30f, "%s rmsnorm", k->isa);
+		memcpy(b, x, n * sizeof(float));
+		k->rmsnorm(b, b, NULL, n, 1e-6f); /* aliased, no weight */
+		ref->rmsnorm(a, x, NULL, n, 1e-6f);
+		for (size_t i = 0; i < n; i++)
+			cr_assert(fabsf(a[i] - b[i]) <= 1e-6f * fabsf(a[i]) + 1e-30f, "%s rmsnorm alias", k->isa);
+
+		memcpy(a, x, n * sizeof(float));
+		memcpy(b, x, n * sizeof(float));
+		ref->softmax(a, n);
+		k->softmax(b, n);
+		for (size_t i = 0; i < n; i++)
+			cr_assert(fabsf(a[i] - b[i]) <= 2e-6f * a[i] + 1e-30f, "%s softmax", k->isa);
+
+		void (*acts[3])(float *, const float *, size_t) = { k->silu_mul, k->relu_mul, k->drelu_mul };
+		void (*racts[3])(float *, const float *, size_t) = { ref->silu_mul, ref->relu_mul, ref->drelu_mul };
+		for (int f = 0; f < 3; f++)
+			for (int gate = 0; gate < 2; gate++) {
+				memcpy(a, x, n * sizeof(float));
+				memcpy(b, x, n * sizeof(float));
+				racts[f](a, gate ? u : NULL, n);
+				acts[f](b, gate ? u : NULL, n);
+				for (size_t i = 0; i < n; i++)
+					cr_assert(fabsf(a[i] - b[i]) <= 2e-6f * fabsf(a[i]) + 1e-30f,
+						  "%s act %d gate %d [%zu]", k->isa, f, gate, i);
+			}
+
+		double s = 0, sa = 0;
+		for (size_t i = 0; i < n; i++) {
+			s += (double)x[i] * u[i];
+			sa += fabs((double)x[i] * u[i]);
+		}
+		cr_assert(fabs(k->dot_f32(x, u, n) - s) <= 1e-5 * sa + 1e-30, "%s dot_f32", k->isa);
+		memcpy(a, u, n * sizeof(float));
+		memcpy(b, u, n * sizeof(float));
+		ref->axpy_f32(n, 0.37f, x, a);
+		k->axpy_f32(n, 0.37f, x, b);
+		for (size_t i = 0; i < n; i++)
+			cr_assert(fabsf(a[i] - b[i]) <= 1e-6f * (fabsf(a[i]) + fabsf(x[i])), "%s axpy_f32", k->isa);
+		free(x);
+		free(u);
+		free(a);
+		free(b);
+		free(w);
+	}
+}
+
+static void check_isa(const char *isa)
+{
+	const struct nf_kernels *k = isa_or_skip(isa), *ref = nf_kernels_ref();
+	for (size_t t = 0; t < NF_KT_COUNT; t++) {
+		cr_assert_not_null(k->act_prepare[t]);
+		cr_assert_not_null(k->gemv[t]);
+		cr_assert_not_null(k->gemm[t]);
+		cr_assert_not_null(k->axpy[t]);
+	}
+	check_prepare(k, ref);
+	check_matmul(k, ref);
+	check_axpy(k, ref);
+	check_vector_ops(k, ref);
+}
+
+Test(kernels, scalar_matches_ref) { check_isa(isas[0]); }
+Test(kernels, avx2_matches_ref) { check_isa(isas[1]); }
+Test(kernels, avx512_matches_ref) { check_isa(isas[2]); }
