@@ -515,6 +515,44 @@ FKERNELS(f32, 4)
 FKERNELS(f16, 2)
 FKERNELS(bf16, 2)
 
+/* ---- quantized axpy ------------------------------------------------------------- */
+
+/* y += a * w with w = (q - 8) * d exact in f32: one fma per element, as the
+ * reference. */
+static void axpy_q4(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q4_0 *b = wrow;
+	const __m512 av = _mm512_set1_ps(a);
+	const __m512i m4 = _mm512_set1_epi32(0x0f), eight = _mm512_set1_epi32(8);
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		__m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+		__m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
+		__m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, m4), eight);
+		__m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
+		float *o = y + i * NF_QK;
+		__m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d);
+		__m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d);
+		_mm512_storeu_ps(o, _mm512_fmadd_ps(av, w0, _mm512_loadu_ps(o)));
+		_mm512_storeu_ps(o + 16, _mm512_fmadd_ps(av, w1, _mm512_loadu_ps(o + 16)));
+	}
+}
+
+static void axpy_q8(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q8_0 *b = wrow;
+	const __m512 av = _mm512_set1_ps(a);
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		__m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+		__m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
+		__m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b[i].qs + 16)));
+		float *o = y + i * NF_QK;
+		__m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
+		__m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+		_mm512_storeu_ps(o, _mm512_fmadd_ps(av, w0, _mm512_loadu_ps(o)));
+		_mm512_storeu_ps(o + 16, _mm512_fmadd_ps(av, w1, _mm512_loadu_ps(o + 16)));
+	}
+}
+
 const struct nf_kernels nf_kernels_table_avx512 = {
 	.isa = "avx512",
 	.act_prepare = {
@@ -534,8 +572,8 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
-		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
-		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
+		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,
+		[NF_KT_Q4_0] = axpy_q4,
 	},
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kref_softmax,
