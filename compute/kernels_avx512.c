@@ -14,8 +14,9 @@
  * Invariants:
  * 1. Integer block sums are exact; results differ from the reference only
  *    in the order of the f32 sum over blocks and lanes.
- * 2. Weight loads never pass the end of a row: a group's two overlapping
- *    64-byte loads start at its first and at its (size - 64)th byte.
+ * 2. Weight loads never leave the row: a group read unaligned takes two
+ *    overlapping 64-byte loads at its first and its (size - 64)th byte; a
+ *    run of groups read aligned takes whole cache lines inside the row.
  * 3. Only this file is compiled with the AVX-512 flags, and kernels.c hands
  *    out its table only after cpuid confirmed every one of them (and AVX2,
  *    FMA, F16C, whose kernels this table reuses).
