@@ -227,9 +227,16 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 #define TILE_B 4
 
 #define QGEMM(T, WBLOCK, UNPACK)                                                            \
-	static void tile_##T(size_t nb, const WBLOCK *const wr[TILE_R],                     \
-			     const struct nf_block_q8_0 *const xb[TILE_B], float out[TILE_R][TILE_B]) \
+	static void tile_##T(size_t n, const void *const wrows[TILE_R],                       \
+			     const void *const xrows[TILE_B], float out[TILE_R][TILE_B])              \
 	{                                                                                   \
+		const WBLOCK *wr[TILE_R];                                                   \
+		const struct nf_block_q8_0 *xb[TILE_B];                                     \
+		for (int r = 0; r < TILE_R; r++)                                            \
+			wr[r] = wrows[r];                                                     \
+		for (int b = 0; b < TILE_B; b++)                                            \
+			xb[b] = xrows[b];                                                     \
+		size_t nb = n / NF_QK;                                                      \
 		__m256 acc[TILE_R][TILE_B];                                                 \
 		for (int r = 0; r < TILE_R; r++)                                            \
 			for (int b = 0; b < TILE_B; b++)                                    \
@@ -255,26 +262,44 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 		for (int r = 0; r < TILE_R; r++)                                            \
 			for (int b = 0; b < TILE_B; b++)                                    \
 				out[r][b] = hsum8(acc[r][b]);                               \
-	}                                                                                   \
+	}
+
+static inline __m256i q8_load(const struct nf_block_q8_0 *b)
+{
+	return _mm256_loadu_si256((const __m256i *)b->qs);
+}
+
+static inline __m256i q4_load(const struct nf_block_q4_0 *b)
+{
+	return q4_unpack(b->qs);
+}
+
+QGEMM(q8_0, struct nf_block_q8_0, q8_load)
+QGEMM(q4_0, struct nf_block_q4_0, q4_load)
+
+/*
+ * gemm over TILE_R x TILE_B register tiles (tile_##T) inside blocks of
+ * GEMM_ROW_BLOCK weight rows that stay in cache while every activation tile
+ * passes; rows and activations left over go through gemv_##T.
+ */
+#define GEMM_DRIVER(T)                                                                      \
 	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,      \
 			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
 	{                                                                                   \
-		size_t nb = n / NF_QK;                                                      \
 		const char *wc = w, *xc = xq;                                               \
 		for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {                     \
 			size_t r1 = r0 + GEMM_ROW_BLOCK < nrows ? r0 + GEMM_ROW_BLOCK : nrows; \
 			size_t b = 0;                                                       \
 			for (; b + TILE_B <= nbat; b += TILE_B) {                           \
-				const struct nf_block_q8_0 *xb[TILE_B];                     \
+				const void *xb[TILE_B], *wr[TILE_R];                        \
+				float out[TILE_R][TILE_B];                                  \
 				for (int j = 0; j < TILE_B; j++)                            \
-					xb[j] = (const void *)(xc + (b + j) * xq_stride);   \
+					xb[j] = xc + (b + j) * xq_stride;                   \
 				size_t r = r0;                                              \
 				for (; r + TILE_R <= r1; r += TILE_R) {                     \
-					const WBLOCK *wr[TILE_R];                           \
-					float out[TILE_R][TILE_B];                          \
 					for (int k = 0; k < TILE_R; k++)                    \
-						wr[k] = (const void *)(wc + (r + k) * row_bytes); \
-					tile_##T(nb, wr, xb, out);                          \
+						wr[k] = wc + (r + k) * row_bytes;           \
+					tile_##T(n, wr, xb, out);                           \
 					for (int k = 0; k < TILE_R; k++)                    \
 						for (int j = 0; j < TILE_B; j++)            \
 							y[(b + j) * ldy + r + k] = out[k][j]; \
@@ -290,18 +315,8 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 		}                                                                           \
 	}
 
-static inline __m256i q8_load(const struct nf_block_q8_0 *b)
-{
-	return _mm256_loadu_si256((const __m256i *)b->qs);
-}
-
-static inline __m256i q4_load(const struct nf_block_q4_0 *b)
-{
-	return q4_unpack(b->qs);
-}
-
-QGEMM(q8_0, struct nf_block_q8_0, q8_load)
-QGEMM(q4_0, struct nf_block_q4_0, q4_load)
+GEMM_DRIVER(q8_0)
+GEMM_DRIVER(q4_0)
 
 /* ---- float weights ---------------------------------------------------------- */
 
@@ -343,15 +358,32 @@ static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((
 		for (size_t r = 0; r < nrows; r++)                                           \
 			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);             \
 	}                                                                                    \
-	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,       \
-			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
+	/* TILE_R weight rows x TILE_B activations, 8 accumulators */                       \
+	static void tile_##T(size_t n, const void *const wr[TILE_R], const void *const xb[TILE_B], \
+			     float out[TILE_R][TILE_B])                                      \
 	{                                                                                    \
-		for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {                      \
-			size_t rn = nrows - r0 < GEMM_ROW_BLOCK ? nrows - r0 : GEMM_ROW_BLOCK; \
-			for (size_t b = 0; b < nbat; b++)                                    \
-				gemv_##T(n, rn, (const char *)w + r0 * row_bytes, row_bytes, \
-					 (const char *)xq + b * xq_stride, y + b * ldy + r0); \
+		__m256 acc[TILE_R][TILE_B];                                                  \
+		for (int r = 0; r < TILE_R; r++)                                             \
+			for (int b = 0; b < TILE_B; b++)                                     \
+				acc[r][b] = _mm256_setzero_ps();                             \
+		size_t i = 0;                                                                \
+		for (; i + 8 <= n; i += 8) {                                                 \
+			__m256 wv[TILE_R];                                                   \
+			_Pragma("GCC unroll 2") for (int r = 0; r < TILE_R; r++)             \
+				wv[r] = ld_##T(wr[r], i);                                    \
+			_Pragma("GCC unroll 4") for (int b = 0; b < TILE_B; b++) {           \
+				__m256 xv = ld_##T(xb[b], i);                                \
+				_Pragma("GCC unroll 2") for (int r = 0; r < TILE_R; r++)     \
+					acc[r][b] = _mm256_fmadd_ps(wv[r], xv, acc[r][b]);   \
+			}                                                                    \
 		}                                                                            \
+		for (int r = 0; r < TILE_R; r++)                                             \
+			for (int b = 0; b < TILE_B; b++) {                                   \
+				float s = hsum8(acc[r][b]);                                  \
+				for (size_t k = i; k < n; k++)                               \
+					s += el_##T(wr[r], k) * el_##T(xb[b], k);            \
+				out[r][b] = s;                                               \
+			}                                                                    \
 	}                                                                                    \
 	void nf_kavx2_axpy_##T(size_t n, float a, const void *wrow, float *y)               \
 	{                                                                                    \
@@ -366,6 +398,9 @@ static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((
 FDOT(f32)
 FDOT(f16)
 FDOT(bf16)
+GEMM_DRIVER(f32)
+GEMM_DRIVER(f16)
+GEMM_DRIVER(bf16)
 
 /* ---- quantized axpy ----------------------------------------------------------- */
 
