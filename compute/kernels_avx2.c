@@ -477,6 +477,84 @@ void nf_kavx2_rmsnorm(float *out, const float *x, const float *w, size_t n, floa
 		out[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
 }
 
+/* ---- exp-based ops ----------------------------------------------------------- */
+
+/*
+ * expf on 8 lanes, within 2 ulp: n = round(x / ln 2), r = x - n ln 2 in two
+ * steps (Cody-Waite), a degree-6 polynomial on [-ln2/2, ln2/2], times 2^n.
+ * x is clamped to [-87.33, 88.02] so that 2^n stays a normal float: results
+ * past the clamp are the smallest normal or ~1.6e38 instead of a denormal,
+ * 0 or inf, which every caller here absorbs (1 + e, a sum, a quotient).
+ */
+static inline __m256 exp8(__m256 x)
+{
+	x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.02969f));
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+	__m256 p = _mm256_set1_ps(1.9875691500e-4f);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void nf_kavx2_silu_mul(float *g, const float *u, size_t n)
+{
+	const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 v = _mm256_loadu_ps(g + i);
+		__m256 sv = _mm256_div_ps(v, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, v))));
+		if (u)
+			sv = _mm256_mul_ps(sv, _mm256_loadu_ps(u + i));
+		_mm256_storeu_ps(g + i, sv);
+	}
+	if (i < n)
+		nf_kref_silu_mul(g + i, u ? u + i : NULL, n - i);
+}
+
+void nf_kavx2_softmax(float *x, size_t n)
+{
+	if (!n)
+		return;
+	size_t i = 0;
+	__m256 mv = _mm256_set1_ps(x[0]);
+	for (; i + 8 <= n; i += 8)
+		mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+	__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+	m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+	m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+	float max = _mm_cvtss_f32(m4);
+	for (; i < n; i++)
+		max = fmaxf(max, x[i]);
+	mv = _mm256_set1_ps(max);
+	__m256d s0 = _mm256_setzero_pd(), s1 = s0;
+	for (i = 0; i + 8 <= n; i += 8) {
+		__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+		_mm256_storeu_ps(x + i, e);
+		s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+		s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+	}
+	double lanes[4];
+	_mm256_storeu_pd(lanes, _mm256_add_pd(s0, s1));
+	double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+	for (; i < n; i++) {
+		x[i] = expf(x[i] - max);
+		sum += (double)x[i];
+	}
+	__m256 inv = _mm256_set1_ps((float)(1.0 / sum));
+	for (i = 0; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+	for (; i < n; i++)
+		x[i] *= _mm256_cvtss_f32(inv);
+}
+
 const struct nf_kernels nf_kernels_table_avx2 = {
 	.isa = "avx2",
 	.act_prepare = {
@@ -500,8 +578,8 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
 	},
 	.rmsnorm = nf_kavx2_rmsnorm,
-	.softmax = nf_kref_softmax,
-	.silu_mul = nf_kref_silu_mul,
+	.softmax = nf_kavx2_softmax,
+	.silu_mul = nf_kavx2_silu_mul,
 	.relu_mul = nf_kref_relu_mul,
 	.drelu_mul = nf_kref_drelu_mul,
 	.dot_f32 = nf_kavx2_dot_f32v,
