@@ -180,6 +180,15 @@ static bool shape_ok(const struct nf_model *m)
 	       nf_model_layer(m, 0)->wq.dtype == NF_DTYPE_Q4_0;
 }
 
+/* One row: median, min and max of reps tokens/s figures (sorts tps). */
+static void report(const char *phase, size_t tokens, const struct nf_ctx *c, double *tps, int reps)
+{
+	double med = nf_bench_median(tps, (size_t)reps);
+	printf("%s\t%zu\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.1f\n", phase, tokens, nf_ctx_n_threads(c),
+	       nf_ctx_kernels(c)->isa, med, tps[0], tps[reps - 1], 1e3 / med);
+	fflush(stdout);
+}
+
 int main(void)
 {
 	const char *path = getenv("NFLASH_BENCH_MODEL");
@@ -254,17 +263,8 @@ int main(void)
 		tps[r] = n_dec / (now() - t0);
 		fprintf(stderr, "bench_decode: decode run %d: %.3f tok/s\n", r + 1, tps[r]);
 	}
-	if (rc == 0) {
-		double lo = tps[0], hi = tps[0];
-		for (int r = 1; r < reps; r++) {
-			lo = fmin(lo, tps[r]);
-			hi = fmax(hi, tps[r]);
-		}
-		double med = nf_bench_median(tps, (size_t)reps);
-		printf("decode\t%zu\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.1f\n", n_dec, nf_ctx_n_threads(c),
-		       nf_ctx_kernels(c)->isa, med, lo, hi, 1e3 / med);
-		fflush(stdout);
-	}
+	if (rc == 0)
+		report("decode", n_dec, c, tps, reps);
 	/* prefill: n_pre tokens in one batched eval */
 	for (int r = 0; r < reps && rc == 0; r++) {
 		nf_ctx_reset(c);
@@ -274,14 +274,7 @@ int main(void)
 		fprintf(stderr, "bench_decode: prefill run %d: %.3f tok/s\n", r + 1, tps[r]);
 	}
 	if (rc == 0) {
-		double lo = tps[0], hi = tps[0];
-		for (int r = 1; r < reps; r++) {
-			lo = fmin(lo, tps[r]);
-			hi = fmax(hi, tps[r]);
-		}
-		double med = nf_bench_median(tps, (size_t)reps);
-		printf("prefill\t%zu\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.1f\n", n_pre, nf_ctx_n_threads(c),
-		       nf_ctx_kernels(c)->isa, med, lo, hi, 1e3 / med);
+		report("prefill", n_pre, c, tps, reps);
 		float l0 = nf_ctx_logits(c)[0];
 		if (!isfinite(l0)) {
 			fprintf(stderr, "bench_decode: non-finite logits\n");
