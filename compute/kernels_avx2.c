@@ -11,7 +11,7 @@
  * 4. Only this file is compiled with -mavx2 -mfma -mf16c, and kernels.c
  *    hands out its table only after cpuid confirmed all three.
  * 5. Nothing here allocates; scratch lives on the stack, bounded by
- *    CHUNK_BLOCKS.
+ *    GEMV_CHUNK.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -19,8 +19,9 @@
 
 #include "kernels_impl.h"
 
-/* Blocks of activation scales converted per pass (stack scratch). */
-#define CHUNK_BLOCKS 1024
+/* Activation blocks whose scales (and Q4_0 corrections) are prepared per
+ * gemv pass: 36 bytes of stack each. */
+#define GEMV_CHUNK 512
 /* Weight rows kept hot while every activation tile passes over them. */
 #define GEMM_ROW_BLOCK 16
 
@@ -115,7 +116,7 @@ static inline __m256i dot_i8(__m256i w, __m256i x)
 	return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-/* Activation scales of up to CHUNK_BLOCKS blocks as f32. */
+/* Activation scales of up to GEMV_CHUNK blocks as f32. */
 static void x_scales(const struct nf_block_q8_0 *x, size_t nb, float *dx)
 {
 	for (size_t i = 0; i < nb; i++)
@@ -134,38 +135,75 @@ static float row_q8_0(const struct nf_block_q8_0 *w, const struct nf_block_q8_0 
 	return hsum8(acc);
 }
 
-static float row_q4_0(const struct nf_block_q4_0 *w, const struct nf_block_q8_0 *x,
-		      const float *dx, size_t nb)
+/* Nibbles 0..15 in x's order (low nibbles, then high), unsigned. */
+static inline __m256i q4_nibbles(const uint8_t *qs)
 {
+	__m128i q = _mm_loadu_si128((const __m128i *)qs);
+	__m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+	return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* Per activation block: the 8 lane sums of 8 * x that turn
+ * maddubs(nibbles, x) into the sum of (q - 8) * x. */
+static void x_corr(const struct nf_block_q8_0 *x, size_t nb, __m256i *corr)
+{
+	const __m256i ones8 = _mm256_set1_epi8(8), ones16 = _mm256_set1_epi16(1);
+	for (size_t i = 0; i < nb; i++) {
+		__m256i xv = _mm256_loadu_si256((const __m256i *)x[i].qs);
+		corr[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xv), ones16);
+	}
+}
+
+static float row_q4_0(const struct nf_block_q4_0 *w, const struct nf_block_q8_0 *x,
+		      const float *dx, const __m256i *corr, size_t nb)
+{
+	const __m256i ones16 = _mm256_set1_epi16(1);
 	/* One accumulator, blocks in order: llama.cpp's order (kernels_ref.c). */
 	__m256 acc = _mm256_setzero_ps();
-	for (size_t i = 0; i < nb; i++) {
-		__m256i s = dot_i8(q4_unpack(w[i].qs), _mm256_loadu_si256((const __m256i *)x[i].qs));
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * dx[i]), _mm256_cvtepi32_ps(s), acc);
-	}
+#define Q4_BLOCK(i, acc)                                                                        \
+	do {                                                                                    \
+		__m256i p = _mm256_maddubs_epi16(q4_nibbles(w[i].qs),                           \
+						 _mm256_loadu_si256((const __m256i *)x[i].qs)); \
+		__m256i s = _mm256_sub_epi32(_mm256_madd_epi16(p, ones16), corr[i]);            \
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * dx[i]), _mm256_cvtepi32_ps(s), acc); \
+	} while (0)
+	for (size_t i = 0; i < nb; i++)
+		Q4_BLOCK(i, acc);
+#undef Q4_BLOCK
 	return hsum8(acc);
 }
 
-#define QGEMV(T, WBLOCK)                                                                   \
-	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
+static float row_q8_0_c(const struct nf_block_q8_0 *w, const struct nf_block_q8_0 *x,
+			const float *dx, const __m256i *corr, size_t nb)
+{
+	(void)corr;
+	return row_q8_0(w, x, dx, nb);
+}
+
+/* Scratch per pass: activation scales and, for Q4_0, lane corrections. */
+#define QGEMV(T, WBLOCK, ROW, CORR)                                                        \
+	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,   \
 			     const void *xq, float *y)                                     \
 	{                                                                                  \
 		const struct nf_block_q8_0 *x = xq;                                        \
-		float dx[CHUNK_BLOCKS];                                                    \
+		float dx[GEMV_CHUNK];                                                      \
+		__m256i corr[CORR ? GEMV_CHUNK : 1];                                       \
 		size_t nb = n / NF_QK;                                                     \
-		for (size_t c = 0; c < nb; c += CHUNK_BLOCKS) {                            \
-			size_t cn = nb - c < CHUNK_BLOCKS ? nb - c : CHUNK_BLOCKS;         \
+		for (size_t c = 0; c < nb; c += GEMV_CHUNK) {                              \
+			size_t cn = nb - c < GEMV_CHUNK ? nb - c : GEMV_CHUNK;             \
 			x_scales(x + c, cn, dx);                                           \
+			if (CORR)                                                          \
+				x_corr(x + c, cn, corr);                                   \
 			for (size_t r = 0; r < nrows; r++) {                               \
 				const WBLOCK *wr = (const WBLOCK *)((const char *)w + r * row_bytes) + c; \
-				float s = row_##T(wr, x + c, dx, cn);                      \
+				float s = ROW(wr, x + c, dx, corr, cn);                    \
 				y[r] = c ? y[r] + s : s;                                   \
 			}                                                                  \
 		}                                                                          \
 	}
 
-QGEMV(q8_0, struct nf_block_q8_0)
-QGEMV(q4_0, struct nf_block_q4_0)
+QGEMV(q8_0, struct nf_block_q8_0, row_q8_0_c, 0)
+QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 #define gemv_q8_0 nf_kavx2_gemv_q8_0
 #define gemv_q4_0 nf_kavx2_gemv_q4_0
 
