@@ -11,8 +11,11 @@
  *
  * Rows: decode tokens/s (one token per eval from an empty cache, after a
  * warm-up token) and prefill tokens/s (one eval of 512 tokens, batched),
- * each the median of NFLASH_BENCH_REPEATS runs (default 3). For reference
- * llama.cpp decodes such a model at 2.7-3.3 tokens/s on this machine.
+ * each the median of NFLASH_BENCH_REPEATS runs (default 3). Decode reads
+ * every weight once per token, so its row also gives that traffic in GB/s
+ * beside a plain memory read by as many threads, measured before each run
+ * (the machine is shared: the ratio is what compares across runs). For
+ * reference llama.cpp decodes such a model at 2.7-3.3 tokens/s here.
  *
  * Environment: NFLASH_BENCH_THREADS (default 2), NFLASH_BENCH_DECODE
  * (tokens per decode run, default 32), NFLASH_BENCH_PREFILL (default 512),
@@ -30,6 +33,8 @@
 #include "nflash/gguf.h"
 #include "nflash/kernels.h"
 #include "nflash/model.h"
+#include "nflash/pool.h"
+#include <immintrin.h>
 #include "bench_common.h"
 
 #define B_EMBD 4096u
@@ -180,12 +185,57 @@ static bool shape_ok(const struct nf_model *m)
 	       nf_model_layer(m, 0)->wq.dtype == NF_DTYPE_Q4_0;
 }
 
+/* ---- memory-read peer: the same number of threads summing a buffer ---- */
+
+#define MEMREAD_BYTES (512ull << 20)
+
+struct read_job {
+	const char *buf;
+	size_t bytes;
+	uint64_t sink[64];
+};
+
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t bytes)
+{
+	__m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+	for (size_t i = 0; i + 128 <= bytes; i += 128) {
+		s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(p + i)));
+		s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+		s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+		s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+	}
+	s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+	uint64_t l[4];
+	_mm256_storeu_si256((__m256i *)l, s0);
+	return l[0] + l[1] + l[2] + l[3];
+}
+
+static void read_fn(void *arg, int ith, int nth)
+{
+	struct read_job *j = arg;
+	size_t chunk = j->bytes / (size_t)nth & ~(size_t)255;
+	j->sink[ith & 63] += sum_avx2(j->buf + chunk * (size_t)ith, chunk);
+}
+
+/* GB/s of one pass over the buffer. */
+static double memread(struct nf_pool *p, struct read_job *j)
+{
+	double t0 = now();
+	nf_pool_run(p, read_fn, j);
+	return j->bytes / (now() - t0) / 1e9;
+}
+
 /* One row: median, min and max of reps tokens/s figures (sorts tps). */
-static void report(const char *phase, size_t tokens, const struct nf_ctx *c, double *tps, int reps)
+static void report(const char *phase, size_t tokens, const struct nf_ctx *c, double *tps, int reps,
+		   double weight_gb, double memread_gbs)
 {
 	double med = nf_bench_median(tps, (size_t)reps);
-	printf("%s\t%zu\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.1f\n", phase, tokens, nf_ctx_n_threads(c),
+	printf("%s\t%zu\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.1f", phase, tokens, nf_ctx_n_threads(c),
 	       nf_ctx_kernels(c)->isa, med, tps[0], tps[reps - 1], 1e3 / med);
+	if (weight_gb > 0)
+		printf("\t%.2f\t%.2f\t%.2f\n", med * weight_gb, memread_gbs, med * weight_gb / memread_gbs);
+	else
+		printf("\t-\t-\t-\n");
 	fflush(stdout);
 }
 
@@ -248,9 +298,27 @@ int main(void)
 		ids[i] = (int32_t)((s >> 33) % B_VOCAB);
 	}
 
-	printf("phase\ttokens\tthreads\tisa\ttok_per_s_median\ttok_per_s_min\ttok_per_s_max\tms_per_tok_median\n");
+	struct nf_pool *rp = NULL;
+	struct read_job *rj = calloc(1, sizeof(*rj));
+	char *rbuf = aligned_alloc(4096, MEMREAD_BYTES);
+	double *mr = malloc((size_t)reps * sizeof(double));
+	if (!rj || !rbuf || !mr || nf_pool_open(threads, -1, &rp) < 0) {
+		fprintf(stderr, "bench_decode: cannot set up the memory-read peer\n");
+		return 1;
+	}
+	memset(rbuf, 1, MEMREAD_BYTES);
+	rj->buf = rbuf;
+	rj->bytes = MEMREAD_BYTES;
+	double wgb = nf_model_weight_bytes(m) / 1e9;
+
+	/* decode reads every weight once per token: weight_GB_per_s is that
+	 * traffic, beside a plain read of memory by as many threads, measured
+	 * before each run (ratio = decode / memread). */
+	printf("phase\ttokens\tthreads\tisa\ttok_per_s_median\ttok_per_s_min\ttok_per_s_max\t"
+	       "ms_per_tok_median\tweight_GB_per_s\tmemread_GB_per_s\tratio\n");
 	/* decode: warm-up token, then n_dec single-token evals */
 	for (int r = 0; r < reps; r++) {
+		mr[r] = memread(rp, rj);
 		nf_ctx_reset(c);
 		int32_t tok = ids[0];
 		if ((rc = nf_ctx_eval(c, &tok, 1)) < 0)
@@ -264,7 +332,7 @@ int main(void)
 		fprintf(stderr, "bench_decode: decode run %d: %.3f tok/s\n", r + 1, tps[r]);
 	}
 	if (rc == 0)
-		report("decode", n_dec, c, tps, reps);
+		report("decode", n_dec, c, tps, reps, wgb, nf_bench_median(mr, (size_t)reps));
 	/* prefill: n_pre tokens in one batched eval */
 	for (int r = 0; r < reps && rc == 0; r++) {
 		nf_ctx_reset(c);
@@ -274,7 +342,7 @@ int main(void)
 		fprintf(stderr, "bench_decode: prefill run %d: %.3f tok/s\n", r + 1, tps[r]);
 	}
 	if (rc == 0) {
-		report("prefill", n_pre, c, tps, reps);
+		report("prefill", n_pre, c, tps, reps, 0, 0);
 		float l0 = nf_ctx_logits(c)[0];
 		if (!isfinite(l0)) {
 			fprintf(stderr, "bench_decode: non-finite logits\n");
@@ -285,6 +353,10 @@ int main(void)
 		fprintf(stderr, "bench_decode: eval failed: %s\n", nf_strerror(rc));
 	free(ids);
 	free(tps);
+	free(mr);
+	free(rbuf);
+	free(rj);
+	nf_pool_close(rp);
 	nf_ctx_close(c);
 	nf_model_free(m);
 	return rc < 0 ? 1 : 0;
