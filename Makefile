@@ -147,6 +147,28 @@ demo: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash
 	$(Q)sh tools/demo.sh $(B)
 
+# ---- fuzzing: the GGUF reader (tests/fuzz/) --------------------------------
+# make fuzz [FUZZ_TIME=600]: libFuzzer + ASan + UBSan on one core. Seeds are
+# made fresh from ../shared/testdata by fuzz_seeds into build-fuzz/seeds (never
+# committed); the grown corpus, log and any crash-* stay in build-fuzz/.
+FUZZ_B    := build-fuzz
+FUZZ_TIME ?= 600
+FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/error.c
+$(FUZZ_B)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) include/nflash/gguf.h
+	$(call msg,FUZZ,$@)
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined \
+		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -lm
+$(FUZZ_B)/fuzz_seeds: tests/fuzz/fuzz_seeds.c $(B)/libnflash.a
+	$(call msg,CCLD,$@)
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(B)/libnflash.a $(LDLIBS)
+fuzz: $(FUZZ_B)/fuzz_gguf $(FUZZ_B)/fuzz_seeds
+	$(Q)rm -rf $(FUZZ_B)/seeds && mkdir -p $(FUZZ_B)/seeds $(FUZZ_B)/corpus
+	$(Q)$(FUZZ_B)/fuzz_seeds $(FUZZ_B)/seeds ../shared/testdata/*/*.gguf
+	$(Q)cd $(FUZZ_B) && ./fuzz_gguf -jobs=1 -workers=1 -max_total_time=$(FUZZ_TIME) \
+		-max_len=16384 -timeout=10 corpus seeds; s=$$?; tail -n 15 fuzz-0.log; exit $$s
+
 # ---- install ------------------------------------------------------------
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/nflash

@@ -45,6 +45,8 @@ enum nf_gguf_type {
 	NF_GGUF_FLOAT64 = 12,
 };
 
+struct nf_gguf; /* a parsed file; opaque */
+
 #define NF_GGUF_MAX_DIMS 4
 #define NF_GGUF_DEFAULT_ALIGNMENT 32
 
@@ -107,6 +109,17 @@ uint64_t nf_gguf_data_offset(const struct nf_gguf *g);  /* start of tensor data 
 uint64_t nf_gguf_file_size(const struct nf_gguf *g);
 const char *nf_gguf_path(const struct nf_gguf *g);      /* "<memory>" for open_mem */
 
+/* The descriptor the reader keeps open (read-only), e.g. for O_DIRECT reads
+ * of its own; -1 for open_mem. Owned by the reader. */
+int nf_gguf_fd(const struct nf_gguf *g);
+
+/* Names of value types ("uint32", ..., "unknown") and their sizes in bytes
+ * (0 for STRING, ARRAY and unknown types). Pure, thread-safe. */
+const char *nf_gguf_type_name(uint32_t type);
+size_t nf_gguf_type_size(uint32_t type);
+/* ggml's name for a tensor type id ("q4_K", "iq2_xs", ...), "unknown" if none. */
+const char *nf_gguf_ggml_type_name(uint32_t ggml_type);
+
 size_t nf_gguf_n_kv(const struct nf_gguf *g);
 const struct nf_gguf_kv *nf_gguf_kv_at(const struct nf_gguf *g, size_t i);
 const struct nf_gguf_kv *nf_gguf_find_kv(const struct nf_gguf *g, const char *key);
@@ -153,7 +166,17 @@ struct nf_gguf_writer;
 int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer **out,
 			struct nf_diag *diag);
 
-/* Key/values, in the order they should appear. Strings are copied. */
+/*
+ * Key/values, in the order they should appear, all before the first
+ * nf_gguf_writer_write(). Strings are copied. A key "general.alignment"
+ * (uint32, a power of two, declared before any tensor) sets the data
+ * alignment, else it is 32.
+ * Each writer function returns 0, NF_EUSAGE (duplicate key or tensor name,
+ * declaration after data, bad type or shape, more data than declared),
+ * NF_EUNSUPPORTED (tensor type not readable by nflash), -ENOMEM, or -errno
+ * from the file system. Errors stick: after a failure every later call
+ * returns the same error and nf_gguf_writer_finish() removes the file.
+ */
 int nf_gguf_writer_kv_u32(struct nf_gguf_writer *w, const char *key, uint32_t v);
 int nf_gguf_writer_kv_i32(struct nf_gguf_writer *w, const char *key, int32_t v);
 int nf_gguf_writer_kv_u64(struct nf_gguf_writer *w, const char *key, uint64_t v);
@@ -164,6 +187,17 @@ int nf_gguf_writer_kv_arr_str(struct nf_gguf_writer *w, const char *key,
 			      const char *const *v, uint64_t n);
 int nf_gguf_writer_kv_arr_f32(struct nf_gguf_writer *w, const char *key, const float *v, uint64_t n);
 int nf_gguf_writer_kv_arr_i32(struct nf_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+
+/* Any scalar of a numeric or bool type (type is enum nf_gguf_type, not STRING
+ * or ARRAY); val points to the value in host (little-endian) layout. */
+int nf_gguf_writer_kv_scalar(struct nf_gguf_writer *w, const char *key, uint32_t type,
+			     const void *val);
+/* An array of n numeric or bool elements of type elem_type, packed. */
+int nf_gguf_writer_kv_arr(struct nf_gguf_writer *w, const char *key, uint32_t elem_type,
+			  const void *data, uint64_t n);
+/* Copy a key/value read by a reader (any type), e.g. to carry the vocabulary
+ * over when converting a file. */
+int nf_gguf_writer_kv_copy(struct nf_gguf_writer *w, const struct nf_gguf_kv *kv);
 
 /*
  * nf_gguf_writer_tensor - declare a tensor (all before any data). ne[0] is
