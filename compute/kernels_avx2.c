@@ -352,7 +352,17 @@ static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((
 		for (size_t r = 0; r < nrows; r++)                                           \
 			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);             \
 	}                                                                                    \
-	/* TILE_R weight rows x TILE_B activations, 8 accumulators */                       \
+	void nf_kavx2_axpy_##T(size_t n, float a, const void *wrow, float *y)               \
+	{                                                                                    \
+		__m256 av = _mm256_set1_ps(a);                                               \
+		size_t i = 0;                                                                \
+		for (; i + 8 <= n; i += 8)                                                   \
+			_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, ld_##T(wrow, i), _mm256_loadu_ps(y + i))); \
+		for (; i < n; i++)                                                           \
+			y[i] = fmaf(a, el_##T(wrow, i), y[i]);                               \
+	}
+/* TILE_R weight rows x TILE_B activations, one 8-lane chain each */
+#define FTILE(T)                                                                             \
 	static void tile_##T(size_t n, const void *const wr[TILE_R], const void *const xb[TILE_B], \
 			     float out[TILE_R][TILE_B])                                      \
 	{                                                                                    \
@@ -378,15 +388,6 @@ static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((
 					s += el_##T(wr[r], k) * el_##T(xb[b], k);            \
 				out[r][b] = s;                                               \
 			}                                                                    \
-	}                                                                                    \
-	void nf_kavx2_axpy_##T(size_t n, float a, const void *wrow, float *y)               \
-	{                                                                                    \
-		__m256 av = _mm256_set1_ps(a);                                               \
-		size_t i = 0;                                                                \
-		for (; i + 8 <= n; i += 8)                                                   \
-			_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, ld_##T(wrow, i), _mm256_loadu_ps(y + i))); \
-		for (; i < n; i++)                                                           \
-			y[i] = fmaf(a, el_##T(wrow, i), y[i]);                               \
 	}
 
 FDOT(f32)
@@ -405,9 +406,23 @@ static float fdot_f16(size_t n, const void *w, const void *x)
 }
 FDOT_OPS(f16)
 FDOT(bf16)
+FTILE(f32)
+FTILE(bf16)
 GEMM_DRIVER(f32)
-GEMM_DRIVER(f16)
 GEMM_DRIVER(bf16)
+
+/* F16 gemm row by row through fdot_f16, whose 16-lane order a tile of
+ * 8-lane chains would not keep (kernels_ref.c, nf_kref_dot_f16). */
+void nf_kavx2_gemm_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
+		       const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {
+		size_t rn = nrows - r0 < GEMM_ROW_BLOCK ? nrows - r0 : GEMM_ROW_BLOCK;
+		for (size_t b = 0; b < nbat; b++)
+			gemv_f16(n, rn, (const char *)w + r0 * row_bytes, row_bytes,
+				 (const char *)xq + b * xq_stride, y + b * ldy + r0);
+	}
+}
 #define gemm_f32 nf_kavx2_gemm_f32
 #define gemm_f16 nf_kavx2_gemm_f16
 #define gemm_bf16 nf_kavx2_gemm_bf16

@@ -615,7 +615,7 @@ INLINE float el_f32(const void *p, size_t i) { return ((const float *)p)[i]; }
 INLINE float el_f16(const void *p, size_t i) { return _cvtsh_ss(((const uint16_t *)p)[i]); }
 INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
-#define FKERNELS(T, ESIZE)                                                                    \
+#define FTILE512(T)                                                                           \
 	INLINE void ftile_##T(const int R, const int B, size_t n, const char *const *wr,     \
 			      const char *const *xb, float *out)                              \
 	{                                                                                     \
@@ -641,7 +641,9 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 					s += el_##T(wr[r], k) * el_##T(xb[b], k);             \
 				out[r * B + b] = s;                                           \
 			}                                                                     \
-	}                                                                                     \
+	}
+#define FKERNELS(T, ESIZE) FTILE512(T) FREST512(T)
+#define FREST512(T)                                                                           \
 	static float fdot_##T(size_t n, const void *w, const void *x)                         \
 	{                                                                                     \
 		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
@@ -699,8 +701,82 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 	}
 
 FKERNELS(f32, 4)
-FKERNELS(f16, 2)
 FKERNELS(bf16, 2)
+FTILE512(f16)
+
+/*
+ * F16 in llama.cpp's order (kernels_ref.c, nf_kref_dot_f16): for rows of a
+ * multiple of 16, one 16-lane fma chain per row, reduced as
+ * _mm512_reduce_add_ps; other lengths take the reference. gemv runs four
+ * rows' chains side by side so the fma latency does not bound it.
+ */
+static void gemv_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq,
+		     float *y)
+{
+	const char *wc = w;
+	size_t r = 0;
+	if (n % 16) {
+		for (; r < nrows; r++)
+			y[r] = nf_kref_dot_f16(n, wc + r * row_bytes, xq);
+		return;
+	}
+	for (; r + 4 <= nrows; r += 4) {
+		const char *w0 = wc + r * row_bytes, *w1 = w0 + row_bytes;
+		const char *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
+		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+		for (size_t i = 0; i < n; i += 16) {
+			__m512 xv = ld16_f16(xq, i);
+			a0 = _mm512_fmadd_ps(ld16_f16(w0, i), xv, a0);
+			a1 = _mm512_fmadd_ps(ld16_f16(w1, i), xv, a1);
+			a2 = _mm512_fmadd_ps(ld16_f16(w2, i), xv, a2);
+			a3 = _mm512_fmadd_ps(ld16_f16(w3, i), xv, a3);
+		}
+		y[r] = _mm512_reduce_add_ps(a0);
+		y[r + 1] = _mm512_reduce_add_ps(a1);
+		y[r + 2] = _mm512_reduce_add_ps(a2);
+		y[r + 3] = _mm512_reduce_add_ps(a3);
+	}
+	for (; r < nrows; r++) {
+		const char *w0 = wc + r * row_bytes;
+		__m512 a0 = _mm512_setzero_ps();
+		for (size_t i = 0; i < n; i += 16)
+			a0 = _mm512_fmadd_ps(ld16_f16(w0, i), ld16_f16(xq, i), a0);
+		y[r] = _mm512_reduce_add_ps(a0);
+	}
+}
+
+/* ftile_f16 keeps one 16-lane chain per (row, token): the same order. */
+static void gemm_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
+		     const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	if (n % 16) {
+		nf_kernels_table_ref.gemm[NF_KT_F16](n, nrows, w, row_bytes, nbat, xq, xq_stride, y, ldy);
+		return;
+	}
+	const char *wc = w, *xc = xq;
+	for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {
+		size_t r1 = r0 + GEMM_ROW_BLOCK < nrows ? r0 + GEMM_ROW_BLOCK : nrows;
+		for (size_t b0 = 0; b0 < nbat; b0 += 4) {
+			size_t bn = nbat - b0 < 4 ? nbat - b0 : 4;
+			const char *xb[4], *wr[4];
+			float out[16];
+			for (size_t j = 0; j < bn; j++)
+				xb[j] = xc + (b0 + j) * xq_stride;
+			size_t r = r0;
+			for (; r + 4 <= r1 && bn == 4; r += 4) {
+				for (int k = 0; k < 4; k++)
+					wr[k] = wc + (r + k) * row_bytes;
+				ftile_f16(4, 4, n, wr, xb, out);
+				for (int k = 0; k < 4; k++)
+					for (int j = 0; j < 4; j++)
+						y[(b0 + j) * ldy + r + k] = out[k * 4 + j];
+			}
+			for (; r < r1; r++)
+				for (size_t j = 0; j < bn; j++)
+					gemv_f16(n, 1, wc + r * row_bytes, row_bytes, xb[j], y + (b0 + j) * ldy + r);
+		}
+	}
+}
 
 /* ---- quantized axpy ------------------------------------------------------------- */
 
