@@ -9,9 +9,11 @@
 
 #include "cli.h"
 
+int nf_cmd_store(int argc, char **argv);
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
+	{ "store", nf_cmd_store, "make, inspect, verify and benchmark stores" },
 	{ NULL, NULL, NULL },
 };
 
