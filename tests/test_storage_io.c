@@ -17,16 +17,6 @@
 #include "nflash/store.h"
 #include "util_storage.h"
 
-struct done {
-	int calls, result;
-};
-
-static void on_done(void *cookie, int result)
-{
-	struct done *d = cookie;
-	d->calls++;
-	d->result = result;
-}
 
 struct fixture {
 	struct ts_dir t;
@@ -86,9 +76,9 @@ Test(storage, io_backends_return_identical_bytes)
 		cr_assert_eq(nf_io_ctx_backend(io), bs[k]);
 		uint8_t *a = nf_io_buf_alloc(olen, nf_io_ctx_align(io));
 		uint8_t *b = nf_io_buf_alloc(blen, nf_io_ctx_align(io));
-		struct done d1 = {0}, d2 = {0};
-		cr_assert_eq(nf_io_ctx_read_object(io, f.ffn, a, on_done, &d1), 0);
-		cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, scattered, N_SCATTERED, b, on_done, &d2), 0);
+		struct ts_done d1 = {0}, d2 = {0};
+		cr_assert_eq(nf_io_ctx_read_object(io, f.ffn, a, ts_on_done, &d1), 0);
+		cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, scattered, N_SCATTERED, b, ts_on_done, &d2), 0);
 		cr_assert_eq(nf_io_ctx_pending(io), 2);
 		cr_assert_eq(nf_io_ctx_wait(io, 0, -1), 2);
 		cr_assert_eq(d1.calls, 1);
@@ -132,20 +122,20 @@ Test(storage, io_misaligned_request_refused_before_submission)
 	cr_assert_eq(al & (al - 1), 0);
 	uint8_t *buf = nf_io_buf_alloc(1 << 20, al);
 	cr_assert_eq((uintptr_t)buf % al, 0);
-	struct done d = {0};
-	cr_assert_eq(nf_io_ctx_read_raw(io, 100, 4096, buf, on_done, &d), NF_EALIGN);
-	cr_assert_eq(nf_io_ctx_read_raw(io, 0, 100, buf, on_done, &d), NF_EALIGN);
-	cr_assert_eq(nf_io_ctx_read_raw(io, 0, 4096, buf + 1, on_done, &d), NF_EALIGN);
-	cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, scattered, 2, buf + 8, on_done, &d), NF_EALIGN);
+	struct ts_done d = {0};
+	cr_assert_eq(nf_io_ctx_read_raw(io, 100, 4096, buf, ts_on_done, &d), NF_EALIGN);
+	cr_assert_eq(nf_io_ctx_read_raw(io, 0, 100, buf, ts_on_done, &d), NF_EALIGN);
+	cr_assert_eq(nf_io_ctx_read_raw(io, 0, 4096, buf + 1, ts_on_done, &d), NF_EALIGN);
+	cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, scattered, 2, buf + 8, ts_on_done, &d), NF_EALIGN);
 	uint32_t bad_slot = f.ffn->n_bundles;
-	cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, &bad_slot, 1, buf, on_done, &d), NF_EUSAGE);
-	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 5, 9, buf, on_done, &d), NF_EUSAGE);
+	cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, &bad_slot, 1, buf, ts_on_done, &d), NF_EUSAGE);
+	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 5, 9, buf, ts_on_done, &d), NF_EUSAGE);
 	struct nf_io_stats st;
 	nf_io_ctx_stats(io, &st);
 	cr_assert_eq(st.submits, 0, "nothing reached the kernel");
 	cr_assert_eq(nf_io_ctx_pending(io), 0);
 	cr_assert_eq(nf_io_ctx_error(io), 0, "refusals do not stick");
-	cr_assert_eq(nf_io_ctx_read_raw(io, 0, 8192, buf, on_done, &d), 0);
+	cr_assert_eq(nf_io_ctx_read_raw(io, 0, 8192, buf, ts_on_done, &d), 0);
 	cr_assert_eq(nf_io_ctx_wait(io, 0, -1), 1);
 	cr_assert_eq(d.calls, 1);
 	cr_assert_eq(d.result, 0);
@@ -175,12 +165,12 @@ static void eio_and_short(enum nf_io_backend inner)
 		struct nf_io_ctx *io = fault_io(&f, inner, kind, 2, 0);
 		cr_assert_eq(nf_io_ctx_backend(io), NF_IO_FAULT);
 		uint8_t *buf = nf_io_buf_alloc(f.ffn->length, nf_io_ctx_align(io));
-		struct done d[4] = {{0}};
+		struct ts_done d[4] = {{0}};
 		/* reads 0,1 fine; read 2 (first segment of request 2) fails */
-		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, on_done, &d[0]), 0);
-		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 1, 1, buf + 16384, on_done, &d[1]), 0);
+		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, ts_on_done, &d[0]), 0);
+		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 1, 1, buf + 16384, ts_on_done, &d[1]), 0);
 		cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, scattered, N_SCATTERED, buf + 32768,
-						    on_done, &d[2]), 0);
+						    ts_on_done, &d[2]), 0);
 		int want = kind == NF_IO_FAULT_EIO ? -EIO : NF_ESHORT;
 		cr_assert_eq(nf_io_ctx_wait(io, 0, -1), want, "wait reports the sticky error");
 		cr_assert_eq(d[0].result, 0);
@@ -188,7 +178,7 @@ static void eio_and_short(enum nf_io_backend inner)
 		cr_assert_eq(d[2].calls, 1, "callback ran once");
 		cr_assert_eq(d[2].result, want, "%s", nf_strerror(d[2].result));
 		cr_assert_eq(nf_io_ctx_error(io), want, "sticky");
-		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, on_done, &d[3]), want,
+		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, ts_on_done, &d[3]), want,
 			     "later requests refused with the first error");
 		cr_assert_eq(d[3].calls, 0);
 		cr_assert_eq(nf_io_ctx_pending(io), 0);
@@ -215,10 +205,10 @@ Test(storage, io_fault_queued_requests_fail_with_sticky_error)
 	setup_store(&f, "/tmp");
 	struct nf_io_ctx *io = fault_io(&f, NF_IO_AIO, NF_IO_FAULT_EIO, 0, 0);
 	uint8_t *buf = nf_io_buf_alloc(f.ffn->length, nf_io_ctx_align(io));
-	struct done d[10] = {{0}};
+	struct ts_done d[10] = {{0}};
 	/* 10 one-extent requests at qd 4: 6 still queued when read 0 fails */
 	for (int i = 0; i < 10; i++)
-		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, (uint32_t)i, 1, buf + i * 16384, on_done, &d[i]), 0);
+		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, (uint32_t)i, 1, buf + i * 16384, ts_on_done, &d[i]), 0);
 	cr_assert_eq(nf_io_ctx_wait(io, 0, -1), -EIO);
 	cr_assert_eq(d[0].result, -EIO);
 	int ok = 0, failed = 0;
@@ -240,8 +230,8 @@ Test(storage, io_fault_delay_times_out_then_completes)
 	setup_store(&f, "/tmp");
 	struct nf_io_ctx *io = fault_io(&f, NF_IO_AIO, NF_IO_FAULT_DELAY, 0, 300000);
 	uint8_t *buf = nf_io_buf_alloc(f.ffn->length, nf_io_ctx_align(io));
-	struct done d = {0}, d2 = {0};
-	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 2, buf, on_done, &d), 0);
+	struct ts_done d = {0}, d2 = {0};
+	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 2, buf, ts_on_done, &d), 0);
 	cr_assert_eq(nf_io_ctx_wait(io, 1, 50), -ETIMEDOUT);
 	cr_assert_eq(d.calls, 0, "still in flight");
 	cr_assert_eq(nf_io_ctx_error(io), 0, "lateness is not an error");
@@ -249,7 +239,7 @@ Test(storage, io_fault_delay_times_out_then_completes)
 	cr_assert_eq(d.calls, 1);
 	cr_assert_eq(d.result, 0);
 	cr_assert_eq(ts_check_bundles(f.ffn, NULL, 8, buf), 0, "late bytes are right");
-	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 2, 1, buf, on_done, &d2), 0, "context usable");
+	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 2, 1, buf, ts_on_done, &d2), 0, "context usable");
 	cr_assert_eq(nf_io_ctx_wait(io, 0, 5000), 1);
 	cr_assert_eq(d2.result, 0);
 	nf_io_buf_free(buf);
@@ -272,10 +262,10 @@ static unsigned fail_pattern(struct fixture *f, uint64_t seed)
 	uint8_t *buf = nf_io_buf_alloc(16384, nf_io_ctx_align(io));
 	unsigned mask = 0;
 	for (int i = 0; i < 16; i++) {
-		struct done d = {0};
+		struct ts_done d = {0};
 		/* a fresh context per read would reset numbering; instead reuse one
 		 * and clear the sticky error by reopening on failure */
-		cr_assert_eq(nf_io_ctx_read_raw(io, 8192, 4096, buf, on_done, &d), 0);
+		cr_assert_eq(nf_io_ctx_read_raw(io, 8192, 4096, buf, ts_on_done, &d), 0);
 		nf_io_ctx_wait(io, 0, -1);
 		if (d.result) {
 			mask |= 1u << i;
@@ -320,8 +310,8 @@ Test(storage, io_tmpfs_falls_back_to_sync_with_warning)
 		cr_assert(strstr(nf_io_ctx_warning(io), "sync"), "%s", nf_io_ctx_warning(io));
 		cr_assert_null(strchr(nf_io_ctx_warning(io), '\n'), "one line");
 		uint8_t *buf = nf_io_buf_alloc(f.ffn->length, nf_io_ctx_align(io));
-		struct done dd = {0};
-		cr_assert_eq(nf_io_ctx_read_object(io, f.ffn, buf, on_done, &dd), 0);
+		struct ts_done dd = {0};
+		cr_assert_eq(nf_io_ctx_read_object(io, f.ffn, buf, ts_on_done, &dd), 0);
 		cr_assert_eq(nf_io_ctx_wait(io, 0, -1), 1);
 		cr_assert_eq(dd.result, 0);
 		cr_assert_eq(ts_check_bundles(f.ffn, NULL, f.ffn->n_bundles, buf), 0);
@@ -456,12 +446,12 @@ Test(storage, io_syscall_table_failures_are_clean_errors)
 	o.backend = NF_IO_AIO;
 	io = open_io(&f, &o);
 	uint8_t *buf = nf_io_buf_alloc(f.ffn->length, 4096);
-	struct done dd = {0};
-	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, on_done, &dd), 0);
+	struct ts_done dd = {0};
+	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, ts_on_done, &dd), 0);
 	cr_assert_eq(nf_io_ctx_wait(io, 0, 1000), -EBADF);
 	cr_assert_eq(dd.calls, 1);
 	cr_assert_eq(dd.result, -EBADF);
-	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, on_done, &dd), -EBADF);
+	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, ts_on_done, &dd), -EBADF);
 	nf_io_ctx_close(io);
 
 	/* a short pread on the sync backend */
@@ -470,7 +460,7 @@ Test(storage, io_syscall_table_failures_are_clean_errors)
 	o.backend = NF_IO_SYNC;
 	io = open_io(&f, &o);
 	memset(&dd, 0, sizeof(dd));
-	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, on_done, &dd), 0);
+	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, ts_on_done, &dd), 0);
 	cr_assert_eq(nf_io_ctx_wait(io, 0, -1), NF_ESHORT);
 	cr_assert_eq(dd.result, NF_ESHORT);
 	nf_io_ctx_close(io);
@@ -489,16 +479,16 @@ Test(storage, io_pools_and_queue_depth)
 	o.max_segments = 5;
 	struct nf_io_ctx *io = open_io(&f, &o);
 	uint8_t *buf = nf_io_buf_alloc(f.ffn->length, nf_io_ctx_align(io));
-	struct done d[4] = {{0}};
+	struct ts_done d[4] = {{0}};
 	/* 12 scattered bundles are 5 runs: uses every segment */
-	cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, scattered, N_SCATTERED, buf, on_done, &d[0]), 0);
-	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, on_done, &d[1]), -EAGAIN);
+	cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, scattered, N_SCATTERED, buf, ts_on_done, &d[0]), 0);
+	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, ts_on_done, &d[1]), -EAGAIN);
 	cr_assert_eq(nf_io_ctx_wait(io, 0, -1), 1);
 	cr_assert_eq(d[0].result, 0);
 	cr_assert_eq(ts_check_bundles(f.ffn, scattered, N_SCATTERED, buf), 0);
 	for (int i = 0; i < 3; i++)
-		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, (uint32_t)i, 1, buf + i * 16384, on_done, &d[i]), 0);
-	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 4, 1, buf, on_done, &d[3]), -EAGAIN, "max_requests");
+		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, (uint32_t)i, 1, buf + i * 16384, ts_on_done, &d[i]), 0);
+	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 4, 1, buf, ts_on_done, &d[3]), -EAGAIN, "max_requests");
 	cr_assert_eq(nf_io_ctx_wait(io, 2, -1), 2);
 	cr_assert_eq(nf_io_ctx_pending(io), 1);
 	cr_assert_eq(nf_io_ctx_wait(io, 0, -1), 1);

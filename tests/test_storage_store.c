@@ -26,16 +26,6 @@
 static const uint32_t all_dtypes[] = { NF_DTYPE_F32, NF_DTYPE_F16, NF_DTYPE_BF16, NF_DTYPE_Q8_0,
 				       NF_DTYPE_Q4_0 };
 
-struct done {
-	int calls, result;
-};
-
-static void on_done(void *cookie, int result)
-{
-	struct done *d = cookie;
-	d->calls++;
-	d->result = result;
-}
 
 /* Read obj whole and every 3rd bundle through io; compare with the writer's input. */
 static void check_contents(struct nf_store *s, struct nf_io_ctx *io)
@@ -46,8 +36,8 @@ static void check_contents(struct nf_store *s, struct nf_io_ctx *io)
 		uint64_t size = nf_store_object_buf_size(o, nf_store_info(s)->block_size);
 		uint8_t *buf = nf_io_buf_alloc(size, align);
 		cr_assert(buf);
-		struct done d = {0};
-		cr_assert_eq(nf_io_ctx_read_object(io, o, buf, on_done, &d), 0, "%s", o->name);
+		struct ts_done d = {0};
+		cr_assert_eq(nf_io_ctx_read_object(io, o, buf, ts_on_done, &d), 0, "%s", o->name);
 		cr_assert_geq(nf_io_ctx_wait(io, 0, -1), 0);
 		cr_assert_eq(d.calls, 1);
 		cr_assert_eq(d.result, 0, "%s: %s", o->name, nf_strerror(d.result));
@@ -60,16 +50,16 @@ static void check_contents(struct nf_store *s, struct nf_io_ctx *io)
 				slots[n++] = k;
 			slots[n++] = 2;   /* out of order, a run of one */
 			memset(buf, 0xAA, size);
-			struct done d2 = {0};
-			cr_assert_eq(nf_io_ctx_read_bundles(io, o, slots, n, buf, on_done, &d2), 0);
+			struct ts_done d2 = {0};
+			cr_assert_eq(nf_io_ctx_read_bundles(io, o, slots, n, buf, ts_on_done, &d2), 0);
 			cr_assert_geq(nf_io_ctx_wait(io, 0, -1), 0);
 			cr_assert_eq(d2.result, 0);
 			cr_assert_eq(ts_check_bundles(o, slots, n, buf), 0, "bundles of %s differ", o->name);
 			/* extents 1..2 */
-			struct done d3 = {0};
+			struct ts_done d3 = {0};
 			uint32_t f, c;
 			nf_store_extent_bundles(o, 1, &f, &c);
-			cr_assert_eq(nf_io_ctx_read_extents(io, o, 1, 2, buf, on_done, &d3), 0);
+			cr_assert_eq(nf_io_ctx_read_extents(io, o, 1, 2, buf, ts_on_done, &d3), 0);
 			cr_assert_geq(nf_io_ctx_wait(io, 0, -1), 0);
 			cr_assert_eq(d3.result, 0);
 			uint32_t want[2 * TS_N];
@@ -459,11 +449,11 @@ Test(storage, store_flipped_bit_caught_on_read_and_by_verify)
 	struct nf_io_ctx *io;
 	cr_assert_eq(nf_io_ctx_open(s, &io_o, &io, &d), 0);
 	uint8_t *buf = nf_io_buf_alloc(o->length, nf_io_ctx_align(io));
-	struct done r1 = {0}, r2 = {0}, r3 = {0};
-	cr_assert_eq(nf_io_ctx_read_extents(io, o, 2, 1, buf, on_done, &r1), 0);
-	cr_assert_eq(nf_io_ctx_read_extents(io, o, 1, 1, buf + len, on_done, &r2), 0);
+	struct ts_done r1 = {0}, r2 = {0}, r3 = {0};
+	cr_assert_eq(nf_io_ctx_read_extents(io, o, 2, 1, buf, ts_on_done, &r1), 0);
+	cr_assert_eq(nf_io_ctx_read_extents(io, o, 1, 1, buf + len, ts_on_done, &r2), 0);
 	uint32_t slots[4] = { 8, 9, 10, 11 };   /* exactly extent 2 */
-	cr_assert_eq(nf_io_ctx_read_bundles(io, o, slots, 4, buf + 2 * len, on_done, &r3), 0);
+	cr_assert_eq(nf_io_ctx_read_bundles(io, o, slots, 4, buf + 2 * len, ts_on_done, &r3), 0);
 	cr_assert_geq(nf_io_ctx_wait(io, 0, -1), 0);
 	cr_assert_eq(r1.result, NF_ECHECKSUM);
 	cr_assert_eq(r2.result, 0);
@@ -472,7 +462,7 @@ Test(storage, store_flipped_bit_caught_on_read_and_by_verify)
 	nf_io_ctx_close(io);
 	io_o.no_verify = true;
 	cr_assert_eq(nf_io_ctx_open(s, &io_o, &io, &d), 0);
-	cr_assert_eq(nf_io_ctx_read_extents(io, o, 2, 1, buf, on_done, &r1), 0);
+	cr_assert_eq(nf_io_ctx_read_extents(io, o, 2, 1, buf, ts_on_done, &r1), 0);
 	cr_assert_geq(nf_io_ctx_wait(io, 0, -1), 0);
 	cr_assert_eq(r1.result, 0, "verification off");
 	nf_io_ctx_close(io);

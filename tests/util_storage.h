@@ -50,6 +50,12 @@ void ts_read(const char *path, uint64_t off, void *p, size_t n);
 /* Flip bit `bit` of byte off. */
 void ts_flip(const char *path, uint64_t off, int bit);
 
+/* A request completion recorder for nf_io callbacks: cookie is a struct ts_done. */
+struct ts_done {
+	int calls, result;
+};
+void ts_on_done(void *cookie, int result);
+
 /* Run nf_cmd_store(argv) in a child with stdout and stderr captured into
  * out (NUL-terminated, truncated to cap). Returns the exit code. */
 int ts_run_store_cmd(char *const argv[], char *out, size_t cap);
