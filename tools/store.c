@@ -205,9 +205,17 @@ static int cmd_inspect(int argc, char **argv)
 		return NF_EXIT_FAIL;
 	const struct nf_store_info *in = nf_store_info(s);
 	uint64_t ffn_bytes = 0, dense_bytes = 0, extents = 0, bundles = 0;
+	uint64_t ffn_lo = UINT64_MAX, ffn_hi = 0;
+	const struct nf_store_object *ffn0 = NULL;
 	for (uint32_t i = 0; i < in->n_objects; i++) {
 		const struct nf_store_object *o = nf_store_object_get(s, i);
 		if (o->kind == NF_STORE_KIND_FFN) {
+			if (!ffn0)
+				ffn0 = o;
+			if (o->offset < ffn_lo)
+				ffn_lo = o->offset;
+			if (o->offset + o->length > ffn_hi)
+				ffn_hi = o->offset + o->length;
 			ffn_bytes += o->length;
 			extents += o->n_extents;
 			bundles += o->n_bundles;
@@ -236,6 +244,12 @@ static int cmd_inspect(int argc, char **argv)
 		nf_json_u64(&j, "ffn_bytes", ffn_bytes);
 		nf_json_u64(&j, "extents", extents);
 		nf_json_u64(&j, "bundles", bundles);
+		/* The span holding every FFN (contiguous in stores from mkfake), and
+		 * the first FFN's geometry: what an equivalent fio job needs. */
+		nf_json_u64(&j, "ffn_span_offset", ffn0 ? ffn_lo : 0);
+		nf_json_u64(&j, "ffn_span_bytes", ffn0 ? ffn_hi - ffn_lo : 0);
+		nf_json_u64(&j, "ffn_stride", ffn0 ? ffn0->stride : 0);
+		nf_json_u64(&j, "ffn_extent_bytes", ffn0 ? (uint64_t)ffn0->extent_bundles * ffn0->stride : 0);
 		nf_json_arr_begin(&j, "objects");
 		for (uint32_t i = 0; i < in->n_objects; i++) {
 			const struct nf_store_object *o = nf_store_object_get(s, i);
@@ -579,13 +593,24 @@ static const char bench_usage[] =
 
 #define LAT_MAX (1u << 22)
 
+struct bstep;
+
 struct bench {
 	uint32_t *lat_us;      /* per-read latencies of the measured period */
 	size_t n_lat;
-	bool measuring;
+	bool measuring, stop;
 	uint64_t reads, bytes, bundles;
-	unsigned inflight;
 	int err;
+	/* the read generator */
+	struct nf_io_ctx *io;
+	const struct nf_store_object **ffn;
+	uint32_t n_ffn, cur_ffn, cur_ext, per_step, *pool;
+	bool sequential;
+	double active;
+	uint64_t seed;
+	uint8_t *bufs;
+	size_t step_bytes;
+	struct bstep *steps;
 };
 
 static void bench_on_read(void *user, uint64_t off, uint32_t len, int64_t res, uint64_t lat_ns)
@@ -602,19 +627,24 @@ static void bench_on_read(void *user, uint64_t off, uint32_t len, int64_t res, u
 
 struct bstep {
 	struct bench *b;
-	uint32_t n;
-	bool busy;
+	uint32_t index, n;
+	uint32_t *slots;
 };
 
+static int bench_issue(struct bench *b, struct bstep *sp);
+
+/* Completion: account, then issue the step's next read right away, so the
+ * queue refills from the callback, not after the whole batch is handled. */
 static void bench_done(void *cookie, int result)
 {
 	struct bstep *st = cookie;
-	st->busy = false;
-	st->b->inflight--;
-	if (result < 0 && !st->b->err)
-		st->b->err = result;
-	if (st->b->measuring)
-		st->b->bundles += st->n;
+	struct bench *b = st->b;
+	if (result < 0 && !b->err)
+		b->err = result;
+	if (b->measuring)
+		b->bundles += st->n;
+	if (!b->stop && !b->err)
+		bench_issue(b, st);
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -629,6 +659,43 @@ static uint64_t xrand(uint64_t *s)
 	*s ^= *s >> 7;
 	*s ^= *s << 17;
 	return *s;
+}
+
+static int bench_issue(struct bench *b, struct bstep *sp)
+{
+	uint8_t *buf = b->bufs + (size_t)sp->index * b->step_bytes;
+	int rc;
+	if (b->sequential) {
+		const struct nf_store_object *ob = b->ffn[b->cur_ffn];
+		uint32_t f, c;
+		nf_store_extent_bundles(ob, b->cur_ext, &f, &c);
+		sp->n = c;
+		rc = nf_io_ctx_read_extents(b->io, ob, b->cur_ext, 1, buf, bench_done, sp);
+		if (++b->cur_ext == ob->n_extents) {
+			b->cur_ext = 0;
+			b->cur_ffn = (b->cur_ffn + 1) % b->n_ffn;
+		}
+	} else {
+		const struct nf_store_object *ob = b->ffn[xrand(&b->seed) % b->n_ffn];
+		uint32_t k = (uint32_t)ceil(b->active * ob->n_bundles), *sl = sp->slots, *pool = b->pool;
+		if (k > b->per_step)
+			k = b->per_step;
+		for (uint32_t j = 0; j < ob->n_bundles; j++)
+			pool[j] = j;
+		for (uint32_t j = 0; j < k; j++) {   /* partial Fisher-Yates */
+			uint32_t r = j + (uint32_t)(xrand(&b->seed) % (ob->n_bundles - j));
+			uint32_t t = pool[j];
+			pool[j] = pool[r];
+			pool[r] = t;
+			sl[j] = pool[j];
+		}
+		qsort(sl, k, sizeof(uint32_t), cmp_u32);
+		sp->n = k;
+		rc = nf_io_ctx_read_bundles(b->io, ob, sl, k, buf, bench_done, sp);
+	}
+	if (rc < 0 && !b->err)
+		b->err = rc;
+	return rc;
 }
 
 /*
@@ -737,16 +804,14 @@ static int cmd_bench(int argc, char **argv)
 	struct nf_io_ctx *io = NULL;
 	struct bench b;
 	memset(&b, 0, sizeof(b));
-	const struct nf_store_object **ffn = NULL;
-	uint32_t n_ffn = 0, *pool = NULL, *slots[2] = { NULL, NULL };
-	uint8_t *bufs = NULL;
-	struct bstep *steps = NULL;
+	b.sequential = sequential;
+	b.active = active;
+	b.seed = seed;
 	unsigned n_steps = 0;
-	size_t step_bytes = 0;
 
-	ffn = calloc(nf_store_object_count(s) + 1, sizeof(*ffn));
+	b.ffn = calloc(nf_store_object_count(s) + 1, sizeof(*b.ffn));
 	b.lat_us = malloc(LAT_MAX * sizeof(uint32_t));
-	if (!ffn || !b.lat_us) {
+	if (!b.ffn || !b.lat_us) {
 		nf_cli_err("out of memory");
 		goto out;
 	}
@@ -755,13 +820,13 @@ static int cmd_bench(int argc, char **argv)
 		const struct nf_store_object *ob = nf_store_object_get(s, i);
 		if (ob->kind != NF_STORE_KIND_FFN)
 			continue;
-		ffn[n_ffn++] = ob;
+		b.ffn[b.n_ffn++] = ob;
 		if (ob->n_bundles > max_bundles)
 			max_bundles = ob->n_bundles;
 		if (ob->stride > stride)
 			stride = ob->stride;
 	}
-	if (n_ffn == 0) {
+	if (b.n_ffn == 0) {
 		nf_cli_err("%s: no FFN objects to read", path);
 		goto out;
 	}
@@ -773,39 +838,44 @@ static int cmd_bench(int argc, char **argv)
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		goto out;
 	}
+	b.io = io;
 	uint32_t align = nf_io_ctx_align(io);
-	uint32_t per_step = 1;
 	if (sequential) {
 		/* One request per extent; qd requests in flight, each its own buffer. */
 		n_steps = o.qd;
-		step_bytes = (size_t)ffn[0]->extent_bundles * stride;
+		b.step_bytes = (size_t)b.ffn[0]->extent_bundles * stride;
 	} else {
 		/* Two steps in flight, so the queue stays full across step boundaries. */
-		per_step = (uint32_t)ceil(active * max_bundles);
-		if (per_step == 0)
-			per_step = 1;
+		b.per_step = (uint32_t)ceil(active * max_bundles);
+		if (b.per_step == 0)
+			b.per_step = 1;
 		n_steps = 2;
-		step_bytes = (size_t)per_step * stride;
-		pool = malloc(max_bundles * sizeof(uint32_t));
-		slots[0] = malloc(per_step * sizeof(uint32_t));
-		slots[1] = malloc(per_step * sizeof(uint32_t));
-		if (!pool || !slots[0] || !slots[1]) {
+		b.step_bytes = (size_t)b.per_step * stride;
+		b.pool = malloc(max_bundles * sizeof(uint32_t));
+		if (!b.pool) {
 			nf_cli_err("out of memory");
 			goto out;
 		}
 	}
-	steps = calloc(n_steps, sizeof(*steps));
-	bufs = nf_io_buf_alloc(step_bytes * n_steps, align);
-	if (!steps || !bufs) {
-		nf_cli_err("out of memory for %u x %zu-byte buffers", n_steps, step_bytes);
+	b.steps = calloc(n_steps, sizeof(*b.steps));
+	b.bufs = nf_io_buf_alloc(b.step_bytes * n_steps, align);
+	if (!b.steps || !b.bufs) {
+		nf_cli_err("out of memory for %u x %zu-byte buffers", n_steps, b.step_bytes);
 		goto out;
 	}
-	for (unsigned i = 0; i < n_steps; i++)
-		steps[i].b = &b;
+	for (unsigned i = 0; i < n_steps; i++) {
+		b.steps[i].b = &b;
+		b.steps[i].index = i;
+		if (!sequential && !(b.steps[i].slots = malloc(b.per_step * sizeof(uint32_t)))) {
+			nf_cli_err("out of memory");
+			goto out;
+		}
+	}
 
 	double warm = 0.5, t_start = nf_cli_now(), t_meas = 0, t_end = 0;
-	uint32_t cur_ffn = 0, cur_ext = 0;
 	struct nf_io_stats st0 = {0}, st1;
+	for (unsigned i = 0; i < n_steps && !b.err; i++)
+		bench_issue(&b, &b.steps[i]);
 	while (!b.err) {
 		double now = nf_cli_now();
 		if (!b.measuring && t_meas == 0 && now - t_start >= warm) {
@@ -818,53 +888,11 @@ static int cmd_bench(int argc, char **argv)
 			t_end = now;
 			break;
 		}
-		/* Fill every free step. */
-		for (unsigned i = 0; i < n_steps && !b.err; i++) {
-			struct bstep *sp = &steps[i];
-			if (sp->busy)
-				continue;
-			uint8_t *buf = bufs + (size_t)i * step_bytes;
-			if (sequential) {
-				const struct nf_store_object *ob = ffn[cur_ffn];
-				rc = nf_io_ctx_read_extents(io, ob, cur_ext, 1, buf, bench_done, sp);
-				uint32_t f, c;
-				nf_store_extent_bundles(ob, cur_ext, &f, &c);
-				sp->n = c;
-				if (++cur_ext == ob->n_extents) {
-					cur_ext = 0;
-					cur_ffn = (cur_ffn + 1) % n_ffn;
-				}
-			} else {
-				const struct nf_store_object *ob = ffn[xrand(&seed) % n_ffn];
-				uint32_t k = (uint32_t)ceil(active * ob->n_bundles), *sl = slots[i];
-				if (k > per_step)
-					k = per_step;
-				for (uint32_t j = 0; j < ob->n_bundles; j++)
-					pool[j] = j;
-				for (uint32_t j = 0; j < k; j++) {   /* partial Fisher-Yates */
-					uint32_t r = j + (uint32_t)(xrand(&seed) % (ob->n_bundles - j));
-					uint32_t t = pool[j];
-					pool[j] = pool[r];
-					pool[r] = t;
-					sl[j] = pool[j];
-				}
-				qsort(sl, k, sizeof(uint32_t), cmp_u32);
-				sp->n = k;
-				rc = nf_io_ctx_read_bundles(io, ob, sl, k, buf, bench_done, sp);
-			}
-			if (rc < 0) {
-				struct nf_diag dd = {0};
-				nf_cli_err("read: %s", nf_diag_msg(&dd, rc));
-				b.err = rc;
-				break;
-			}
-			sp->busy = true;
-			b.inflight++;
-		}
 		rc = nf_io_ctx_wait(io, 1, 100);
 		if (rc < 0 && rc != -ETIMEDOUT && !b.err)
 			b.err = rc;
 	}
+	b.stop = true;
 	nf_io_ctx_wait(io, 0, -1);
 	if (b.err) {
 		nf_cli_err("%s: reading failed: %s", path, nf_strerror(b.err));
@@ -891,7 +919,7 @@ static int cmd_bench(int argc, char **argv)
 		nf_json_u64(&j, "qd", o.qd);
 		nf_json_dbl(&j, "active", sequential ? 1.0 : active);
 		nf_json_u64(&j, "bundle_bytes", stride);
-		nf_json_u64(&j, "extent_bytes", (uint64_t)ffn[0]->extent_bundles * stride);
+		nf_json_u64(&j, "extent_bytes", (uint64_t)b.ffn[0]->extent_bundles * stride);
 		nf_json_dbl(&j, "avg_read_bytes", avg_read);
 		nf_json_dbl(&j, "seconds", dt);
 		nf_json_u64(&j, "reads", b.reads);
@@ -909,7 +937,7 @@ static int cmd_bench(int argc, char **argv)
 		printf("%s  backend %s  pattern %s  qd %u%s  bundle %u B\n", path, bname,
 		       sequential ? "sequential" : "random", o.qd, o.no_verify ? "  no-verify" : "", stride);
 		if (!sequential)
-			printf("  step: %.3g of an FFN's bundles (%u), sorted and coalesced\n", active, per_step);
+			printf("  step: %.3g of an FFN's bundles (%u), sorted and coalesced\n", active, b.per_step);
 		printf("  %.0f bundles/s  %.1f MB/s  %.0f reads/s (avg %.0f B)  latency p50 %.0f us  p99 %.0f us\n",
 		       bps, mbps, rps, avg_read, p50, p99);
 		printf("  crc32c: %.1f MB verified, %.2f%% of the measured time\n",
@@ -918,12 +946,12 @@ static int cmd_bench(int argc, char **argv)
 	ret = NF_EXIT_OK;
 out:
 	nf_io_ctx_close(io);
-	nf_io_buf_free(bufs);
-	free(steps);
-	free(pool);
-	free(slots[0]);
-	free(slots[1]);
-	free(ffn);
+	nf_io_buf_free(b.bufs);
+	for (unsigned i = 0; b.steps && i < n_steps; i++)
+		free(b.steps[i].slots);
+	free(b.steps);
+	free(b.pool);
+	free(b.ffn);
 	free(b.lat_us);
 	nf_store_close(s);
 	return ret;
