@@ -587,6 +587,8 @@ static const char bench_usage[] =
 	"  --seconds S        measured time (default 5; after 0.5 s warm-up)\n"
 	"  --max-coalesce B   largest single read (default 1M)\n"
 	"  --no-verify        skip crc32c checks of whole extents read\n"
+	"  --completion M     poll (default): completions reaped by this thread;\n"
+	"                     thread: by the I/O context's completion thread\n"
 	"  --seed S           random pattern seed (default 1)\n"
 	"  --json             one JSON object with backend, pattern, qd, bundle_bytes,\n"
 	"                     reads_per_s, mb_per_s, p50_us, p99_us and more\n";
@@ -604,10 +606,9 @@ struct bench {
 	/* the read generator */
 	struct nf_io_ctx *io;
 	const struct nf_store_object **ffn;
-	uint32_t n_ffn, cur_ffn, cur_ext, per_step, *pool;
+	uint32_t n_ffn, per_step, n_steps;
 	bool sequential;
 	double active;
-	uint64_t seed;
 	uint8_t *bufs;
 	size_t step_bytes;
 	struct bstep *steps;
@@ -616,7 +617,7 @@ struct bench {
 static void bench_on_read(void *user, uint64_t off, uint32_t len, int64_t res, uint64_t lat_ns)
 {
 	struct bench *b = user;
-	if (!b->measuring)
+	if (!__atomic_load_n(&b->measuring, __ATOMIC_RELAXED))
 		return;
 	b->reads++;
 	if (res > 0)
@@ -625,10 +626,14 @@ static void bench_on_read(void *user, uint64_t off, uint32_t len, int64_t res, u
 		b->lat_us[b->n_lat++] = (uint32_t)(lat_ns / 1000 > UINT32_MAX ? UINT32_MAX : lat_ns / 1000);
 }
 
+/* A step owns everything its issue() touches (the completion thread may
+ * issue one step while the main thread issues another). */
 struct bstep {
 	struct bench *b;
 	uint32_t index, n;
-	uint32_t *slots;
+	uint32_t *slots, *pool;   /* random */
+	uint64_t seed;            /* random */
+	uint32_t cur_ffn, cur_ext;/* sequential: this step's next extent */
 };
 
 static int bench_issue(struct bench *b, struct bstep *sp);
@@ -641,9 +646,9 @@ static void bench_done(void *cookie, int result)
 	struct bench *b = st->b;
 	if (result < 0 && !b->err)
 		b->err = result;
-	if (b->measuring)
+	if (__atomic_load_n(&b->measuring, __ATOMIC_RELAXED))
 		b->bundles += st->n;
-	if (!b->stop && !b->err)
+	if (!__atomic_load_n(&b->stop, __ATOMIC_RELAXED) && !b->err)
 		bench_issue(b, st);
 }
 
@@ -661,29 +666,40 @@ static uint64_t xrand(uint64_t *s)
 	return *s;
 }
 
+static uint64_t mix_seed(uint64_t seed, uint32_t i)
+{
+	uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return z ? z : 1;
+}
+
 static int bench_issue(struct bench *b, struct bstep *sp)
 {
 	uint8_t *buf = b->bufs + (size_t)sp->index * b->step_bytes;
 	int rc;
 	if (b->sequential) {
-		const struct nf_store_object *ob = b->ffn[b->cur_ffn];
+		/* Step i reads extents i, i + n_steps, ...: together, file order. */
+		const struct nf_store_object *ob = b->ffn[sp->cur_ffn];
 		uint32_t f, c;
-		nf_store_extent_bundles(ob, b->cur_ext, &f, &c);
+		nf_store_extent_bundles(ob, sp->cur_ext, &f, &c);
 		sp->n = c;
-		rc = nf_io_ctx_read_extents(b->io, ob, b->cur_ext, 1, buf, bench_done, sp);
-		if (++b->cur_ext == ob->n_extents) {
-			b->cur_ext = 0;
-			b->cur_ffn = (b->cur_ffn + 1) % b->n_ffn;
+		rc = nf_io_ctx_read_extents(b->io, ob, sp->cur_ext, 1, buf, bench_done, sp);
+		sp->cur_ext += b->n_steps;
+		while (sp->cur_ext >= b->ffn[sp->cur_ffn]->n_extents) {
+			sp->cur_ext -= b->ffn[sp->cur_ffn]->n_extents;
+			sp->cur_ffn = (sp->cur_ffn + 1) % b->n_ffn;
 		}
 	} else {
-		const struct nf_store_object *ob = b->ffn[xrand(&b->seed) % b->n_ffn];
-		uint32_t k = (uint32_t)ceil(b->active * ob->n_bundles), *sl = sp->slots, *pool = b->pool;
+		const struct nf_store_object *ob = b->ffn[xrand(&sp->seed) % b->n_ffn];
+		uint32_t k = (uint32_t)ceil(b->active * ob->n_bundles), *sl = sp->slots, *pool = sp->pool;
 		if (k > b->per_step)
 			k = b->per_step;
 		for (uint32_t j = 0; j < ob->n_bundles; j++)
 			pool[j] = j;
 		for (uint32_t j = 0; j < k; j++) {   /* partial Fisher-Yates */
-			uint32_t r = j + (uint32_t)(xrand(&b->seed) % (ob->n_bundles - j));
+			uint32_t r = j + (uint32_t)(xrand(&sp->seed) % (ob->n_bundles - j));
 			uint32_t t = pool[j];
 			pool[j] = pool[r];
 			pool[r] = t;
@@ -705,12 +721,12 @@ static int bench_issue(struct bench *b, struct bstep *sp)
  */
 static void measure_begin(struct bench *b)
 {
-	b->measuring = true;
+	__atomic_store_n(&b->measuring, true, __ATOMIC_RELAXED);
 }
 
 static void measure_end(struct bench *b)
 {
-	b->measuring = false;
+	__atomic_store_n(&b->measuring, false, __ATOMIC_RELAXED);
 }
 
 static int cmd_bench(int argc, char **argv)
@@ -732,6 +748,16 @@ static int cmd_bench(int argc, char **argv)
 			json = true;
 		} else if (!strcmp(a, "--no-verify")) {
 			o.no_verify = true;
+		} else if (!strcmp(a, "--completion")) {
+			VAL();
+			if (!strcmp(v, "poll"))
+				o.completion = NF_IO_COMPLETION_POLL;
+			else if (!strcmp(v, "thread"))
+				o.completion = NF_IO_COMPLETION_THREAD;
+			else {
+				nf_cli_err("--completion: expected poll or thread, got '%s'", v);
+				return NF_EXIT_USAGE;
+			}
 		} else if (!strcmp(a, "--backend")) {
 			VAL();
 			int bk = nf_io_backend_parse(v);
@@ -806,7 +832,6 @@ static int cmd_bench(int argc, char **argv)
 	memset(&b, 0, sizeof(b));
 	b.sequential = sequential;
 	b.active = active;
-	b.seed = seed;
 	unsigned n_steps = 0;
 
 	b.ffn = calloc(nf_store_object_count(s) + 1, sizeof(*b.ffn));
@@ -851,12 +876,8 @@ static int cmd_bench(int argc, char **argv)
 			b.per_step = 1;
 		n_steps = 2;
 		b.step_bytes = (size_t)b.per_step * stride;
-		b.pool = malloc(max_bundles * sizeof(uint32_t));
-		if (!b.pool) {
-			nf_cli_err("out of memory");
-			goto out;
-		}
 	}
+	b.n_steps = n_steps;
 	b.steps = calloc(n_steps, sizeof(*b.steps));
 	b.bufs = nf_io_buf_alloc(b.step_bytes * n_steps, align);
 	if (!b.steps || !b.bufs) {
@@ -864,9 +885,17 @@ static int cmd_bench(int argc, char **argv)
 		goto out;
 	}
 	for (unsigned i = 0; i < n_steps; i++) {
-		b.steps[i].b = &b;
-		b.steps[i].index = i;
-		if (!sequential && !(b.steps[i].slots = malloc(b.per_step * sizeof(uint32_t)))) {
+		struct bstep *sp = &b.steps[i];
+		sp->b = &b;
+		sp->index = i;
+		sp->seed = mix_seed(seed, i);
+		sp->cur_ext = i;
+		while (sp->cur_ext >= b.ffn[sp->cur_ffn]->n_extents) {
+			sp->cur_ext -= b.ffn[sp->cur_ffn]->n_extents;
+			sp->cur_ffn = (sp->cur_ffn + 1) % b.n_ffn;
+		}
+		if (!sequential && (!(sp->slots = malloc(b.per_step * sizeof(uint32_t))) ||
+				    !(sp->pool = malloc(max_bundles * sizeof(uint32_t))))) {
 			nf_cli_err("out of memory");
 			goto out;
 		}
@@ -892,7 +921,7 @@ static int cmd_bench(int argc, char **argv)
 		if (rc < 0 && rc != -ETIMEDOUT && !b.err)
 			b.err = rc;
 	}
-	b.stop = true;
+	__atomic_store_n(&b.stop, true, __ATOMIC_RELAXED);
 	nf_io_ctx_wait(io, 0, -1);
 	if (b.err) {
 		nf_cli_err("%s: reading failed: %s", path, nf_strerror(b.err));
@@ -917,6 +946,7 @@ static int cmd_bench(int argc, char **argv)
 		nf_json_str(&j, "backend", bname);
 		nf_json_str(&j, "pattern", sequential ? "sequential" : "random");
 		nf_json_u64(&j, "qd", o.qd);
+		nf_json_str(&j, "completion", o.completion == NF_IO_COMPLETION_THREAD ? "thread" : "poll");
 		nf_json_dbl(&j, "active", sequential ? 1.0 : active);
 		nf_json_u64(&j, "bundle_bytes", stride);
 		nf_json_u64(&j, "extent_bytes", (uint64_t)b.ffn[0]->extent_bundles * stride);
@@ -947,10 +977,11 @@ static int cmd_bench(int argc, char **argv)
 out:
 	nf_io_ctx_close(io);
 	nf_io_buf_free(b.bufs);
-	for (unsigned i = 0; b.steps && i < n_steps; i++)
+	for (unsigned i = 0; b.steps && i < n_steps; i++) {
 		free(b.steps[i].slots);
+		free(b.steps[i].pool);
+	}
 	free(b.steps);
-	free(b.pool);
 	free(b.ffn);
 	free(b.lat_us);
 	nf_store_close(s);
