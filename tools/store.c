@@ -468,26 +468,15 @@ static int cmd_verify(int argc, char **argv)
 		const struct nf_store_object *ob = nf_store_object_get(s, i);
 		v.objects++;
 		if (ob->kind == NF_STORE_KIND_DENSE) {
-			/* Dense objects are checked whole, one at a time, in `big`. */
-			struct vslot *sl = free_slot(&v, io);
-			if (!sl)
-				break;
-			if (nf_io_ctx_wait(io, 0, -1) < 0)
-				break;
-			sl->obj = ob;
-			sl->busy = true;
-			uint8_t *keep = sl->buf;
-			sl->buf = big;
-			int rc = nf_io_ctx_read_object(io, ob, big, verify_done, sl);
+			/* Dense objects are checked whole, one at a time, in `big`
+			 * (the wait also drains the FFN reads still in flight). */
+			struct vslot dl = { .v = &v, .obj = ob, .buf = big, .busy = true };
+			int rc = nf_io_ctx_read_object(io, ob, big, verify_done, &dl);
 			if (rc == 0)
 				rc = nf_io_ctx_wait(io, 0, -1);
-			sl->buf = keep;
-			if (rc < 0) {
-				sl->busy = false;
-				if (!v.io_err) {
-					v.io_err = rc;
-					add_bad(&v, ob, -1, rc);
-				}
+			if (rc < 0 && !v.io_err) {   /* a failed read already reported itself */
+				v.io_err = rc;
+				add_bad(&v, ob, -1, rc);
 			}
 			v.bytes += ob->length;
 		} else {
