@@ -9,9 +9,12 @@
 
 #include "cli.h"
 
+int nf_cmd_trace(int argc, char **argv);
+
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
+	{ "trace", nf_cmd_trace, "eBPF histograms of a process's block I/O (latency, size, depth)" },
 	{ NULL, NULL, NULL },
 };
 
