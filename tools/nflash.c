@@ -9,11 +9,12 @@
 
 #include "cli.h"
 
+int nf_cmd_store(int argc, char **argv);
 int nf_cmd_trace(int argc, char **argv);
-
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
+	{ "store", nf_cmd_store, "make, inspect, verify and benchmark stores" },
 	{ "trace", nf_cmd_trace, "eBPF histograms of a process's block I/O (latency, size, depth)" },
 	{ NULL, NULL, NULL },
 };
