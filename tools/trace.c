@@ -488,3 +488,134 @@ out_mask:
 	sigprocmask(SIG_SETMASK, &oldmask, NULL);
 	return ret;
 }
+
+/* ---- --trace for the engine's own commands ----------------------------- */
+
+bool nf_trace_probe_start(struct nf_trace_probe *p, bool want)
+{
+	struct nf_diag dg = {0};
+	sigset_t set;
+	int rc;
+
+	memset(p, 0, sizeof(*p));
+	p->wanted = want;
+	if (!want)
+		return false;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigprocmask(SIG_BLOCK, &set, &p->oldmask);
+	p->masked = true;
+	rc = nf_iotrace_open(getpid(), NULL, 0, &p->t, &dg);
+	if (rc < 0) {
+		snprintf(p->err, sizeof(p->err), "%s", nf_diag_msg(&dg, rc));
+		nf_cli_warn("--trace: %s; carrying on without it", p->err);
+		sigprocmask(SIG_SETMASK, &p->oldmask, NULL);
+		p->masked = false;
+		p->t = NULL;
+		return false;
+	}
+	return true;
+}
+
+void nf_trace_probe_mark(struct nf_trace_probe *p)
+{
+	if (p->t && nf_iotrace_snapshot(p->t, &p->a) < 0)
+		memset(&p->a, 0, sizeof(p->a));
+}
+
+void nf_trace_probe_collect(struct nf_trace_probe *p)
+{
+	if (!p->t)
+		return;
+	if (nf_iotrace_snapshot(p->t, &p->b) < 0)
+		p->b = p->a;
+	nf_iotrace_stats_diff(&p->b, &p->a, &p->d);
+}
+
+bool nf_trace_probe_interrupted(struct nf_trace_probe *p)
+{
+	sigset_t pend;
+
+	if (!p->masked || sigpending(&pend) < 0)
+		return false;
+	return sigismember(&pend, SIGINT) || sigismember(&pend, SIGTERM);
+}
+
+static void nf_probe_lat(const struct nf_iotrace_histo *per_op, double *mean, double *p50, double *p99)
+{
+	struct nf_iotrace_histo h;
+
+	nf_iotrace_histo_sum(per_op, NF_IOTRACE_NOP, &h);
+	*mean = h.count ? (double)h.sum / (double)h.count : 0.0;
+	*p50 = nf_iotrace_histo_quantile(&h, 0.50);
+	*p99 = nf_iotrace_histo_quantile(&h, 0.99);
+}
+
+void nf_trace_probe_report(const struct nf_trace_probe *p, FILE *f, struct nf_json *j,
+			   const struct nf_trace_engine_lat *e)
+{
+	const struct nf_iotrace_stats *d = &p->d;
+	double dm, d50, d99, tm, t50, t99;
+
+	if (!p->wanted)
+		return;
+	if (!p->t) {
+		if (j) {
+			nf_json_obj_begin(j, "trace");
+			nf_json_str(j, "error", p->err);
+			nf_json_obj_end(j);
+		}
+		return;
+	}
+	nf_probe_lat(d->lat[NF_IOTRACE_DEVICE], &dm, &d50, &d99);
+	nf_probe_lat(d->lat[NF_IOTRACE_TOTAL], &tm, &t50, &t99);
+	if (j) {
+		nf_json_obj_begin(j, "trace");
+		nf_json_str(j, "mode", nf_iotrace_mode(p->t));
+		nf_json_u64(j, "requests", d->requests);
+		nf_json_u64(j, "bytes", d->bytes);
+		nf_json_u64(j, "merges", d->merges);
+		nf_json_u64(j, "requeues", d->requeues);
+		nf_json_u64(j, "completed", d->completed);
+		nf_json_u64(j, "lost", d->lost);
+		nf_json_u64(j, "io_submit_calls", d->io_submit_calls);
+		nf_json_u64(j, "io_uring_enter_calls", d->uring_enter_calls);
+		nf_json_u64(j, "engine_reads", e->reads);
+		nf_json_dbl(j, "engine_mean_us", e->mean_us);
+		nf_json_dbl(j, "engine_p50_us", e->p50_us);
+		nf_json_dbl(j, "engine_p99_us", e->p99_us);
+		nf_json_dbl(j, "block_mean_us", tm);
+		nf_json_dbl(j, "block_p50_us", t50);
+		nf_json_dbl(j, "block_p99_us", t99);
+		nf_json_dbl(j, "device_mean_us", dm);
+		nf_json_dbl(j, "device_p50_us", d50);
+		nf_json_dbl(j, "device_p99_us", d99);
+		nf_json_dbl(j, "software_us", e->mean_us - dm);
+		nf_json_dbl(j, "block_queue_us", tm - dm);
+		nf_json_obj_end(j);
+		return;
+	}
+	fprintf(f, "  trace (eBPF %s): %llu block requests, %.1f MB, %llu merges, %llu requeues",
+		nf_iotrace_mode(p->t), (unsigned long long)d->requests, (double)d->bytes / 1e6,
+		(unsigned long long)d->merges, (unsigned long long)d->requeues);
+	if (d->lost)
+		fprintf(f, ", %llu completions not seen", (unsigned long long)d->lost);
+	fprintf(f, "\n  latency (us)        mean      p50      p99\n");
+	fprintf(f, "    engine        %8.1f %8.0f %8.0f   %llu reads: submit -> completion reaped\n",
+		e->mean_us, e->p50_us, e->p99_us, (unsigned long long)e->reads);
+	fprintf(f, "    block layer   %8.1f %8.0f~ %7.0f~  entry into the block layer -> completion\n",
+		tm, t50, t99);
+	fprintf(f, "    device        %8.1f %8.0f~ %7.0f~  issue to the driver -> completion\n", dm, d50, d99);
+	fprintf(f, "  per read: %.1f us outside the device (engine - device), of which %.1f us queued in the block layer"
+		" (~ log2-histogram estimate)\n", e->mean_us - dm, tm - dm);
+}
+
+void nf_trace_probe_stop(struct nf_trace_probe *p)
+{
+	nf_iotrace_close(p->t);
+	p->t = NULL;
+	if (p->masked)
+		sigprocmask(SIG_SETMASK, &p->oldmask, NULL);   /* a held SIGINT/SIGTERM lands now */
+	p->masked = false;
+}
