@@ -56,6 +56,7 @@ struct nf_iotrace {
 	void (*ev_cb)(void *ctx, const struct nf_iotrace_event *e);
 	void *ev_ctx;
 	int ev_count;
+	int stats_fd;                  /* bpf_enable_stats() handle, -1 if off */
 };
 
 /* Pinned maps, in pin order (owner first, invariant 2). */
@@ -136,7 +137,7 @@ static uint64_t nf_proc_start_ticks(pid_t pid)
 	if (!p)
 		return 0;
 	/* after ") " comes field 3; skip to field 22 */
-	for (int field = 3; field < 22 && p; field++)
+	for (int field = 3; field <= 22 && p; field++)
 		p = strchr(p + 1, ' ');
 	if (p)
 		sscanf(p + 1, "%llu", &v);
@@ -391,6 +392,7 @@ int nf_iotrace_open(pid_t tgid, const char *tag, unsigned flags,
 		return nf_diag_fail(d, -ENOMEM, "out of memory");
 	t->flags = flags;
 	t->tgid = tgid;
+	t->stats_fd = -1;
 
 	vmlinux = btf__load_vmlinux_btf();
 	if (!vmlinux) {
@@ -425,6 +427,15 @@ int nf_iotrace_open(pid_t tgid, const char *tag, unsigned flags,
 		if (rc < 0)
 			goto err_skel;
 	}
+	if (flags & NF_IOTRACE_PROG_STATS) {
+		t->stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
+		if (t->stats_fd < 0) {
+			rc = nf_diag_fail(d, t->stats_fd, "cannot enable eBPF run-time statistics: %s",
+					  strerror(-t->stats_fd));
+			t->stats_fd = -1;
+			goto err_unpin;
+		}
+	}
 	rc = iotrace_bpf__attach(t->skel);
 	if (rc < 0) {
 		nf_diag_fail(d, rc, "cannot attach to the block tracepoints: %s", strerror(-rc));
@@ -435,6 +446,8 @@ int nf_iotrace_open(pid_t tgid, const char *tag, unsigned flags,
 	return 0;
 
 err_unpin:
+	if (t->stats_fd >= 0)
+		close(t->stats_fd);
 	if (t->dir[0])
 		nf_dir_remove(t->dir);
 err_skel:
@@ -500,6 +513,22 @@ int nf_iotrace_snapshot(struct nf_iotrace *t, struct nf_iotrace_stats *s)
 		rc = nf_hist_read(bpf_map__fd(k->maps.depth_hist), 0, &s->depth);
 	for (__u32 i = 0; i < NF_IOTRACE_NSYS && !rc; i++)
 		rc = nf_hist_read(bpf_map__fd(k->maps.sys_hist), i, &s->batch[i]);
+	if (t->stats_fd >= 0) {
+		struct bpf_program *p;
+
+		bpf_object__for_each_program(p, k->obj) {
+			struct bpf_prog_info info;
+			__u32 len = sizeof(info);
+
+			if (!bpf_program__autoload(p))
+				continue;
+			memset(&info, 0, sizeof(info));
+			if (bpf_obj_get_info_by_fd(bpf_program__fd(p), &info, &len) == 0) {
+				s->prog_runs += info.run_cnt;
+				s->prog_ns += info.run_time_ns;
+			}
+		}
+	}
 	return rc;
 }
 
@@ -560,6 +589,8 @@ void nf_iotrace_close(struct nf_iotrace *t)
 		return;
 	ring_buffer__free(t->rb);
 	iotrace_bpf__detach(t->skel);
+	if (t->stats_fd >= 0)
+		close(t->stats_fd);
 	if (t->dir[0]) {
 		nf_dir_remove(t->dir);
 		rmdir(NF_IOTRACE_PIN_ROOT);   /* only succeeds when no other tracer is left */

@@ -53,6 +53,8 @@ void nf_iotrace_stats_diff(const struct nf_iotrace_stats *now,
 	r.completed = nf_sub(now->completed, before->completed);
 	r.completed_bytes = nf_sub(now->completed_bytes, before->completed_bytes);
 	r.lost = nf_sub(now->lost, before->lost);
+	r.prog_runs = nf_sub(now->prog_runs, before->prog_runs);
+	r.prog_ns = nf_sub(now->prog_ns, before->prog_ns);
 	r.t = now->t;
 	for (int ph = 0; ph < 2; ph++)
 		for (int op = 0; op < NF_IOTRACE_NOP; op++)

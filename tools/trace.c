@@ -52,6 +52,7 @@ static void usage(FILE *f)
 		"  --json           JSON lines: one per interval, then a \"total\" line\n"
 		"  --events         also print one line per completed request (ring buffer)\n"
 		"  --raw-tp         use the raw_tp programs even where tp_btf works\n"
+		"  --prog-stats     also report the CPU time the eBPF programs took\n"
 		"  --help           this text\n"
 		"\n"
 		"exit codes: 0 done, 1 COMMAND failed, 2 usage error or no eBPF here\n"
@@ -77,10 +78,10 @@ void nf_trace_print_histo(FILE *f, const char *title, const char *unit,
 		return;
 	fprintf(f, "\n%s (count %llu, mean %.1f)\n", title, (unsigned long long)h->count,
 		h->count ? (double)h->sum / (double)h->count : 0.0);
-	fprintf(f, "%20s          : count    distribution\n", unit);
+	fprintf(f, "%24s : count    distribution\n", unit);
 	for (int i = lo; i <= hi; i++) {
 		unsigned long long a = i == 0 ? 0 : 1ull << i, b = (2ull << i) - 1;
-		int w = (int)((h->slots[i] * 40 + max - 1) / max);
+		int w = (int)(h->slots[i] * 40 / max);
 		char bar[41];
 
 		memset(bar, '*', (size_t)w);
@@ -111,6 +112,10 @@ void nf_trace_print(FILE *f, const struct nf_iotrace_stats *s)
 		(unsigned long long)s->merges, (unsigned long long)s->requeues,
 		(unsigned long long)s->errors, (unsigned long long)s->bios,
 		(unsigned long long)s->io_submit_calls, (unsigned long long)s->uring_enter_calls);
+	if (s->prog_runs)
+		fprintf(f, "eBPF programs: %llu runs, %.0f ns per run, %.0f ns per request\n",
+			(unsigned long long)s->prog_runs, (double)s->prog_ns / (double)s->prog_runs,
+			s->requests ? (double)s->prog_ns / (double)s->requests : 0.0);
 	if (s->dropped || s->untimed || s->lost)
 		fprintf(f, "(%llu requests not tracked: request map full; %llu without a start time; "
 			"%llu completions never seen)\n", (unsigned long long)s->dropped,
@@ -156,6 +161,11 @@ void nf_trace_json_stats(struct nf_json *j, const struct nf_iotrace_stats *s)
 	nf_json_u64(j, "io_submit_iocbs", s->io_submit_iocbs);
 	nf_json_u64(j, "io_uring_enter_calls", s->uring_enter_calls);
 	nf_json_u64(j, "io_uring_enter_sqes", s->uring_enter_sqes);
+	if (s->prog_runs) {
+		nf_json_u64(j, "prog_runs", s->prog_runs);
+		nf_json_u64(j, "prog_ns", s->prog_ns);
+		nf_json_dbl(j, "prog_ns_per_request", s->requests ? (double)s->prog_ns / (double)s->requests : 0.0);
+	}
 	nf_json_obj_end(j);
 	nf_json_obj_begin(j, "lat_us");
 	for (int ph = 0; ph < 2; ph++) {
@@ -338,6 +348,8 @@ int nf_cmd_trace(int argc, char **argv)
 			flags |= NF_IOTRACE_EVENTS;
 		} else if (!strcmp(a, "--raw-tp")) {
 			flags |= NF_IOTRACE_RAW_TP;
+		} else if (!strcmp(a, "--prog-stats")) {
+			flags |= NF_IOTRACE_PROG_STATS;
 		} else {
 			nf_cli_err("trace: unknown option '%s' (try 'nflash trace --help')", a);
 			return NF_EXIT_USAGE;

@@ -48,6 +48,8 @@ enum nf_iotrace_flag {
 	NF_IOTRACE_RAW_TP  = 1u << 1,  /* skip tp_btf, use the raw_tp programs */
 	NF_IOTRACE_QUIET   = 1u << 2,  /* no notes on stderr (stale pins removed, fallback) */
 	NF_IOTRACE_NO_PIN  = 1u << 3,  /* do not pin the maps */
+	NF_IOTRACE_PROG_STATS = 1u << 4, /* have the kernel time the programs (adds two
+					    clock reads per run; fills prog_runs/prog_ns) */
 };
 
 /* Indices of the latency histograms. */
@@ -75,6 +77,8 @@ struct nf_iotrace_stats {
 	uint64_t uring_enter_calls, uring_enter_sqes;
 	uint64_t ev_lost;
 	uint64_t splits;                 /* bio splits: requests + merges == bios + splits */
+	uint64_t prog_runs, prog_ns;     /* runs and run time of the tracer's programs
+					    (only with NF_IOTRACE_PROG_STATS) */
 	double t;                        /* nf_iotrace monotonic seconds of the snapshot */
 	struct nf_iotrace_histo lat[2][NF_IOTRACE_NOP];  /* [DEVICE|TOTAL][op], microseconds */
 	struct nf_iotrace_histo size[NF_IOTRACE_NOP];    /* bytes per request */
