@@ -116,10 +116,15 @@ void nf_trace_print(FILE *f, const struct nf_iotrace_stats *s)
 		fprintf(f, "eBPF programs: %llu runs, %.0f ns per run, %.0f ns per request\n",
 			(unsigned long long)s->prog_runs, (double)s->prog_ns / (double)s->prog_runs,
 			s->requests ? (double)s->prog_ns / (double)s->requests : 0.0);
-	if (s->dropped || s->untimed || s->lost)
-		fprintf(f, "(%llu requests not tracked: request map full; %llu without a start time; "
-			"%llu completions never seen)\n", (unsigned long long)s->dropped,
-			(unsigned long long)s->untimed, (unsigned long long)s->lost);
+	if (s->lost)
+		fprintf(f, "%llu completions never reached the tracer: those requests have no latency"
+			" sample (docs/TRACING.md)\n", (unsigned long long)s->lost);
+	if (s->dropped)
+		fprintf(f, "%llu requests not traced: the request map was full\n",
+			(unsigned long long)s->dropped);
+	if (s->untimed)
+		fprintf(f, "%llu requests without a block-layer entry time (kernel before 6.5)\n",
+			(unsigned long long)s->untimed);
 }
 
 void nf_trace_json_histo(struct nf_json *j, const char *key, const struct nf_iotrace_histo *h)
