@@ -56,9 +56,10 @@ struct {
 	__type(value, struct nf_iotrace_hist);
 } size_hist SEC(".maps");
 
+/* 0: traced requests in flight (our gauge); 1: the device's queue (driver tags busy) */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, struct nf_iotrace_hist);
 } depth_hist SEC(".maps");
@@ -123,6 +124,38 @@ static __always_inline void hist_add(void *map, __u32 idx, __u64 v)
 	__sync_fetch_and_add(&h->slots[slot & (NF_IOTRACE_SLOTS - 1)], 1);
 	__sync_fetch_and_add(&h->count, 1);
 	__sync_fetch_and_add(&h->sum, v);
+}
+
+#define NF_MAX_SB_WORDS 64   /* 4096 tags at 64 per word */
+
+/*
+ * Requests holding a driver tag on rq's hardware queue, i.e. dispatched to
+ * the driver and not yet completed, from every process: the kernel's own
+ * view of the device queue, immune to completions we never see.
+ */
+static __always_inline __u32 device_depth(struct request *rq)
+{
+	struct blk_mq_tags *tags = BPF_CORE_READ(rq, mq_hctx, tags);
+	struct sbitmap_word *map;
+	__u32 map_nr, stride, n = 0;
+
+	if (!tags)
+		return 0;
+	map_nr = BPF_CORE_READ(tags, bitmap_tags.sb.map_nr);
+	map = BPF_CORE_READ(tags, bitmap_tags.sb.map);
+	stride = bpf_core_type_size(struct sbitmap_word);
+	for (__u32 i = 0; i < NF_MAX_SB_WORDS; i++) {
+		struct sbitmap_word *w;
+		unsigned long word, cleared;
+
+		if (i >= map_nr)
+			break;
+		w = (void *)map + (__u64)i * stride;
+		word = BPF_CORE_READ(w, word);
+		cleared = BPF_CORE_READ(w, cleared);
+		n += __builtin_popcountl(word & ~cleared);
+	}
+	return n;
 }
 
 static __always_inline struct nf_iotrace_counters *ctrs(void)
@@ -232,6 +265,7 @@ static __always_inline int on_rq_issue(struct request *rq)
 	r->flags = NF_IOTRACE_REQ_ISSUED | NF_IOTRACE_REQ_COUNTED;
 	depth = __sync_fetch_and_add(&c->inflight, 1) + 1;
 	hist_add(&depth_hist, 0, depth);
+	hist_add(&depth_hist, 1, device_depth(rq));
 	return 0;
 }
 

@@ -322,6 +322,8 @@ static int nf_maps_init(struct nf_iotrace *t)
 		rc = nf_hist_init(bpf_map__fd(s->maps.size_hist), op, NF_IOTRACE_KIND_SIZE_B, 0, op);
 	if (!rc)
 		rc = nf_hist_init(bpf_map__fd(s->maps.depth_hist), 0, NF_IOTRACE_KIND_DEPTH, 0, 0);
+	if (!rc)
+		rc = nf_hist_init(bpf_map__fd(s->maps.depth_hist), 1, NF_IOTRACE_KIND_QDEPTH, 0, 0);
 	for (__u32 i = 0; i < NF_IOTRACE_NSYS && !rc; i++)
 		rc = nf_hist_init(bpf_map__fd(s->maps.sys_hist), i, NF_IOTRACE_KIND_BATCH, i, 0);
 	if (!rc && bpf_map_update_elem(bpf_map__fd(s->maps.owner), &zero, &o, BPF_ANY) < 0)
@@ -511,6 +513,8 @@ int nf_iotrace_snapshot(struct nf_iotrace *t, struct nf_iotrace_stats *s)
 		rc = nf_hist_read(bpf_map__fd(k->maps.size_hist), op, &s->size[op]);
 	if (!rc)
 		rc = nf_hist_read(bpf_map__fd(k->maps.depth_hist), 0, &s->depth);
+	if (!rc)
+		rc = nf_hist_read(bpf_map__fd(k->maps.depth_hist), 1, &s->qdepth);
 	for (__u32 i = 0; i < NF_IOTRACE_NSYS && !rc; i++)
 		rc = nf_hist_read(bpf_map__fd(k->maps.sys_hist), i, &s->batch[i]);
 	if (t->stats_fd >= 0) {

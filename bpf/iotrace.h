@@ -45,6 +45,7 @@ enum nf_iotrace_kind {
 	NF_IOTRACE_KIND_SIZE_B = 2,   /* request size in bytes */
 	NF_IOTRACE_KIND_DEPTH = 3,    /* requests in flight at issue, this one included */
 	NF_IOTRACE_KIND_BATCH = 4,    /* entries per submission syscall */
+	NF_IOTRACE_KIND_QDEPTH = 5,   /* driver tags busy on the request's hardware queue at issue */
 };
 
 /*

@@ -62,6 +62,7 @@ void nf_iotrace_stats_diff(const struct nf_iotrace_stats *now,
 	for (int op = 0; op < NF_IOTRACE_NOP; op++)
 		nf_histo_diff(&now->size[op], &before->size[op], &r.size[op]);
 	nf_histo_diff(&now->depth, &before->depth, &r.depth);
+	nf_histo_diff(&now->qdepth, &before->qdepth, &r.qdepth);
 	for (int i = 0; i < 2; i++)
 		nf_histo_diff(&now->batch[i], &before->batch[i], &r.batch[i]);
 	*d = r;

@@ -163,6 +163,10 @@ static void check_preads(struct nf_iotrace *t, struct fixture *fx, unsigned n, u
 		  (unsigned long long)d.depth.slots[0], n);
 	for (int i = 1; i < NF_IOTRACE_NSLOTS; i++)
 		cr_expect(d.depth.slots[i] < d.depth.slots[0], "depth slot %d above slot 0", i);
+	/* the device queue is sampled at the same issues and holds at least ours */
+	cr_expect_eq(d.qdepth.count, d.depth.count);
+	cr_expect(d.qdepth.sum >= d.qdepth.count, "device depth %llu over %llu issues: own request missing",
+		  (unsigned long long)d.qdepth.sum, (unsigned long long)d.qdepth.count);
 	cr_expect_eq(d.lat[NF_IOTRACE_DEVICE][NF_IOTRACE_WRITE].count, 0, "writes traced during reads");
 	cr_expect_eq(d.io_submit_calls, 0);
 }

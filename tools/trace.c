@@ -103,7 +103,8 @@ void nf_trace_print(FILE *f, const struct nf_iotrace_stats *s)
 		snprintf(title, sizeof(title), "%s: request size", nf_op_names[op]);
 		nf_trace_print_histo(f, title, "bytes", &s->size[op]);
 	}
-	nf_trace_print_histo(f, "requests in flight at issue", "depth", &s->depth);
+	nf_trace_print_histo(f, "traced requests in flight at issue", "depth", &s->depth);
+	nf_trace_print_histo(f, "device queue at issue (driver tags busy, all processes)", "depth", &s->qdepth);
 	nf_trace_print_histo(f, "iocbs per io_submit()", "iocbs", &s->batch[NF_IOTRACE_IO_SUBMIT]);
 	nf_trace_print_histo(f, "to_submit per io_uring_enter()", "sqes", &s->batch[NF_IOTRACE_IO_URING_ENTER]);
 	fprintf(f, "\nrequests %llu  bytes %llu  merges %llu  requeues %llu  errors %llu  bios %llu"
@@ -185,6 +186,7 @@ void nf_trace_json_stats(struct nf_json *j, const struct nf_iotrace_stats *s)
 		nf_trace_json_histo(j, nf_op_names[op], &s->size[op]);
 	nf_json_obj_end(j);
 	nf_trace_json_histo(j, "depth", &s->depth);
+	nf_trace_json_histo(j, "device_depth", &s->qdepth);
 	nf_json_obj_begin(j, "batch");
 	nf_trace_json_histo(j, "io_submit", &s->batch[NF_IOTRACE_IO_SUBMIT]);
 	nf_trace_json_histo(j, "io_uring_enter", &s->batch[NF_IOTRACE_IO_URING_ENTER]);

@@ -82,7 +82,9 @@ struct nf_iotrace_stats {
 	double t;                        /* nf_iotrace monotonic seconds of the snapshot */
 	struct nf_iotrace_histo lat[2][NF_IOTRACE_NOP];  /* [DEVICE|TOTAL][op], microseconds */
 	struct nf_iotrace_histo size[NF_IOTRACE_NOP];    /* bytes per request */
-	struct nf_iotrace_histo depth;                   /* in flight at issue */
+	struct nf_iotrace_histo depth;                   /* traced requests in flight at issue */
+	struct nf_iotrace_histo qdepth;                  /* device queue at issue: driver tags
+							    busy on the hardware queue, all processes */
 	struct nf_iotrace_histo batch[2];                /* [IO_SUBMIT|IO_URING_ENTER] */
 };
 
