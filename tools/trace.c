@@ -4,10 +4,10 @@
  * process; biolatency-style bars on a terminal, JSON lines with --json.
  *
  * Invariants:
- *  1. SIGINT, SIGTERM and SIGCHLD are blocked for the whole run and taken
- *     synchronously with sigtimedwait(), so every way out of the loop goes
- *     through nf_iotrace_close() and the pins are removed (no handler, no
- *     global flag).
+ *  1. SIGINT, SIGTERM, SIGCHLD and SIGPIPE are blocked for the whole run and
+ *     taken synchronously with sigtimedwait() (or seen as a write error), so
+ *     every way out of the loop goes through nf_iotrace_close() and the pins
+ *     are removed (no handler, no global flag).
  *  2. A command given after `--` is forked and held on a pipe until the
  *     tracer is attached, so its first I/O is traced; if attaching fails it
  *     is killed before it ran anything.
@@ -376,6 +376,7 @@ int nf_cmd_trace(int argc, char **argv)
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGCHLD);
+	sigaddset(&set, SIGPIPE);   /* a closed stdout ends the trace through the normal exit */
 	sigprocmask(SIG_BLOCK, &set, &oldmask);
 	if (cmd) {
 		rc = nf_trace_spawn(cmd, &oldmask, &r.child, &release);
@@ -449,7 +450,7 @@ int nf_cmd_trace(int argc, char **argv)
 		ts.tv_sec = (time_t)left;
 		ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
 		sig = sigtimedwait(&set, &si, &ts);
-		if (sig == SIGINT || sig == SIGTERM) {
+		if (sig == SIGINT || sig == SIGTERM || (r.events && ferror(stdout))) {
 			stop = true;
 		} else if (sig == SIGCHLD && r.child) {
 			int st;
@@ -476,6 +477,8 @@ int nf_cmd_trace(int argc, char **argv)
 			nf_iotrace_stats_diff(&cur, &prev, &d);
 			nf_trace_report(&r, "interval", &d, cur.t - prev.t, -1);
 			prev = cur;
+			if (ferror(stdout))
+				stop = true;   /* reader went away (EPIPE) */
 			while (next <= now)
 				next += interval;
 		}
