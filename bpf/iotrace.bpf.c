@@ -21,8 +21,11 @@
  *     only event that can go missing (counted as `lost` on reuse).
  *  3. counters.inflight is the number of tracked requests between issue and
  *     completion/requeue; the depth histogram samples it at each issue.
- *  4. Nothing here allocates beyond the fixed-size maps; when the request
- *     map is full the request is counted in `dropped` and not traced.
+ *  4. Nothing here allocates beyond the fixed-size maps. Request entries
+ *     are never deleted but rewritten in place when the kernel reuses the
+ *     struct request; the LRU map drops entries of requests unused for
+ *     NF_IOTRACE_MAX_REQS insertions, never one in flight in practice.
+ *     An entry counts only while it has NF_IOTRACE_REQ_TRACKED.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -87,7 +90,7 @@ struct {
 } owner SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, NF_IOTRACE_MAX_REQS);
 	__type(key, __u64);                   /* struct request * */
 	__type(value, struct nf_iotrace_req);
@@ -183,28 +186,40 @@ static __always_inline __u32 rq_op(struct request *rq)
 	return NF_IOTRACE_OP_OTHER;
 }
 
-static __always_inline int track(struct request *rq, __u64 start_ns)
+/*
+ * (Re)starts tracking rq for the current task. Entries are never deleted:
+ * the kernel reuses a small set of struct requests, so an entry is
+ * rewritten in place next time (no map update on the hot path), and the
+ * LRU map evicts entries of requests that are no longer used.
+ */
+static __always_inline struct nf_iotrace_req *track(struct request *rq, struct nf_iotrace_req *r,
+						    __u64 start_ns)
 {
-	struct nf_iotrace_req r = {};
+	struct nf_iotrace_req n = {};
 	__u64 key = (__u64)rq;
 	struct nf_iotrace_counters *c;
 
-	r.start_ns = start_ns;
-	r.tgid = bpf_get_current_pid_tgid() >> 32;
-	r.op = rq_op(rq);
-	if (bpf_map_update_elem(&reqs, &key, &r, BPF_ANY) < 0) {
+	n.start_ns = start_ns;
+	n.tgid = bpf_get_current_pid_tgid() >> 32;
+	n.op = rq_op(rq);
+	n.flags = NF_IOTRACE_REQ_TRACKED;
+	if (r) {
+		*r = n;
+		return r;
+	}
+	if (bpf_map_update_elem(&reqs, &key, &n, BPF_ANY) < 0) {
 		c = ctrs();
 		if (c)
 			__sync_fetch_and_add(&c->dropped, 1);
-		return -1;
+		return NULL;
 	}
-	return 0;
+	return bpf_map_lookup_elem(&reqs, &key);
 }
 
 static __always_inline int on_io_start(struct request *rq)
 {
 	__u64 key = (__u64)rq;
-	struct nf_iotrace_req *old = bpf_map_lookup_elem(&reqs, &key);
+	struct nf_iotrace_req *r = bpf_map_lookup_elem(&reqs, &key);
 	struct nf_iotrace_counters *c;
 
 	/*
@@ -213,17 +228,22 @@ static __always_inline int on_io_start(struct request *rq)
 	 * virtio-blk for a fraction of a percent of requests). Checked for
 	 * every process: any of them may get the request next.
 	 */
-	if (old) {
-		c = ctrs();
-		if (c && (old->flags & NF_IOTRACE_REQ_ISSUED)) {
-			__sync_fetch_and_add(&c->lost, 1);
-			__sync_fetch_and_add(&c->inflight, -1);
+	if (r) {
+		if (r->flags & NF_IOTRACE_REQ_ISSUED) {
+			c = ctrs();
+			if (c) {
+				__sync_fetch_and_add(&c->lost, 1);
+				__sync_fetch_and_add(&c->inflight, -1);
+			}
 		}
-		bpf_map_delete_elem(&reqs, &key);
-	}
-	if (!current_is_target())
+		if (!current_is_target()) {
+			r->flags = 0;   /* another process's request now */
+			return 0;
+		}
+	} else if (!current_is_target()) {
 		return 0;
-	track(rq, bpf_ktime_get_ns());
+	}
+	track(rq, r, bpf_ktime_get_ns());
 	return 0;
 }
 
@@ -235,7 +255,7 @@ static __always_inline int on_rq_issue(struct request *rq)
 	__u64 depth;
 	__u32 bytes;
 
-	if (!r) {
+	if (!r || !(r->flags & NF_IOTRACE_REQ_TRACKED)) {
 		/*
 		 * Whoever runs the hardware queue issues requests of every
 		 * process, so the current task names the submitter only on
@@ -243,9 +263,9 @@ static __always_inline int on_rq_issue(struct request *rq)
 		 * With io_start, an unknown request was queued before we
 		 * attached, or by another process: not ours.
 		 */
-		if (have_io_start || !current_is_target() || track(rq, 0) < 0)
+		if (have_io_start || !current_is_target())
 			return 0;
-		r = bpf_map_lookup_elem(&reqs, &key);
+		r = track(rq, r, 0);
 		if (!r)
 			return 0;
 	}
@@ -262,7 +282,7 @@ static __always_inline int on_rq_issue(struct request *rq)
 		hist_add(&size_hist, r->op < NF_IOTRACE_NOPS ? r->op : NF_IOTRACE_OP_OTHER, bytes);
 	}
 	r->issue_ns = bpf_ktime_get_ns();
-	r->flags = NF_IOTRACE_REQ_ISSUED | NF_IOTRACE_REQ_COUNTED;
+	r->flags = NF_IOTRACE_REQ_TRACKED | NF_IOTRACE_REQ_ISSUED | NF_IOTRACE_REQ_COUNTED;
 	depth = __sync_fetch_and_add(&c->inflight, 1) + 1;
 	hist_add(&depth_hist, 0, depth);
 	hist_add(&depth_hist, 1, device_depth(rq));
@@ -275,7 +295,7 @@ static __always_inline int on_rq_requeue(struct request *rq)
 	struct nf_iotrace_req *r = bpf_map_lookup_elem(&reqs, &key);
 	struct nf_iotrace_counters *c = ctrs();
 
-	if (!r || !c)
+	if (!r || !c || !(r->flags & NF_IOTRACE_REQ_TRACKED))
 		return 0;
 	__sync_fetch_and_add(&c->requeues, 1);
 	if (r->flags & NF_IOTRACE_REQ_ISSUED) {
@@ -291,10 +311,10 @@ static __always_inline int on_rq_merge(struct request *next)
 	struct nf_iotrace_req *r = bpf_map_lookup_elem(&reqs, &key);
 	struct nf_iotrace_counters *c = ctrs();
 
-	if (!r || !c)
+	if (!r || !c || !(r->flags & NF_IOTRACE_REQ_TRACKED))
 		return 0;
 	__sync_fetch_and_add(&c->merges, 1);
-	bpf_map_delete_elem(&reqs, &key);
+	r->flags = 0;
 	return 0;
 }
 
@@ -332,7 +352,7 @@ static __always_inline int on_rq_complete(struct request *rq, int error, __u32 n
 	__u64 now, left;
 	__u32 op;
 
-	if (!r || !c)
+	if (!r || !c || !(r->flags & NF_IOTRACE_REQ_TRACKED))
 		return 0;
 	__sync_fetch_and_add(&c->completed_bytes, nr_bytes);
 	left = BPF_CORE_READ(rq, __data_len);
@@ -357,7 +377,7 @@ static __always_inline int on_rq_complete(struct request *rq, int error, __u32 n
 		__sync_fetch_and_add(&c->untimed, 1);
 	if (emit_events)
 		emit(rq, r, now, error);
-	bpf_map_delete_elem(&reqs, &key);
+	r->flags = 0;   /* kept for the next use of this struct request */
 	return 0;
 }
 

@@ -288,9 +288,8 @@ static int nf_skel_load(struct nf_iotrace *t, bool raw, const struct btf *vmlinu
 	}
 	rc = iotrace_bpf__load(s);
 	if (rc < 0) {
-		rc = rc < 0 ? rc : -EINVAL;
 		iotrace_bpf__destroy(s);
-		return nf_diag_fail(d, rc, "the kernel refused the eBPF programs (%s variant): %s",
+		return nf_diag_fail(d, rc, "bpf() refused the eBPF programs (%s variant): %s",
 				    raw ? "raw_tp" : "tp_btf", strerror(-rc));
 	}
 	*out = s;
@@ -369,6 +368,7 @@ int nf_iotrace_open(pid_t tgid, const char *tag, unsigned flags,
 {
 	struct btf *vmlinux = NULL;
 	struct nf_iotrace *t = NULL;
+	struct nf_diag first = {0};
 	char deftag[32];
 	int rc;
 
@@ -402,19 +402,16 @@ int nf_iotrace_open(pid_t tgid, const char *tag, unsigned flags,
 		goto err_free;
 	}
 	t->raw_tp = (flags & NF_IOTRACE_RAW_TP) != 0;
-	rc = nf_skel_load(t, t->raw_tp, vmlinux, &t->skel, t->raw_tp ? d : NULL);
+	rc = nf_skel_load(t, t->raw_tp, vmlinux, &t->skel, &first);
 	if (rc < 0 && !t->raw_tp && rc != NF_EUNSUPPORTED) {
 		nf_note(flags, "tp_btf programs refused (%s); using raw_tp", strerror(-rc));
 		t->raw_tp = true;
 		rc = nf_skel_load(t, true, vmlinux, &t->skel, d);
-	} else if (rc < 0 && !t->raw_tp) {
-		rc = nf_skel_load(t, false, vmlinux, &t->skel, d);  /* records the diagnostic */
+	} else if (rc < 0) {
+		nf_diag_fail(d, rc, "%s", first.msg);
 	}
-	if (rc < 0) {
-		if (rc == -EPERM || rc == -EACCES)
-			nf_diag_fail(d, rc, "bpf() refused: %s", strerror(-rc));
+	if (rc < 0)
 		goto err_btf;
-	}
 	rc = nf_maps_init(t);
 	if (rc < 0) {
 		nf_diag_fail(d, rc, "cannot initialise the trace maps: %s", strerror(-rc));

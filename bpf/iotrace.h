@@ -74,7 +74,7 @@ struct nf_iotrace_counters {
 	__u64 errors;           /* completions with a non-zero blk_status_t */
 	__u64 partial;          /* partial completions (nr_bytes < request bytes) */
 	__u64 untimed;          /* completions without an io_start time (kernels before 6.5) */
-	__u64 dropped;          /* requests not tracked because the request map was full */
+	__u64 dropped;          /* requests not tracked: the request map refused an insert */
 	__u64 inflight;         /* gauge: traced requests issued and not yet completed */
 	__u64 io_submit_calls;  /* io_submit(2) calls */
 	__u64 io_submit_iocbs;  /* iocbs passed to them */
@@ -122,6 +122,7 @@ struct nf_iotrace_owner {
 
 #define NF_IOTRACE_REQ_ISSUED  1u  /* between issue and complete/requeue */
 #define NF_IOTRACE_REQ_COUNTED 2u  /* counted in requests/bytes (first issue) */
+#define NF_IOTRACE_REQ_TRACKED 4u  /* a request of the target, not yet completed or merged */
 
 #define NF_IOTRACE_MAX_REQS 16384
 
