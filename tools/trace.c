@@ -559,9 +559,20 @@ bool nf_trace_probe_interrupted(struct nf_trace_probe *p)
 {
 	sigset_t pend;
 
-	if (!p->masked || sigpending(&pend) < 0)
+	double now;
+
+	if (p->interrupted)
+		return true;
+	if (!p->masked)
 		return false;
-	return sigismember(&pend, SIGINT) || sigismember(&pend, SIGTERM);
+	now = nf_cli_now();
+	if (now - p->last_check < 0.05)
+		return false;
+	p->last_check = now;
+	if (sigpending(&pend) < 0)
+		return false;
+	p->interrupted = sigismember(&pend, SIGINT) || sigismember(&pend, SIGTERM);
+	return p->interrupted;
 }
 
 static void nf_probe_lat(const struct nf_iotrace_histo *per_op, double *mean, double *p50, double *p99)

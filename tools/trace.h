@@ -53,7 +53,8 @@ struct nf_trace_probe {
 	struct nf_iotrace *t;          /* NULL when tracing is off or failed */
 	struct nf_iotrace_stats a, b, d;
 	sigset_t oldmask;
-	bool masked, wanted;
+	bool masked, wanted, interrupted;
+	double last_check;             /* nf_trace_probe_interrupted() looks every 50 ms */
 	char err[256];                 /* why tracing is off, when it was wanted */
 };
 
@@ -67,7 +68,8 @@ struct nf_trace_engine_lat {
 bool nf_trace_probe_start(struct nf_trace_probe *p, bool want);
 void nf_trace_probe_mark(struct nf_trace_probe *p);
 void nf_trace_probe_collect(struct nf_trace_probe *p);
-/* True when SIGINT or SIGTERM arrived while tracing: stop the measurement. */
+/* True when SIGINT or SIGTERM arrived while tracing: stop the measurement.
+ * Cheap enough for a hot loop: asks the kernel at most every 50 ms. */
 bool nf_trace_probe_interrupted(struct nf_trace_probe *p);
 /* Text lines to f, or, with j != NULL, a "trace" object member of j's open object. */
 void nf_trace_probe_report(const struct nf_trace_probe *p, FILE *f, struct nf_json *j,
