@@ -16,10 +16,15 @@
  *     what that means); checksum mismatches do not.
  *  5. The hot path does not allocate: requests and segments come from
  *     pools sized at open.
+ *  6. In completion-thread mode every field below is guarded by mu (a
+ *     recursive mutex, so callbacks run by the thread may queue reads);
+ *     only the backend's reap runs outside it, in the thread, and the
+ *     backends keep their inflight counters atomic for that.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +69,32 @@ struct nf_io_ctx {
 	unsigned int pending_reqs;
 	struct nf_io_seg **batch;        /* qd entries */
 	struct nf_io_stats stats;
+	uint64_t completed;              /* requests completed since open */
+	/* completion-thread mode */
+	bool threaded, thr_started, thr_stop;
+	pthread_t thr;
+	pthread_mutex_t mu;
+	pthread_cond_t done_cv, work_cv;
 };
+
+static void *completion_main(void *arg);
+
+static void lock(struct nf_io_ctx *io)
+{
+	if (io->threaded)
+		pthread_mutex_lock(&io->mu);
+}
+
+static void unlock(struct nf_io_ctx *io)
+{
+	if (io->threaded)
+		pthread_mutex_unlock(&io->mu);
+}
+
+static unsigned int be_inflight(const struct nf_io_ctx *io)
+{
+	return __atomic_load_n(&io->be.inflight, __ATOMIC_RELAXED);
+}
 
 uint64_t nf_io_now_ns(void)
 {
@@ -264,6 +294,26 @@ int nf_io_ctx_open(struct nf_store *s, const struct nf_io_opts *o, struct nf_io_
 		io->be.ops = NULL;
 		goto fail;
 	}
+	if (op->completion == NF_IO_COMPLETION_THREAD && (outer == NF_IO_AIO || outer == NF_IO_URING)) {
+		pthread_mutexattr_t ma;
+		pthread_mutexattr_init(&ma);
+		pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+		pthread_mutex_init(&io->mu, &ma);
+		pthread_mutexattr_destroy(&ma);
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&io->done_cv, &ca);
+		pthread_condattr_destroy(&ca);
+		pthread_cond_init(&io->work_cv, NULL);
+		io->threaded = true;
+		rc = -pthread_create(&io->thr, NULL, completion_main, io);
+		if (rc < 0) {
+			nf_diag_fail(d, rc, "cannot start the completion thread: %s", nf_strerror(rc));
+			goto fail;
+		}
+		io->thr_started = true;
+	}
 	*out = io;
 	return 0;
 fail:
@@ -275,10 +325,22 @@ void nf_io_ctx_close(struct nf_io_ctx *io)
 {
 	if (!io)
 		return;
+	if (io->thr_started) {
+		pthread_mutex_lock(&io->mu);
+		io->thr_stop = true;
+		pthread_cond_signal(&io->work_cv);
+		pthread_mutex_unlock(&io->mu);
+		pthread_join(io->thr, NULL);
+	}
+	if (io->threaded) {
+		pthread_cond_destroy(&io->done_cv);
+		pthread_cond_destroy(&io->work_cv);
+		pthread_mutex_destroy(&io->mu);
+	}
 	if (io->be.ops) {
 		/* Reads in flight still target caller buffers: let them land. */
 		struct nf_io_seg *done[64];
-		while (io->be.inflight > 0) {
+		while (be_inflight(io) > 0) {
 			int n = io->be.ops->reap(&io->be, 1, 64, -1, done);
 			if (n < 0 && n != -EINTR)
 				break;
@@ -310,17 +372,25 @@ const char *nf_io_ctx_warning(const struct nf_io_ctx *io)
 
 int nf_io_ctx_error(const struct nf_io_ctx *io)
 {
-	return io->err;
+	lock((struct nf_io_ctx *)io);
+	int e = io->err;
+	unlock((struct nf_io_ctx *)io);
+	return e;
 }
 
 unsigned int nf_io_ctx_pending(const struct nf_io_ctx *io)
 {
-	return io->pending_reqs;
+	lock((struct nf_io_ctx *)io);
+	unsigned int n = io->pending_reqs;
+	unlock((struct nf_io_ctx *)io);
+	return n;
 }
 
 void nf_io_ctx_stats(const struct nf_io_ctx *io, struct nf_io_stats *out)
 {
+	lock((struct nf_io_ctx *)io);
 	*out = io->stats;
+	unlock((struct nf_io_ctx *)io);
 }
 
 /* ---- request construction ------------------------------------------- */
@@ -379,8 +449,8 @@ static void seg_put(struct nf_io_ctx *io, struct nf_io_seg *s)
 /* Submit queued segments up to the queue depth, in batches. */
 static int kick(struct nf_io_ctx *io)
 {
-	while (!io->err && io->q_head && io->be.inflight < io->opts.qd) {
-		unsigned int room = io->opts.qd - io->be.inflight, n = 0;
+	while (!io->err && io->q_head && be_inflight(io) < io->opts.qd) {
+		unsigned int room = io->opts.qd - be_inflight(io), n = 0;
 		uint64_t now = nf_io_now_ns();
 		struct nf_io_seg *s = io->q_head;
 		for (; s && n < room; s = s->next) {
@@ -398,6 +468,8 @@ static int kick(struct nf_io_ctx *io)
 		io->q_head = (unsigned)r < n ? io->batch[r] : rest;
 		if (!io->q_head)
 			io->q_tail = NULL;
+		if (io->threaded && r > 0)
+			pthread_cond_signal(&io->work_cv);
 		if ((unsigned)r < n)
 			break;   /* kernel full: retry after completions */
 	}
@@ -442,10 +514,13 @@ static int start(struct nf_io_ctx *io, struct nf_io_req *r, enum req_kind kind,
 	r->cb = cb;
 	r->cookie = cookie;
 	io->pending_reqs++;
-	int rc = kick(io);
-	/* A submit failure is reported through the callbacks (the request is
-	 * queued); only pre-queue failures are returned. */
-	(void)rc;
+	/* Submit now, also from inside a callback: batching the reads queued
+	 * by a whole batch of completions into one io_submit let the block
+	 * layer merge adjacent extents into 1 MiB+ requests, which served the
+	 * same bytes at a lower device queue depth (docs/STORAGE.md). A submit
+	 * failure is reported through the callbacks (the request is queued);
+	 * only pre-queue failures are returned. */
+	kick(io);
 	return 0;
 }
 
@@ -466,14 +541,14 @@ static int read_range(struct nf_io_ctx *io, enum req_kind kind, const struct nf_
 	return start(io, r, kind, obj, buf, cb, cookie);
 }
 
-int nf_io_ctx_read_raw(struct nf_io_ctx *io, uint64_t offset, uint64_t len, void *buf,
+static int do_read_raw(struct nf_io_ctx *io, uint64_t offset, uint64_t len, void *buf,
 		       nf_io_done_fn cb, void *cookie)
 {
 	return read_range(io, REQ_RAW, NULL, offset, len, io->opts.max_coalesce, buf, 0, 0, cb,
 			  cookie);
 }
 
-int nf_io_ctx_read_extents(struct nf_io_ctx *io, const struct nf_store_object *obj,
+static int do_read_extents(struct nf_io_ctx *io, const struct nf_store_object *obj,
 			   uint32_t first, uint32_t count, void *buf, nf_io_done_fn cb, void *cookie)
 {
 	if (obj->kind != NF_STORE_KIND_FFN || count == 0 || first >= obj->n_extents ||
@@ -488,17 +563,17 @@ int nf_io_ctx_read_extents(struct nf_io_ctx *io, const struct nf_store_object *o
 			  count, cb, cookie);
 }
 
-int nf_io_ctx_read_object(struct nf_io_ctx *io, const struct nf_store_object *obj, void *buf,
+static int do_read_object(struct nf_io_ctx *io, const struct nf_store_object *obj, void *buf,
 			  nf_io_done_fn cb, void *cookie)
 {
 	if (obj->kind == NF_STORE_KIND_FFN)
-		return nf_io_ctx_read_extents(io, obj, 0, obj->n_extents, buf, cb, cookie);
+		return do_read_extents(io, obj, 0, obj->n_extents, buf, cb, cookie);
 	return read_range(io, REQ_OBJECT, obj, obj->offset,
 			  nf_store_object_buf_size(obj, io->block_size), io->opts.max_coalesce, buf,
 			  0, 0, cb, cookie);
 }
 
-int nf_io_ctx_read_bundles(struct nf_io_ctx *io, const struct nf_store_object *obj,
+static int do_read_bundles(struct nf_io_ctx *io, const struct nf_store_object *obj,
 			   const uint32_t *slots, uint32_t n, void *buf, nf_io_done_fn cb,
 			   void *cookie)
 {
@@ -540,6 +615,45 @@ int nf_io_ctx_read_bundles(struct nf_io_ctx *io, const struct nf_store_object *o
 		k = j;
 	}
 	return start(io, r, REQ_BUNDLES, obj, buf, cb, cookie);
+}
+
+/* ---- public entry points (locked in thread mode) -------------------- */
+
+int nf_io_ctx_read_raw(struct nf_io_ctx *io, uint64_t offset, uint64_t len, void *buf,
+		       nf_io_done_fn cb, void *cookie)
+{
+	lock(io);
+	int rc = do_read_raw(io, offset, len, buf, cb, cookie);
+	unlock(io);
+	return rc;
+}
+
+int nf_io_ctx_read_extents(struct nf_io_ctx *io, const struct nf_store_object *obj,
+			   uint32_t first, uint32_t count, void *buf, nf_io_done_fn cb, void *cookie)
+{
+	lock(io);
+	int rc = do_read_extents(io, obj, first, count, buf, cb, cookie);
+	unlock(io);
+	return rc;
+}
+
+int nf_io_ctx_read_object(struct nf_io_ctx *io, const struct nf_store_object *obj, void *buf,
+			  nf_io_done_fn cb, void *cookie)
+{
+	lock(io);
+	int rc = do_read_object(io, obj, buf, cb, cookie);
+	unlock(io);
+	return rc;
+}
+
+int nf_io_ctx_read_bundles(struct nf_io_ctx *io, const struct nf_store_object *obj,
+			   const uint32_t *slots, uint32_t n, void *buf, nf_io_done_fn cb,
+			   void *cookie)
+{
+	lock(io);
+	int rc = do_read_bundles(io, obj, slots, n, buf, cb, cookie);
+	unlock(io);
+	return rc;
 }
 
 /* ---- completion ------------------------------------------------------ */
@@ -626,6 +740,7 @@ static int complete_seg(struct nf_io_ctx *io, struct nf_io_seg *s)
 	io->free_reqs = r;
 	io->pending_reqs--;
 	io->stats.requests++;
+	io->completed++;
 	if (cb)
 		cb(cookie, result);
 	return 1;
@@ -647,8 +762,73 @@ static int cancel_queued(struct nf_io_ctx *io)
 	return done;
 }
 
+static int wait_threaded(struct nf_io_ctx *io, unsigned int min_requests, int timeout_ms)
+{
+	struct timespec dl;
+	clock_gettime(CLOCK_MONOTONIC, &dl);
+	if (timeout_ms >= 0) {
+		dl.tv_sec += timeout_ms / 1000;
+		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+		if (dl.tv_nsec >= 1000000000L) {
+			dl.tv_sec++;
+			dl.tv_nsec -= 1000000000L;
+		}
+	}
+	pthread_mutex_lock(&io->mu);
+	uint64_t start = io->completed;
+	int rc = 0;
+	for (;;) {
+		if (io->err)
+			cancel_queued(io);
+		uint64_t done = io->completed - start;
+		if (min_requests ? done >= min_requests : io->pending_reqs == 0)
+			break;
+		if (be_inflight(io) == 0 && !io->q_head && io->pending_reqs == 0)
+			break;
+		int w = timeout_ms < 0 ? pthread_cond_wait(&io->done_cv, &io->mu)
+				       : pthread_cond_timedwait(&io->done_cv, &io->mu, &dl);
+		if (w == ETIMEDOUT) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+	}
+	if (rc == 0)
+		rc = io->err ? io->err : (int)(io->completed - start);
+	pthread_mutex_unlock(&io->mu);
+	return rc;
+}
+
+/* The completion thread: reap without the lock, complete with it. */
+static void *completion_main(void *arg)
+{
+	struct nf_io_ctx *io = arg;
+	struct nf_io_seg *done[256];
+	pthread_mutex_lock(&io->mu);
+	while (!io->thr_stop) {
+		if (be_inflight(io) == 0) {
+			pthread_cond_wait(&io->work_cv, &io->mu);
+			continue;
+		}
+		pthread_mutex_unlock(&io->mu);
+		int n = io->be.ops->reap(&io->be, 1, sizeof(done) / sizeof(done[0]), 50000000, done);
+		pthread_mutex_lock(&io->mu);
+		if (n < 0 && n != -EINTR && !io->err)
+			io->err = n;
+		for (int i = 0; i < n; i++)
+			complete_seg(io, done[i]);
+		kick(io);
+		if (io->err)
+			cancel_queued(io);
+		pthread_cond_broadcast(&io->done_cv);
+	}
+	pthread_mutex_unlock(&io->mu);
+	return NULL;
+}
+
 int nf_io_ctx_wait(struct nf_io_ctx *io, unsigned int min_requests, int timeout_ms)
 {
+	if (io->threaded)
+		return wait_threaded(io, min_requests, timeout_ms);
 	uint64_t deadline = timeout_ms < 0 ? UINT64_MAX
 					   : nf_io_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 	int completed = 0;
@@ -659,7 +839,7 @@ int nf_io_ctx_wait(struct nf_io_ctx *io, unsigned int min_requests, int timeout_
 			completed += cancel_queued(io);
 		if (min_requests ? (unsigned)completed >= min_requests : io->pending_reqs == 0)
 			break;
-		if (io->be.inflight == 0)
+		if (be_inflight(io) == 0)
 			break;   /* nothing can complete any more */
 		uint64_t now = nf_io_now_ns();
 		if (now >= deadline)

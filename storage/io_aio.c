@@ -2,7 +2,9 @@
  * io_aio.c - the libaio backend: O_DIRECT reads submitted with io_submit
  * in batches and reaped with io_getevents.
  *
- * Invariants: one kernel AIO context of qd entries per I/O context; every
+ * Invariants: one kernel AIO context of qd entries per I/O context; submit
+ * and reap may run in two threads at once (completion-thread mode), so
+ * inflight is updated atomically and only reap touches the event array; every
  * iocb lives in its segment, so nothing is allocated per read; events carry
  * the segment pointer in their data field; -EAGAIN from io_submit means
  * "full", not failure.
@@ -66,7 +68,7 @@ static int aio_be_submit(struct nf_io_be *be, struct nf_io_seg **segs, unsigned 
 		return 0;
 	if (r < 0)
 		return r;
-	be->inflight += (unsigned)r;
+	__atomic_add_fetch(&be->inflight, (unsigned)r, __ATOMIC_RELAXED);
 	return r;
 }
 
@@ -77,8 +79,9 @@ static int aio_be_reap(struct nf_io_be *be, unsigned int min, unsigned int max, 
 	struct timespec ts, *tp = NULL;
 	if (max > be->qd)
 		max = be->qd;
-	if (min > be->inflight)
-		min = be->inflight;
+	unsigned int inflight = __atomic_load_n(&be->inflight, __ATOMIC_RELAXED);
+	if (min > inflight)
+		min = inflight;
 	if (timeout_ns >= 0) {
 		ts.tv_sec = timeout_ns / 1000000000;
 		ts.tv_nsec = timeout_ns % 1000000000;
@@ -92,7 +95,7 @@ static int aio_be_reap(struct nf_io_be *be, unsigned int min, unsigned int max, 
 		s->res = (long)p->ev[i].res;
 		out[i] = s;
 	}
-	be->inflight -= (unsigned)r;
+	__atomic_sub_fetch(&be->inflight, (unsigned)r, __ATOMIC_RELAXED);
 	return r;
 }
 

@@ -5,7 +5,9 @@
  *
  * Invariants: the ring has qd entries and the engine never has more than
  * qd reads in flight, so a submission slot is always free for each of
- * them; user_data carries the segment pointer.
+ * them; user_data carries the segment pointer. Submission (SQ) and reaping
+ * (CQ) may run in two threads at once (completion-thread mode): each side
+ * has one user, and inflight is updated atomically.
  */
 #include <errno.h>
 #include <liburing.h>
@@ -55,7 +57,7 @@ static int uring_be_submit(struct nf_io_be *be, struct nf_io_seg **segs, unsigne
 	while (r == -EINTR);
 	if (r < 0)
 		return r;
-	be->inflight += i;
+	__atomic_add_fetch(&be->inflight, i, __ATOMIC_RELAXED);
 	return (int)i;
 }
 
@@ -65,8 +67,9 @@ static int uring_be_reap(struct nf_io_be *be, unsigned int min, unsigned int max
 	struct io_uring *ring = be->priv;
 	unsigned int got = 0;
 	uint64_t deadline = timeout_ns < 0 ? 0 : nf_io_now_ns() + (uint64_t)timeout_ns;
-	if (min > be->inflight)
-		min = be->inflight;
+	unsigned int inflight = __atomic_load_n(&be->inflight, __ATOMIC_RELAXED);
+	if (min > inflight)
+		min = inflight;
 	for (;;) {
 		struct io_uring_cqe *cqe;
 		while (got < max && io_uring_peek_cqe(ring, &cqe) == 0) {
@@ -74,7 +77,7 @@ static int uring_be_reap(struct nf_io_be *be, unsigned int min, unsigned int max
 			s->res = cqe->res;
 			io_uring_cqe_seen(ring, cqe);
 			out[got++] = s;
-			be->inflight--;
+			__atomic_sub_fetch(&be->inflight, 1, __ATOMIC_RELAXED);
 		}
 		if (got >= min || got >= max)
 			return (int)got;

@@ -39,13 +39,19 @@ Test(storage, crc32c_hw_matches_table)
 {
 	if (!nf_crc32c_hw_available())
 		cr_skip_test("no SSE4.2 on this CPU");
-	static uint8_t buf[9000];
+	static uint8_t buf[3 * 8192 * 3 + 3 * 256 * 2 + 100];
 	ts_fill(buf, sizeof(buf), 7);
 	for (size_t off = 0; off < 9; off++)
-		for (size_t len = 0; len < 300; len++)
+		for (size_t len = 0; len < 1000; len++)   /* short lengths, 3 x 256-byte blocks */
 			cr_assert_eq(nf_crc32c_hw(0x1234, buf + off, len), nf_crc32c_sw(0x1234, buf + off, len),
 				     "off %zu len %zu", off, len);
-	cr_assert_eq(nf_crc32c_hw(0, buf, sizeof(buf)), nf_crc32c_sw(0, buf, sizeof(buf)));
+	/* around the 3 x 8192 and 3 x 256 block boundaries, and long buffers */
+	static const size_t lens[] = { 24575, 24576, 24577, 24576 + 767, 24576 + 768, 24576 + 776,
+				       49152, 49152 + 768 + 13, sizeof(buf) - 9 };
+	for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++)
+		for (size_t off = 0; off < 9; off += 3)
+			cr_assert_eq(nf_crc32c_hw(7, buf + off, lens[k]), nf_crc32c_sw(7, buf + off, lens[k]),
+				     "off %zu len %zu", off, lens[k]);
 }
 
 Test(storage, crc32c_continues)

@@ -63,14 +63,15 @@ Test(storage, io_backends_return_identical_bytes)
 {
 	struct fixture f;
 	setup_store(&f, "/tmp");
-	enum nf_io_backend bs[] = { NF_IO_SYNC, NF_IO_AIO, NF_IO_URING };
+	enum nf_io_backend bs[] = { NF_IO_SYNC, NF_IO_AIO, NF_IO_URING, NF_IO_AIO, NF_IO_URING };
 	uint8_t *ref_obj = NULL, *ref_b = NULL;
 	size_t olen = f.ffn->length, blen = N_SCATTERED * f.ffn->stride;
-	for (size_t k = 0; k < 3; k++) {
+	for (size_t k = 0; k < 5; k++) {
 		struct nf_io_opts o;
 		nf_io_opts_default(&o);
 		o.backend = bs[k];
-		o.qd = k == 1 ? 2 : 8;          /* aio with qd 2: many batches */
+		o.completion = k >= 3 ? NF_IO_COMPLETION_THREAD : NF_IO_COMPLETION_POLL;
+		o.qd = k == 1 || k == 3 ? 2 : 8;  /* aio with qd 2: many batches */
 		o.max_coalesce = 2 * 4096 * 3;  /* force splitting of long runs */
 		struct nf_io_ctx *io = open_io(&f, &o);
 		cr_assert_eq(nf_io_ctx_backend(io), bs[k]);
@@ -79,8 +80,10 @@ Test(storage, io_backends_return_identical_bytes)
 		struct ts_done d1 = {0}, d2 = {0};
 		cr_assert_eq(nf_io_ctx_read_object(io, f.ffn, a, ts_on_done, &d1), 0);
 		cr_assert_eq(nf_io_ctx_read_bundles(io, f.ffn, scattered, N_SCATTERED, b, ts_on_done, &d2), 0);
-		cr_assert_eq(nf_io_ctx_pending(io), 2);
-		cr_assert_eq(nf_io_ctx_wait(io, 0, -1), 2);
+		cr_assert_leq(nf_io_ctx_pending(io), 2);
+		int got = nf_io_ctx_wait(io, 0, -1);
+		cr_assert(got >= 0 && got <= 2, "%d", got);   /* thread mode: may be done already */
+		cr_assert_eq(nf_io_ctx_pending(io), 0);
 		cr_assert_eq(d1.calls, 1);
 		cr_assert_eq(d2.calls, 1);
 		cr_assert_eq(d1.result, 0, "%s", nf_strerror(d1.result));

@@ -588,6 +588,8 @@ static const char bench_usage[] =
 	"  --seconds S        measured time (default 5; after 0.5 s warm-up)\n"
 	"  --max-coalesce B   largest single read (default 1M)\n"
 	"  --no-verify        skip crc32c checks of whole extents read\n"
+	"  --completion M     poll (default): completions reaped by this thread;\n"
+	"                     thread: by the I/O context's completion thread\n"
 	"  --seed S           random pattern seed (default 1)\n"
 	"  --trace            also trace this process's block I/O with eBPF over the\n"
 	"                     measured period: device latency next to the engine's\n"
@@ -608,10 +610,11 @@ struct bench {
 	/* the read generator */
 	struct nf_io_ctx *io;
 	const struct nf_store_object **ffn;
-	uint32_t n_ffn, cur_ffn, cur_ext, per_step, *pool;
+	uint32_t n_ffn, per_step, n_steps;
+	uint64_t *ext_base;       /* sequential: extents before FFN k (n_ffn + 1 entries) */
+	uint64_t next_ext;        /* sequential: next extent in file order, atomic */
 	bool sequential;
 	double active;
-	uint64_t seed;
 	uint8_t *bufs;
 	size_t step_bytes;
 	struct bstep *steps;
@@ -621,7 +624,7 @@ struct bench {
 static void bench_on_read(void *user, uint64_t off, uint32_t len, int64_t res, uint64_t lat_ns)
 {
 	struct bench *b = user;
-	if (!b->measuring)
+	if (!__atomic_load_n(&b->measuring, __ATOMIC_RELAXED))
 		return;
 	b->reads++;
 	if (res > 0)
@@ -630,10 +633,13 @@ static void bench_on_read(void *user, uint64_t off, uint32_t len, int64_t res, u
 		b->lat_us[b->n_lat++] = (uint32_t)(lat_ns / 1000 > UINT32_MAX ? UINT32_MAX : lat_ns / 1000);
 }
 
+/* A step owns everything its issue() touches (the completion thread may
+ * issue one step while the main thread issues another). */
 struct bstep {
 	struct bench *b;
 	uint32_t index, n;
-	uint32_t *slots;
+	uint32_t *slots, *pool;   /* random */
+	uint64_t seed;            /* random */
 };
 
 static int bench_issue(struct bench *b, struct bstep *sp);
@@ -646,9 +652,9 @@ static void bench_done(void *cookie, int result)
 	struct bench *b = st->b;
 	if (result < 0 && !b->err)
 		b->err = result;
-	if (b->measuring)
+	if (__atomic_load_n(&b->measuring, __ATOMIC_RELAXED))
 		b->bundles += st->n;
-	if (!b->stop && !b->err)
+	if (!__atomic_load_n(&b->stop, __ATOMIC_RELAXED) && !b->err)
 		bench_issue(b, st);
 }
 
@@ -666,29 +672,45 @@ static uint64_t xrand(uint64_t *s)
 	return *s;
 }
 
+static uint64_t mix_seed(uint64_t seed, uint32_t i)
+{
+	uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return z ? z : 1;
+}
+
 static int bench_issue(struct bench *b, struct bstep *sp)
 {
 	uint8_t *buf = b->bufs + (size_t)sp->index * b->step_bytes;
 	int rc;
 	if (b->sequential) {
-		const struct nf_store_object *ob = b->ffn[b->cur_ffn];
-		uint32_t f, c;
-		nf_store_extent_bundles(ob, b->cur_ext, &f, &c);
-		sp->n = c;
-		rc = nf_io_ctx_read_extents(b->io, ob, b->cur_ext, 1, buf, bench_done, sp);
-		if (++b->cur_ext == ob->n_extents) {
-			b->cur_ext = 0;
-			b->cur_ffn = (b->cur_ffn + 1) % b->n_ffn;
+		/* Whichever step is free takes the next extent in file order, as
+		 * fio does: the device sees one ascending stream. */
+		uint64_t g = __atomic_fetch_add(&b->next_ext, 1, __ATOMIC_RELAXED) % b->ext_base[b->n_ffn];
+		uint32_t lo = 0, hi = b->n_ffn - 1;
+		while (lo < hi) {   /* last FFN whose base <= g */
+			uint32_t mid = (lo + hi + 1) / 2;
+			if (b->ext_base[mid] <= g)
+				lo = mid;
+			else
+				hi = mid - 1;
 		}
+		const struct nf_store_object *ob = b->ffn[lo];
+		uint32_t e = (uint32_t)(g - b->ext_base[lo]), f, c;
+		nf_store_extent_bundles(ob, e, &f, &c);
+		sp->n = c;
+		rc = nf_io_ctx_read_extents(b->io, ob, e, 1, buf, bench_done, sp);
 	} else {
-		const struct nf_store_object *ob = b->ffn[xrand(&b->seed) % b->n_ffn];
-		uint32_t k = (uint32_t)ceil(b->active * ob->n_bundles), *sl = sp->slots, *pool = b->pool;
+		const struct nf_store_object *ob = b->ffn[xrand(&sp->seed) % b->n_ffn];
+		uint32_t k = (uint32_t)ceil(b->active * ob->n_bundles), *sl = sp->slots, *pool = sp->pool;
 		if (k > b->per_step)
 			k = b->per_step;
 		for (uint32_t j = 0; j < ob->n_bundles; j++)
 			pool[j] = j;
 		for (uint32_t j = 0; j < k; j++) {   /* partial Fisher-Yates */
-			uint32_t r = j + (uint32_t)(xrand(&b->seed) % (ob->n_bundles - j));
+			uint32_t r = j + (uint32_t)(xrand(&sp->seed) % (ob->n_bundles - j));
 			uint32_t t = pool[j];
 			pool[j] = pool[r];
 			pool[r] = t;
@@ -711,12 +733,12 @@ static int bench_issue(struct bench *b, struct bstep *sp)
 static void measure_begin(struct bench *b)
 {
 	nf_trace_probe_mark(b->probe);
-	b->measuring = true;
+	__atomic_store_n(&b->measuring, true, __ATOMIC_RELAXED);
 }
 
 static void measure_end(struct bench *b)
 {
-	b->measuring = false;
+	__atomic_store_n(&b->measuring, false, __ATOMIC_RELAXED);
 	nf_trace_probe_collect(b->probe);
 }
 
@@ -741,6 +763,16 @@ static int cmd_bench(int argc, char **argv)
 			o.no_verify = true;
 		} else if (!strcmp(a, "--trace")) {
 			trace = true;
+		} else if (!strcmp(a, "--completion")) {
+			VAL();
+			if (!strcmp(v, "poll"))
+				o.completion = NF_IO_COMPLETION_POLL;
+			else if (!strcmp(v, "thread"))
+				o.completion = NF_IO_COMPLETION_THREAD;
+			else {
+				nf_cli_err("--completion: expected poll or thread, got '%s'", v);
+				return NF_EXIT_USAGE;
+			}
 		} else if (!strcmp(a, "--backend")) {
 			VAL();
 			int bk = nf_io_backend_parse(v);
@@ -818,7 +850,6 @@ static int cmd_bench(int argc, char **argv)
 	b.probe = &probe;
 	b.sequential = sequential;
 	b.active = active;
-	b.seed = seed;
 	unsigned n_steps = 0;
 
 	b.ffn = calloc(nf_store_object_count(s) + 1, sizeof(*b.ffn));
@@ -842,6 +873,9 @@ static int cmd_bench(int argc, char **argv)
 		nf_cli_err("%s: no FFN objects to read", path);
 		goto out;
 	}
+	/* Attach (and hold SIGINT/SIGTERM) before the I/O context starts any
+	 * completion thread, which then inherits the mask; not measured. */
+	nf_trace_probe_start(&probe, trace);
 	o.on_read = bench_on_read;
 	o.on_read_user = &b;
 	struct nf_diag d = {0};
@@ -863,12 +897,16 @@ static int cmd_bench(int argc, char **argv)
 			b.per_step = 1;
 		n_steps = 2;
 		b.step_bytes = (size_t)b.per_step * stride;
-		b.pool = malloc(max_bundles * sizeof(uint32_t));
-		if (!b.pool) {
-			nf_cli_err("out of memory");
-			goto out;
-		}
 	}
+	b.n_steps = n_steps;
+	b.ext_base = malloc((b.n_ffn + 1) * sizeof(uint64_t));
+	if (!b.ext_base) {
+		nf_cli_err("out of memory");
+		goto out;
+	}
+	b.ext_base[0] = 0;
+	for (uint32_t k = 0; k < b.n_ffn; k++)
+		b.ext_base[k + 1] = b.ext_base[k] + b.ffn[k]->n_extents;
 	b.steps = calloc(n_steps, sizeof(*b.steps));
 	b.bufs = nf_io_buf_alloc(b.step_bytes * n_steps, align);
 	if (!b.steps || !b.bufs) {
@@ -876,15 +914,17 @@ static int cmd_bench(int argc, char **argv)
 		goto out;
 	}
 	for (unsigned i = 0; i < n_steps; i++) {
-		b.steps[i].b = &b;
-		b.steps[i].index = i;
-		if (!sequential && !(b.steps[i].slots = malloc(b.per_step * sizeof(uint32_t)))) {
+		struct bstep *sp = &b.steps[i];
+		sp->b = &b;
+		sp->index = i;
+		sp->seed = mix_seed(seed, i);
+		if (!sequential && (!(sp->slots = malloc(b.per_step * sizeof(uint32_t))) ||
+				    !(sp->pool = malloc(max_bundles * sizeof(uint32_t))))) {
 			nf_cli_err("out of memory");
 			goto out;
 		}
 	}
 
-	nf_trace_probe_start(&probe, trace);   /* attach before warm-up: not measured */
 	double warm = 0.5, t_start = nf_cli_now(), t_meas = 0, t_end = 0;
 	struct nf_io_stats st0 = {0}, st1;
 	for (unsigned i = 0; i < n_steps && !b.err; i++)
@@ -907,7 +947,7 @@ static int cmd_bench(int argc, char **argv)
 		if (nf_trace_probe_interrupted(&probe) && !b.err)
 			b.err = -EINTR;   /* Ctrl-C while tracing: unpin first (probe_stop) */
 	}
-	b.stop = true;
+	__atomic_store_n(&b.stop, true, __ATOMIC_RELAXED);
 	nf_io_ctx_wait(io, 0, -1);
 	if (b.err) {
 		if (!nf_trace_probe_interrupted(&probe))
@@ -938,6 +978,7 @@ static int cmd_bench(int argc, char **argv)
 		nf_json_str(&j, "backend", bname);
 		nf_json_str(&j, "pattern", sequential ? "sequential" : "random");
 		nf_json_u64(&j, "qd", o.qd);
+		nf_json_str(&j, "completion", o.completion == NF_IO_COMPLETION_THREAD ? "thread" : "poll");
 		nf_json_dbl(&j, "active", sequential ? 1.0 : active);
 		nf_json_u64(&j, "bundle_bytes", stride);
 		nf_json_u64(&j, "extent_bytes", (uint64_t)b.ffn[0]->extent_bundles * stride);
@@ -971,10 +1012,12 @@ out:
 	nf_trace_probe_stop(&probe);
 	nf_io_ctx_close(io);
 	nf_io_buf_free(b.bufs);
-	for (unsigned i = 0; b.steps && i < n_steps; i++)
+	for (unsigned i = 0; b.steps && i < n_steps; i++) {
 		free(b.steps[i].slots);
+		free(b.steps[i].pool);
+	}
 	free(b.steps);
-	free(b.pool);
+	free(b.ext_base);
 	free(b.ffn);
 	free(b.lat_us);
 	nf_store_close(s);

@@ -33,9 +33,18 @@
  * error: a wait with a timeout returns -ETIMEDOUT and the context stays
  * usable. Close the context to clear a sticky error.
  *
- * Thread-safety: a context is used by one thread at a time, and callbacks
- * run in the thread calling nf_io_ctx_wait(). Distinct contexts are
- * independent.
+ * Completion modes. By default (NF_IO_COMPLETION_POLL) the caller reaps:
+ * callbacks run in the thread calling nf_io_ctx_wait(). With
+ * NF_IO_COMPLETION_THREAD the context starts a thread that blocks in
+ * io_getevents / io_uring_wait_cqe, runs the callbacks as reads land (with
+ * the context's lock held, so a callback may queue reads but must not call
+ * nf_io_ctx_wait() or close), and nf_io_ctx_wait() only sleeps until enough
+ * requests completed. The sync and fault backends always poll.
+ * docs/STORAGE.md compares the two.
+ *
+ * Thread-safety: in poll mode a context is used by one thread at a time;
+ * in thread mode the read_* calls and wait may come from any threads.
+ * Distinct contexts are independent.
  */
 #ifndef NFLASH_IO_H
 #define NFLASH_IO_H
@@ -137,8 +146,15 @@ struct nf_io_fault_opts {
 	struct nf_io_fault_rule rules[NF_IO_FAULT_MAX_RULES];
 };
 
+/* Who reaps completions and runs callbacks. */
+enum nf_io_completion {
+	NF_IO_COMPLETION_POLL = 0,    /* the caller, inside nf_io_ctx_wait() (default) */
+	NF_IO_COMPLETION_THREAD,      /* a thread of the context's own (aio and uring only) */
+};
+
 struct nf_io_opts {
 	enum nf_io_backend backend;   /* default NF_IO_AUTO */
+	enum nf_io_completion completion;
 	unsigned int qd;              /* reads in flight, 1..4096, default 32 */
 	uint32_t max_coalesce;        /* bytes per read at most, default 1 MiB */
 	unsigned int max_requests;    /* requests outstanding at most, default 1024 */
@@ -174,7 +190,9 @@ typedef void (*nf_io_done_fn)(void *cookie, int result);
  */
 int nf_io_ctx_open(struct nf_store *s, const struct nf_io_opts *o, struct nf_io_ctx **out,
 		   struct nf_diag *d);
-/* Waits for reads in flight, then frees everything. NULL is allowed. */
+/* Waits for reads in flight (so no buffer is written after it returns), then
+ * frees everything; callbacks of requests still pending do not run. NULL is
+ * allowed. */
 void nf_io_ctx_close(struct nf_io_ctx *io);
 
 /*
@@ -210,8 +228,9 @@ int nf_io_ctx_read_raw(struct nf_io_ctx *io, uint64_t offset, uint64_t len, void
  * nf_io_ctx_wait - reap completions and run callbacks until at least
  * min_requests requests completed (0: until none is outstanding), or
  * timeout_ms passed (-1: no limit). Returns the number of requests
- * completed, -ETIMEDOUT when the timeout passed first (callbacks of those
- * that did complete have run), or a negative error from the backend.
+ * completed during the call (in thread mode requests may complete before
+ * it), -ETIMEDOUT when the timeout passed first (callbacks of those that
+ * did complete have run), or the sticky error / a backend error.
  */
 int nf_io_ctx_wait(struct nf_io_ctx *io, unsigned int min_requests, int timeout_ms);
 
