@@ -29,8 +29,10 @@ static inline void nf_bench_header(const char *name, const char *extra)
 	}
 	struct utsname u;
 	uname(&u);
-	printf("# %s: machine %s, %ld cpus; kernel %s %s; cc %s -O2; %s\n", name, model,
-	       sysconf(_SC_NPROCESSORS_ONLN), u.sysname, u.release, __VERSION__, extra);
+	double load[3] = { -1, -1, -1 };
+	getloadavg(load, 3);
+	printf("# %s: machine %s, %ld cpus, load %.2f; kernel %s %s; cc %s -O2; %s\n", name, model,
+	       sysconf(_SC_NPROCESSORS_ONLN), load[0], u.sysname, u.release, __VERSION__, extra);
 }
 
 static inline int nf_bench_cmp_double(const void *a, const void *b)

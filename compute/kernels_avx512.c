@@ -14,8 +14,9 @@
  * Invariants:
  * 1. Integer block sums are exact; results differ from the reference only
  *    in the order of the f32 sum over blocks and lanes.
- * 2. Weight loads never pass the end of a row: a group's two overlapping
- *    64-byte loads start at its first and at its (size - 64)th byte.
+ * 2. Weight loads never leave the row: a group read unaligned takes two
+ *    overlapping 64-byte loads at its first and its (size - 64)th byte; a
+ *    run of groups read aligned takes whole cache lines inside the row.
  * 3. Only this file is compiled with the AVX-512 flags, and kernels.c hands
  *    out its table only after cpuid confirmed every one of them (and AVX2,
  *    FMA, F16C, whose kernels this table reuses).
@@ -32,6 +33,12 @@
 
 /* Rows of weights a gemm keeps hot in L2 while activation tiles pass. */
 #define GEMM_ROW_BLOCK 64
+#ifndef Q4_TILE_R
+#define Q4_TILE_R 4
+#endif
+#ifndef Q8_TILE_R
+#define Q8_TILE_R 4
+#endif
 
 /* ---- scalar tails (blocks past the last whole group) ------------------------ */
 
@@ -111,17 +118,21 @@ INLINE __m512i q4_idx_d(void)
 				27, 27, 27, 27, 18, 18, 18, 18, 9, 9, 9, 9, 0, 0, 0, 0);
 }
 
-INLINE struct q4w q4_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+INLINE struct q4w q4_decode(__m512i raw0, __m512i raw1, __m512i idxq, __m512i idxd)
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
-	__m512i raw0 = _mm512_loadu_si512((const void *)p);
-	__m512i raw1 = _mm512_loadu_si512((const void *)(p + Q4_GBYTES - 64));
 	__m512i q = _mm512_permutex2var_epi16(raw0, idxq, raw1);
 	struct q4w w;
 	w.lo = _mm512_and_si512(q, m4);
 	w.hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
 	w.dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idxd, raw0)));
 	return w;
+}
+
+INLINE struct q4w q4_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+{
+	return q4_decode(_mm512_loadu_si512((const void *)p),
+			 _mm512_loadu_si512((const void *)(p + Q4_GBYTES - 64)), idxq, idxd);
 }
 
 INLINE __m512 q4_fma(struct q4w w, const struct q4x *x, __m512 acc)
@@ -131,41 +142,51 @@ INLINE __m512 q4_fma(struct q4w w, const struct q4x *x, __m512 acc)
 	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w.dw, x->dx), acc);
 }
 
-/* R weight rows x B activation rows over ng groups: out[r * B + b]. */
-INLINE void q4_tile(const int R, const int B, size_t ng, const uint8_t *const *wr,
-		    const struct q4x *const *xb, float *out)
-{
-	const __m512i idxq = q4_idx_qs(), idxd = q4_idx_d();
-	__m512 acc[4][4];
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			acc[r][b] = _mm512_setzero_ps();
-	for (size_t g = 0; g < ng; g++) {
-		struct q4w w[4];
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++)
-			w[r] = q4_unpack(wr[r] + g * Q4_GBYTES, idxq, idxd);
-#pragma GCC unroll 4
-		for (int b = 0; b < B; b++)
-#pragma GCC unroll 4
-			for (int r = 0; r < R; r++)
-				acc[r][b] = q4_fma(w[r], xb[b] + g, acc[r][b]);
-	}
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
-}
+/*
+ * One row over ng groups. Unaligned 64-byte loads that straddle cache lines
+ * halve the bandwidth a row streams from DRAM at, so where the row allows
+ * (address a multiple of 8), groups are read as runs of 8 groups = 9
+ * aligned lines, each group's two windows cut out with VALIGND; the groups
+ * before the first aligned one and after the last run take the unaligned
+ * path. Aligned loads stay inside the row.
+ */
+#define Q4_RUN 8
 
 static float q4_row(const uint8_t *w, const struct q4x *x, size_t ng)
 {
 	const __m512i idxq = q4_idx_qs(), idxd = q4_idx_d();
 	__m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-	size_t g = 0;
-	for (; g + 2 <= ng; g += 2) {
+	size_t a = (uintptr_t)w & 63, g = 0, head = ng;
+	if (a % 8 == 0)
+		head = ((64 - a) / 8) % Q4_RUN;
+	for (; g < head && g < ng; g++)
 		acc0 = q4_fma(q4_unpack(w + g * Q4_GBYTES, idxq, idxd), x + g, acc0);
-		acc1 = q4_fma(q4_unpack(w + (g + 1) * Q4_GBYTES, idxq, idxd), x + g + 1, acc1);
+	for (; g + Q4_RUN <= ng; g += Q4_RUN) {
+		const __m512i *L = (const __m512i *)(w + g * Q4_GBYTES);
+		const struct q4x *xg = x + g;
+		__m512i l0 = _mm512_load_si512(L), l1 = _mm512_load_si512(L + 1);
+#define Q4_STEP(k, lo, hi, acc)                                                                \
+	acc = q4_fma(q4_decode(_mm512_alignr_epi32(hi, lo, 2 * (k)),                           \
+			       (k) < 7 ? _mm512_alignr_epi32(hi, lo, (2 * (k) + 2) & 15) : hi, idxq, idxd), \
+		     xg + (k), acc)
+		Q4_STEP(0, l0, l1, acc0);
+		__m512i l2 = _mm512_load_si512(L + 2);
+		Q4_STEP(1, l1, l2, acc1);
+		__m512i l3 = _mm512_load_si512(L + 3);
+		Q4_STEP(2, l2, l3, acc0);
+		__m512i l4 = _mm512_load_si512(L + 4);
+		Q4_STEP(3, l3, l4, acc1);
+		__m512i l5 = _mm512_load_si512(L + 5);
+		Q4_STEP(4, l4, l5, acc0);
+		__m512i l6 = _mm512_load_si512(L + 6);
+		Q4_STEP(5, l5, l6, acc1);
+		__m512i l7 = _mm512_load_si512(L + 7);
+		Q4_STEP(6, l6, l7, acc0);
+		__m512i l8 = _mm512_load_si512(L + 8);
+		Q4_STEP(7, l7, l8, acc1);
+#undef Q4_STEP
 	}
-	if (g < ng)
+	for (; g < ng; g++)
 		acc0 = q4_fma(q4_unpack(w + g * Q4_GBYTES, idxq, idxd), x + g, acc0);
 	return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
@@ -218,15 +239,19 @@ INLINE __m512i q8_idx_d(void)
 				17, 17, 17, 17, 17, 17, 17, 17, 0, 0, 0, 0, 0, 0, 0, 0);
 }
 
-INLINE struct q8w q8_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+INLINE struct q8w q8_decode(__m512i raw0, __m512i raw1, __m512i idxq, __m512i idxd)
 {
-	__m512i raw0 = _mm512_loadu_si512((const void *)p);
-	__m512i raw1 = _mm512_loadu_si512((const void *)(p + Q8_GBYTES - 64));
 	__m512i q = _mm512_permutex2var_epi16(raw0, idxq, raw1);
 	struct q8w w;
 	w.u = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
 	w.dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idxd, raw0)));
 	return w;
+}
+
+INLINE struct q8w q8_unpack(const uint8_t *p, __m512i idxq, __m512i idxd)
+{
+	return q8_decode(_mm512_loadu_si512((const void *)p),
+			 _mm512_loadu_si512((const void *)(p + Q8_GBYTES - 64)), idxq, idxd);
 }
 
 INLINE __m512 q8_fma(struct q8w w, const struct q8x *x, __m512 acc)
@@ -235,43 +260,68 @@ INLINE __m512 q8_fma(struct q8w w, const struct q8x *x, __m512 acc)
 	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w.dw, x->dx), acc);
 }
 
-INLINE void q8_tile(const int R, const int B, size_t ng, const uint8_t *const *wr,
-		    const struct q8x *const *xb, float *out)
-{
-	const __m512i idxq = q8_idx_qs(), idxd = q8_idx_d();
-	__m512 acc[4][4];
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			acc[r][b] = _mm512_setzero_ps();
-	for (size_t g = 0; g < ng; g++) {
-		struct q8w w[4];
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++)
-			w[r] = q8_unpack(wr[r] + g * Q8_GBYTES, idxq, idxd);
-#pragma GCC unroll 4
-		for (int b = 0; b < B; b++)
-#pragma GCC unroll 4
-			for (int r = 0; r < R; r++)
-				acc[r][b] = q8_fma(w[r], xb[b] + g, acc[r][b]);
-	}
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
-}
+/* As q4_row: runs of 16 groups (2 blocks, 68 bytes each) = 17 aligned
+ * lines where the row address is a multiple of 4. */
+#define Q8_RUN 16
 
 static float q8_row(const uint8_t *w, const struct q8x *x, size_t ng)
 {
 	const __m512i idxq = q8_idx_qs(), idxd = q8_idx_d();
 	__m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-	size_t g = 0;
-	for (; g + 2 <= ng; g += 2) {
+	size_t a = (uintptr_t)w & 63, g = 0, head = ng;
+	if (a % 4 == 0)
+		head = ((64 - a) / 4) % Q8_RUN;
+	for (; g < head && g < ng; g++)
 		acc0 = q8_fma(q8_unpack(w + g * Q8_GBYTES, idxq, idxd), x + g, acc0);
-		acc1 = q8_fma(q8_unpack(w + (g + 1) * Q8_GBYTES, idxq, idxd), x + g + 1, acc1);
+	for (; g + Q8_RUN <= ng; g += Q8_RUN) {
+		const __m512i *L = (const __m512i *)(w + g * Q8_GBYTES);
+		const struct q8x *xg = x + g;
+		__m512i lo = _mm512_load_si512(L), hi;
+#define Q8_STEP(k, acc)                                                                          \
+	hi = _mm512_load_si512(L + (k) + 1);                                                     \
+	acc = q8_fma(q8_decode(_mm512_alignr_epi32(hi, lo, (k)),                                 \
+			       (k) < 15 ? _mm512_alignr_epi32(hi, lo, ((k) + 1) & 15) : hi, idxq, idxd), \
+		     xg + (k), acc);                                                             \
+	lo = hi
+		Q8_STEP(0, acc0); Q8_STEP(1, acc1); Q8_STEP(2, acc0); Q8_STEP(3, acc1);
+		Q8_STEP(4, acc0); Q8_STEP(5, acc1); Q8_STEP(6, acc0); Q8_STEP(7, acc1);
+		Q8_STEP(8, acc0); Q8_STEP(9, acc1); Q8_STEP(10, acc0); Q8_STEP(11, acc1);
+		Q8_STEP(12, acc0); Q8_STEP(13, acc1); Q8_STEP(14, acc0); Q8_STEP(15, acc1);
+#undef Q8_STEP
 	}
-	if (g < ng)
+	for (; g < ng; g++)
 		acc0 = q8_fma(q8_unpack(w + g * Q8_GBYTES, idxq, idxd), x + g, acc0);
 	return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
+
+/* ---- register tiles ------------------------------------------------------------- */
+
+/* T##_tile: R weight rows x B activation rows over ng groups, out[r * B + b];
+ * each weight group is unpacked once for the B activations. */
+#define QTILE(T, GBYTES)                                                                      \
+	INLINE void T##_tile(const int R, const int B, size_t ng, const uint8_t *const *wr,  \
+			     const struct T##x *const *xb, float *out)                        \
+	{                                                                                     \
+		const __m512i idxq = T##_idx_qs(), idxd = T##_idx_d();                        \
+		__m512 acc[4][4];                                                             \
+		for (int r = 0; r < R; r++)                                                   \
+			for (int b = 0; b < B; b++)                                           \
+				acc[r][b] = _mm512_setzero_ps();                              \
+		for (size_t g = 0; g < ng; g++) {                                             \
+			struct T##w w[4];                                                     \
+			_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                   \
+				w[r] = T##_unpack(wr[r] + g * GBYTES, idxq, idxd);            \
+			_Pragma("GCC unroll 4") for (int b = 0; b < B; b++)                   \
+				_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)           \
+					acc[r][b] = T##_fma(w[r], xb[b] + g, acc[r][b]);      \
+		}                                                                             \
+		for (int r = 0; r < R; r++)                                                   \
+			for (int b = 0; b < B; b++)                                           \
+				out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);             \
+	}
+
+QTILE(q4, Q4_GBYTES)
+QTILE(q8, Q8_GBYTES)
 
 /* ---- quantized gemv / gemm drivers ------------------------------------------- */
 
@@ -279,9 +329,9 @@ static float q8_row(const uint8_t *w, const struct q8x *x, size_t ng)
  * gemv: repack a chunk of x, run every row over it, add the chunk's sum
  * into y; blocks past the last whole group go through the scalar tail.
  * gemm: for each block of GEMM_ROW_BLOCK weight rows, for each tile of 4
- * activation rows, repack the tile chunk by chunk and run 2x4 tiles.
+ * activation rows, repack the tile chunk by chunk and run TR x 4 tiles.
  */
-#define QDRIVERS(T, WBLOCK, XPACK, GROUP, GBYTES, CHUNK)                                      \
+#define QDRIVERS(T, WBLOCK, XPACK, GROUP, GBYTES, CHUNK, TR)                                      \
 	static __attribute__((unused)) void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			     const void *xq, float *y)                                        \
 	{                                                                                     \
@@ -326,22 +376,21 @@ static float q8_row(const uint8_t *w, const struct q8x *x, size_t ng)
 						xb[j] = xp[j];                                \
 					}                                                     \
 					size_t r = r0;                                        \
-					const uint8_t *wr[2];                                 \
-					float out[8];                                         \
-					for (; r + 2 <= r1; r += 2) {                         \
-						wr[0] = wc + r * row_bytes + c * GBYTES;      \
-						wr[1] = wr[0] + row_bytes;                    \
+					const uint8_t *wr[TR];                                \
+					float out[TR * 4];                                    \
+					for (; r + TR <= r1; r += TR) {                       \
+						for (int k = 0; k < TR; k++)                  \
+							wr[k] = wc + (r + k) * row_bytes + c * GBYTES; \
 						if (bn == 4) {                                \
-							T##_tile(2, 4, cn, wr, xb, out);      \
-							for (size_t j = 0; j < 4; j++) {      \
-								y[(b0 + j) * ldy + r] += out[j];  \
-								y[(b0 + j) * ldy + r + 1] += out[4 + j]; \
-							}                                     \
+							T##_tile(TR, 4, cn, wr, xb, out);     \
+							for (int k = 0; k < TR; k++)          \
+								for (size_t j = 0; j < 4; j++) \
+									y[(b0 + j) * ldy + r + k] += out[k * 4 + j]; \
 						} else {                                      \
 							for (size_t j = 0; j < bn; j++) {     \
-								T##_tile(2, 1, cn, wr, xb + j, out); \
-								y[(b0 + j) * ldy + r] += out[0];  \
-								y[(b0 + j) * ldy + r + 1] += out[1]; \
+								T##_tile(TR, 1, cn, wr, xb + j, out); \
+								for (int k = 0; k < TR; k++)  \
+									y[(b0 + j) * ldy + r + k] += out[k]; \
 							}                                     \
 						}                                             \
 					}                                                     \
@@ -361,8 +410,322 @@ static float q8_row(const uint8_t *w, const struct q8x *x, size_t ng)
 						(const struct nf_block_q8_0 *)(xc + b * xq_stride) + ng * GROUP, nt); \
 	}
 
-QDRIVERS(q4, struct nf_block_q4_0, q4x, Q4_GROUP, Q4_GBYTES, Q4_CHUNK)
-QDRIVERS(q8, struct nf_block_q8_0, q8x, Q8_GROUP, Q8_GBYTES, Q8_CHUNK)
+QDRIVERS(q4, struct nf_block_q4_0, q4x, Q4_GROUP, Q4_GBYTES, Q4_CHUNK, Q4_TILE_R)
+QDRIVERS(q8, struct nf_block_q8_0, q8x, Q8_GROUP, Q8_GBYTES, Q8_CHUNK, Q8_TILE_R)
+
+/* ---- quantized products in llama.cpp's order ------------------------------------
+ *
+ * The VNNI kernels above sum lanes and blocks in their own order. With
+ * activations rounded to Q8_0 at every layer a one-ulp difference flips a
+ * rounding downstream and changes greedy continuations, so the table uses
+ * these instead, which follow llama.cpp's x86 order exactly (kernels_ref.c):
+ * per block 8 int32 lanes of 4 consecutive products, per (row, token) one
+ * 8-lane chain acc = fma(d_w * d_x, lanes, acc) over the blocks in order,
+ * then hsum8. To fill 512-bit registers a vector holds two weight rows
+ * (lanes 0-7 row A, 8-15 row B) against the same activation block, so each
+ * row's chain stays sequential. VPDPBUSD takes unsigned weights (Q4_0
+ * nibbles as they are, Q8_0 + 128) and a precomputed correction of -8 or
+ * -128 times each lane's activation sum. Rows of more than XR_MAX_BLOCKS
+ * blocks go to the reference, which sums in the same order.
+ */
+#define XR_MAX_BLOCKS 1024   /* rows up to 32768 values: 68 KiB of packed x per token */
+#define XR_ROW_BLOCK 64
+#define XR_PREFETCH 512     /* bytes ahead in each weight row */
+
+struct xr {
+	__m256i x;     /* the block's 32 activation bytes */
+	__m256i corr;  /* -8 or -128 times each 4-byte lane's sum */
+};
+
+static void xr_pack(const struct nf_block_q8_0 *x, size_t nb, int shift, struct xr *out, float *dx)
+{
+	const __m256i ones = _mm256_set1_epi8(1);
+	for (size_t i = 0; i < nb; i++) {
+		__m256i v = _mm256_loadu_si256((const __m256i *)x[i].qs);
+		__m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, v);
+		out[i].x = v;
+		out[i].corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, shift));
+		dx[i] = _cvtsh_ss(x[i].d);
+	}
+}
+
+INLINE float xr_hsum8(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+/* Rows A and B of block i as unsigned bytes (A in the low 256 bits). */
+INLINE __m512i xr_w_q4_0(const char *a, const char *b, size_t i)
+{
+	__m128i qa = _mm_loadu_si128((const __m128i *)(a + i * sizeof(struct nf_block_q4_0) + 2));
+	__m128i qb = _mm_loadu_si128((const __m128i *)(b + i * sizeof(struct nf_block_q4_0) + 2));
+	__m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(qa, qa)),
+				       _mm256_set_m128i(qb, qb), 1);
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	return _mm512_mask_blend_epi8(0xFFFF0000FFFF0000ull, _mm512_and_si512(v, m4),
+				      _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+}
+
+INLINE __m512i xr_w_q8_0(const char *a, const char *b, size_t i)
+{
+	__m256i qa = _mm256_loadu_si256((const __m256i *)(a + i * sizeof(struct nf_block_q8_0) + 2));
+	__m256i qb = _mm256_loadu_si256((const __m256i *)(b + i * sizeof(struct nf_block_q8_0) + 2));
+	return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1),
+				_mm512_set1_epi8((char)0x80));
+}
+
+/* Scales of rows A and B at block i: [dA x8 | dB x8]. */
+INLINE __m512 xr_dw(const char *a, const char *b, size_t i, size_t bsz)
+{
+	__m256 da = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(a + i * bsz)));
+	__m256 db = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(b + i * bsz)));
+	return _mm512_insertf32x8(_mm512_castps256_ps512(da), db, 1);
+}
+
+/* P row pairs x B tokens over nb blocks: out[(2p + h) * B + t], h = 0 (A) or 1 (B). */
+#define XR_TILE(T, BSZ)                                                                       \
+	INLINE void xr_tile_##T(const int P, const int B, size_t nb, const char *const *wr,   \
+				const struct xr *const *xb, const float *const *dxb, float *out) \
+	{                                                                                     \
+		__m512 acc[2][4];                                                             \
+		for (int p = 0; p < P; p++)                                                   \
+			for (int t = 0; t < B; t++)                                           \
+				acc[p][t] = _mm512_setzero_ps();                              \
+		for (size_t i = 0; i < nb; i++) {                                             \
+			__m512i w[2];                                                         \
+			__m512 dw[2];                                                         \
+			_Pragma("GCC unroll 2") for (int p = 0; p < P; p++) {                 \
+				_mm_prefetch(wr[2 * p] + i * BSZ + XR_PREFETCH, _MM_HINT_T0); \
+				_mm_prefetch(wr[2 * p + 1] + i * BSZ + XR_PREFETCH, _MM_HINT_T0); \
+				w[p] = xr_w_##T(wr[2 * p], wr[2 * p + 1], i);                 \
+				dw[p] = xr_dw(wr[2 * p], wr[2 * p + 1], i, BSZ);              \
+			}                                                                     \
+			_Pragma("GCC unroll 4") for (int t = 0; t < B; t++) {                 \
+				const struct xr *x = xb[t] + i;                               \
+				__m512i xv = _mm512_broadcast_i64x4(x->x);                    \
+				__m512i cv = _mm512_broadcast_i64x4(x->corr);                 \
+				__m512 dx = _mm512_set1_ps(dxb[t][i]);                        \
+				_Pragma("GCC unroll 2") for (int p = 0; p < P; p++) {         \
+					__m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, w[p], xv)); \
+					acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), s, acc[p][t]); \
+				}                                                             \
+			}                                                                     \
+		}                                                                             \
+		for (int p = 0; p < P; p++)                                                   \
+			for (int t = 0; t < B; t++) {                                         \
+				out[(2 * p) * B + t] = xr_hsum8(_mm512_castps512_ps256(acc[p][t])); \
+				out[(2 * p + 1) * B + t] = xr_hsum8(_mm512_extractf32x8_ps(acc[p][t], 1)); \
+			}                                                                     \
+	}
+
+XR_TILE(q4_0, sizeof(struct nf_block_q4_0))
+XR_TILE(q8_0, sizeof(struct nf_block_q8_0))
+
+/* Rows r0..r1 of W against the B packed tokens, into y[t * ldy + r]. */
+#define XR_ROWS(T)                                                                            \
+	static void xr_rows_##T(size_t nb, const char *w, size_t row_bytes, size_t r0, size_t r1, \
+				int B, const struct xr *const *xb, const float *const *dxb,   \
+				float *y, size_t ldy)                                         \
+	{                                                                                     \
+		const char *wr[4];                                                            \
+		float out[16];                                                                \
+		size_t r = r0;                                                                \
+		for (; r + 4 <= r1; r += 4) {                                                 \
+			for (int k = 0; k < 4; k++)                                           \
+				wr[k] = w + (r + k) * row_bytes;                              \
+			if (B == 4)                                                           \
+				xr_tile_##T(2, 4, nb, wr, xb, dxb, out);                      \
+			else if (B == 1) {                                                    \
+				xr_tile_##T(1, 1, nb, wr, xb, dxb, out);                      \
+				xr_tile_##T(1, 1, nb, wr + 2, xb, dxb, out + 2);              \
+			}                                                                     \
+			else                                                                  \
+				for (int t = 0; t < B; t++) {                                 \
+					float o[4];                                           \
+					xr_tile_##T(2, 1, nb, wr, xb + t, dxb + t, o);        \
+					for (int k = 0; k < 4; k++)                           \
+						out[k * B + t] = o[k];                        \
+				}                                                             \
+			for (int k = 0; k < 4; k++)                                           \
+				for (int t = 0; t < B; t++)                                   \
+					y[(size_t)t * ldy + r + k] = out[k * B + t];          \
+		}                                                                             \
+		for (; r < r1; r++) {                                                         \
+			wr[0] = wr[1] = w + r * row_bytes;                                    \
+			for (int t = 0; t < B; t++) {                                         \
+				float o[2];                                                   \
+				xr_tile_##T(1, 1, nb, wr, xb + t, dxb + t, o);                \
+				y[(size_t)t * ldy + r] = o[0];                                \
+			}                                                                     \
+		}                                                                             \
+	}                                                                                     \
+	static void xr_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
+				size_t nbat, const void *xq, size_t xq_stride, float *y,      \
+				size_t ldy)                                                   \
+	{                                                                                     \
+		size_t nb = n / NF_QK;                                                        \
+		if (nb > XR_MAX_BLOCKS) {                                                     \
+			nf_kernels_table_ref.gemm[XR_KT_##T](n, nrows, w, row_bytes, nbat,    \
+							     xq, xq_stride, y, ldy);          \
+			return;                                                               \
+		}                                                                             \
+		struct xr xp[4][XR_MAX_BLOCKS];                                               \
+		float dx[4][XR_MAX_BLOCKS];                                                   \
+		const char *xc = xq;                                                          \
+		for (size_t r0 = 0; r0 < nrows; r0 += XR_ROW_BLOCK) {                         \
+			size_t r1 = r0 + XR_ROW_BLOCK < nrows ? r0 + XR_ROW_BLOCK : nrows;    \
+			for (size_t b0 = 0; b0 < nbat; b0 += 4) {                             \
+				int bn = nbat - b0 < 4 ? (int)(nbat - b0) : 4;                \
+				const struct xr *xb[4];                                       \
+				const float *dxb[4];                                          \
+				for (int j = 0; j < bn; j++) {                                \
+					xr_pack((const void *)(xc + (b0 + j) * xq_stride), nb, \
+						XR_SHIFT_##T, xp[j], dx[j]);                  \
+					xb[j] = xp[j];                                        \
+					dxb[j] = dx[j];                                       \
+				}                                                             \
+				xr_rows_##T(nb, w, row_bytes, r0, r1, bn, xb, dxb, y + b0 * ldy, ldy); \
+			}                                                                     \
+		}                                                                             \
+	}
+
+#define XR_KT_q4_0 NF_KT_Q4_0
+#define XR_KT_q8_0 NF_KT_Q8_0
+#define XR_SHIFT_q4_0 3
+#define XR_SHIFT_q8_0 7
+XR_ROWS(q4_0)
+XR_ROWS(q8_0)
+
+/* ---- Q4_0 gemv in llama.cpp's order ------------------------------------------
+ *
+ * One token, so the weights stream from memory once and the kernel must
+ * keep up with DRAM. Two facts of this machine shape it:
+ * - Each row's chain acc = fma(d_w * d_x, lanes, acc) is sequential over
+ *   the blocks (that is llama.cpp's order), so one row at a time is bound
+ *   by fma latency. Four rows run side by side instead, two per 512-bit
+ *   register (row A in lanes 0-7, row B in 8-15, as xr_ above).
+ * - Loads that straddle two cache lines and miss are slow: reading rows
+ *   straight from DRAM this way ran at a third of the speed the same code
+ *   has from L2. So the four rows are first copied with aligned 64-byte
+ *   loads into a stack buffer at the same offset within a line, and the
+ *   kernel reads them from there (L1), while it prefetches the next four
+ *   rows into L1 (one line per row per block step) so that memory keeps
+ *   streaming during the arithmetic.
+ * The activation row is repacked once per call (xr_pack) with each
+ * block's correction precomputed. Rows of more than GO_MAX_BLOCKS blocks, and Q8_0
+ * (whose four staged rows and prefetched successors overflow L1; measured
+ * slower than AVX2's), go to the AVX2 kernels, which sum in the same order.
+ * Stack: about 72 KiB.
+ */
+#define GO_MAX_BLOCKS 512   /* 16384 values: 32 KiB of repacked activations */
+#define GO_STAGE (GO_MAX_BLOCKS * 18 + 128)
+
+/*
+ * Copy bytes [src, src + len) to stage + (src % 64): whole lines with
+ * aligned loads, the partial first and last line byte-exact (so nothing
+ * outside the row is read). Returns the copy's address.
+ */
+static const char *go_stage(const char *src, size_t len, char *stage)
+{
+	size_t off = (uintptr_t)src & 63;
+	char *dst = stage + off;
+	size_t head = off ? 64 - off : 0;
+	if (head > len)
+		head = len;
+	memcpy(dst, src, head);
+	size_t i = head;
+	for (; i + 64 <= len; i += 64)
+		_mm512_store_si512((void *)(dst + i), _mm512_load_si512((const void *)(src + i)));
+	memcpy(dst + i, src + i, len - i);
+	return dst;
+}
+
+/* Blocks of rows A and B (at their fp16 scale) as unsigned nibbles in x's
+ * order: [A lo | A hi | B lo | B hi]. */
+INLINE __m512i go_w_q4_0(const char *a, const char *b)
+{
+	__m128i qa = _mm_loadu_si128((const __m128i *)(a + 2));
+	__m128i qb = _mm_loadu_si128((const __m128i *)(b + 2));
+	__m512i ab = _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(qa), qb, 1));
+	__m512i z = _mm512_shuffle_i64x2(ab, ab, 0x50);              /* qa qa qb qb */
+	const __m512i sh = _mm512_set_epi64(0x0004000400040004ll, 0x0004000400040004ll, 0, 0,
+					    0x0004000400040004ll, 0x0004000400040004ll, 0, 0);
+	return _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0x0f));
+}
+
+/* [d_A * d_x x8 | d_B * d_x x8] */
+INLINE __m512 go_scale(const char *a, const char *b, float dx)
+{
+	uint32_t dd = (uint32_t)*(const uint16_t *)a | (uint32_t)*(const uint16_t *)b << 16;
+	__m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
+	const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+	return _mm512_mul_ps(_mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f)), _mm512_set1_ps(dx));
+}
+
+/* acc += row pair (a, b) at block i */
+INLINE __m512 go_step_q4_0(const char *a, const char *b, const struct xr *x, float dx, __m512 acc)
+{
+	__m512i s = _mm512_dpbusd_epi32(_mm512_broadcast_i64x4(x->corr), go_w_q4_0(a, b),
+					_mm512_broadcast_i64x4(x->x));
+	return _mm512_fmadd_ps(go_scale(a, b, dx), _mm512_cvtepi32_ps(s), acc);
+}
+
+#define GO_GEMV(T, BSZ, SHIFT)                                                                \
+	static void go_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
+				const void *xq, float *y)                                     \
+	{                                                                                     \
+		size_t nb = n / NF_QK, len = nb * BSZ;                                        \
+		if (nb > GO_MAX_BLOCKS || nrows < 2) {                                        \
+			nf_kavx2_gemv_##T(n, nrows, w, row_bytes, xq, y);                     \
+			return;                                                               \
+		}                                                                             \
+		struct xr xp[GO_MAX_BLOCKS];                                                \
+		float dx[GO_MAX_BLOCKS];                                                      \
+		_Alignas(64) char stage[4][GO_STAGE];                                         \
+		xr_pack(xq, nb, SHIFT, xp, dx);                                               \
+		const char *wc = w;                                                           \
+		size_t r = 0;                                                                 \
+		for (; r + 4 <= nrows; r += 4) {                                              \
+			const char *a0 = go_stage(wc + r * row_bytes, len, stage[0]);         \
+			const char *b0 = go_stage(wc + (r + 1) * row_bytes, len, stage[1]);   \
+			const char *a1 = go_stage(wc + (r + 2) * row_bytes, len, stage[2]);   \
+			const char *b1 = go_stage(wc + (r + 3) * row_bytes, len, stage[3]);   \
+			__m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;                       \
+			const char *n0 = wc + (r + 4) * row_bytes, *n1 = n0 + row_bytes;      \
+			const char *n2 = n1 + row_bytes, *n3 = n2 + row_bytes;                \
+			size_t pl = r + 8 <= nrows ? (len + 63) / 64 : 0;                      \
+			for (size_t i = 0; i < nb; i++, a0 += BSZ, b0 += BSZ, a1 += BSZ, b1 += BSZ) { \
+				if (i < pl) {                                                   \
+					_mm_prefetch(n0 + 64 * i, _MM_HINT_T0);                      \
+					_mm_prefetch(n1 + 64 * i, _MM_HINT_T0);                      \
+					_mm_prefetch(n2 + 64 * i, _MM_HINT_T0);                      \
+					_mm_prefetch(n3 + 64 * i, _MM_HINT_T0);                      \
+				}                                                               \
+				acc0 = go_step_##T(a0, b0, xp + i, dx[i], acc0);              \
+				acc1 = go_step_##T(a1, b1, xp + i, dx[i], acc1);              \
+			}                                                                     \
+			y[r] = xr_hsum8(_mm512_castps512_ps256(acc0));                        \
+			y[r + 1] = xr_hsum8(_mm512_extractf32x8_ps(acc0, 1));                 \
+			y[r + 2] = xr_hsum8(_mm512_castps512_ps256(acc1));                    \
+			y[r + 3] = xr_hsum8(_mm512_extractf32x8_ps(acc1, 1));                 \
+		}                                                                             \
+		for (; r < nrows; r += 2) {                                                   \
+			/* the last one or two rows: a lone row pairs with itself */          \
+			const char *a0 = wc + r * row_bytes;                                  \
+			const char *b0 = r + 1 < nrows ? a0 + row_bytes : a0;                 \
+			__m512 acc0 = _mm512_setzero_ps();                                    \
+			for (size_t i = 0; i < nb; i++, a0 += BSZ, b0 += BSZ)                 \
+				acc0 = go_step_##T(a0, b0, xp + i, dx[i], acc0);              \
+			y[r] = xr_hsum8(_mm512_castps512_ps256(acc0));                        \
+			if (r + 1 < nrows)                                                    \
+				y[r + 1] = xr_hsum8(_mm512_extractf32x8_ps(acc0, 1));         \
+		}                                                                             \
+	}
+
+GO_GEMV(q4_0, sizeof(struct nf_block_q4_0), 3)
 
 /* ---- float weights -------------------------------------------------------------- */
 
@@ -380,7 +743,7 @@ INLINE float el_f32(const void *p, size_t i) { return ((const float *)p)[i]; }
 INLINE float el_f16(const void *p, size_t i) { return _cvtsh_ss(((const uint16_t *)p)[i]); }
 INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
-#define FKERNELS(T, ESIZE)                                                                    \
+#define FTILE512(T)                                                                           \
 	INLINE void ftile_##T(const int R, const int B, size_t n, const char *const *wr,     \
 			      const char *const *xb, float *out)                              \
 	{                                                                                     \
@@ -406,7 +769,9 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 					s += el_##T(wr[r], k) * el_##T(xb[b], k);             \
 				out[r * B + b] = s;                                           \
 			}                                                                     \
-	}                                                                                     \
+	}
+#define FKERNELS(T, ESIZE) FTILE512(T) FREST512(T)
+#define FREST512(T)                                                                           \
 	static float fdot_##T(size_t n, const void *w, const void *x)                         \
 	{                                                                                     \
 		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
@@ -464,8 +829,120 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 	}
 
 FKERNELS(f32, 4)
-FKERNELS(f16, 2)
 FKERNELS(bf16, 2)
+FTILE512(f16)
+
+/*
+ * F16 in llama.cpp's order (kernels_ref.c, nf_kref_dot_f16): for rows of a
+ * multiple of 16, one 16-lane fma chain per row, reduced as
+ * _mm512_reduce_add_ps; other lengths take the reference. gemv runs four
+ * rows' chains side by side so the fma latency does not bound it.
+ */
+static void gemv_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq,
+		     float *y)
+{
+	const char *wc = w;
+	size_t r = 0;
+	if (n % 16) {
+		for (; r < nrows; r++)
+			y[r] = nf_kref_dot_f16(n, wc + r * row_bytes, xq);
+		return;
+	}
+	for (; r + 4 <= nrows; r += 4) {
+		const char *w0 = wc + r * row_bytes, *w1 = w0 + row_bytes;
+		const char *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
+		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+		for (size_t i = 0; i < n; i += 16) {
+			__m512 xv = ld16_f16(xq, i);
+			a0 = _mm512_fmadd_ps(ld16_f16(w0, i), xv, a0);
+			a1 = _mm512_fmadd_ps(ld16_f16(w1, i), xv, a1);
+			a2 = _mm512_fmadd_ps(ld16_f16(w2, i), xv, a2);
+			a3 = _mm512_fmadd_ps(ld16_f16(w3, i), xv, a3);
+		}
+		y[r] = _mm512_reduce_add_ps(a0);
+		y[r + 1] = _mm512_reduce_add_ps(a1);
+		y[r + 2] = _mm512_reduce_add_ps(a2);
+		y[r + 3] = _mm512_reduce_add_ps(a3);
+	}
+	for (; r < nrows; r++) {
+		const char *w0 = wc + r * row_bytes;
+		__m512 a0 = _mm512_setzero_ps();
+		for (size_t i = 0; i < n; i += 16)
+			a0 = _mm512_fmadd_ps(ld16_f16(w0, i), ld16_f16(xq, i), a0);
+		y[r] = _mm512_reduce_add_ps(a0);
+	}
+}
+
+/* ftile_f16 keeps one 16-lane chain per (row, token): the same order. */
+static void gemm_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
+		     const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	if (n % 16) {
+		nf_kernels_table_ref.gemm[NF_KT_F16](n, nrows, w, row_bytes, nbat, xq, xq_stride, y, ldy);
+		return;
+	}
+	const char *wc = w, *xc = xq;
+	for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {
+		size_t r1 = r0 + GEMM_ROW_BLOCK < nrows ? r0 + GEMM_ROW_BLOCK : nrows;
+		for (size_t b0 = 0; b0 < nbat; b0 += 4) {
+			size_t bn = nbat - b0 < 4 ? nbat - b0 : 4;
+			const char *xb[4], *wr[4];
+			float out[16];
+			for (size_t j = 0; j < bn; j++)
+				xb[j] = xc + (b0 + j) * xq_stride;
+			size_t r = r0;
+			for (; r + 4 <= r1 && bn == 4; r += 4) {
+				for (int k = 0; k < 4; k++)
+					wr[k] = wc + (r + k) * row_bytes;
+				ftile_f16(4, 4, n, wr, xb, out);
+				for (int k = 0; k < 4; k++)
+					for (int j = 0; j < 4; j++)
+						y[(b0 + j) * ldy + r + k] = out[k * 4 + j];
+			}
+			for (; r < r1; r++)
+				for (size_t j = 0; j < bn; j++)
+					gemv_f16(n, 1, wc + r * row_bytes, row_bytes, xb[j], y + (b0 + j) * ldy + r);
+		}
+	}
+}
+
+/* ---- quantized axpy ------------------------------------------------------------- */
+
+/* y += a * w with w = (q - 8) * d exact in f32: one fma per element, as the
+ * reference. */
+static void axpy_q4(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q4_0 *b = wrow;
+	const __m512 av = _mm512_set1_ps(a);
+	const __m512i m4 = _mm512_set1_epi32(0x0f), eight = _mm512_set1_epi32(8);
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		__m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+		__m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
+		__m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, m4), eight);
+		__m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
+		float *o = y + i * NF_QK;
+		__m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d);
+		__m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d);
+		_mm512_storeu_ps(o, _mm512_fmadd_ps(av, w0, _mm512_loadu_ps(o)));
+		_mm512_storeu_ps(o + 16, _mm512_fmadd_ps(av, w1, _mm512_loadu_ps(o + 16)));
+	}
+}
+
+static void axpy_q8(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q8_0 *b = wrow;
+	const __m512 av = _mm512_set1_ps(a);
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		__m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+		__m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
+		__m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b[i].qs + 16)));
+		float *o = y + i * NF_QK;
+		__m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
+		__m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+		_mm512_storeu_ps(o, _mm512_fmadd_ps(av, w0, _mm512_loadu_ps(o)));
+		_mm512_storeu_ps(o + 16, _mm512_fmadd_ps(av, w1, _mm512_loadu_ps(o + 16)));
+	}
+}
 
 const struct nf_kernels nf_kernels_table_avx512 = {
 	.isa = "avx512",
@@ -478,22 +955,21 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
-		/* The VNNI kernels above sum in another order than llama.cpp;
-		 * until they follow it, the AVX2 ones (which do) run here. */
-		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
+		/* llama.cpp's summation order: see go_gemv_q4_0 */
+		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0] = go_gemv_q4_0,
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
-		[NF_KT_Q8_0] = nf_kavx2_gemm_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemm_q4_0,
+		[NF_KT_Q8_0] = xr_gemm_q8_0, [NF_KT_Q4_0] = xr_gemm_q4_0,
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
-		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
-		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
+		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,
+		[NF_KT_Q4_0] = axpy_q4,
 	},
 	.rmsnorm = nf_kavx2_rmsnorm,
-	.softmax = nf_kref_softmax,
-	.silu_mul = nf_kref_silu_mul,
+	.softmax = nf_kavx2_softmax,
+	.silu_mul = nf_kavx2_silu_mul,
 	.relu_mul = nf_kref_relu_mul,
 	.drelu_mul = nf_kref_drelu_mul,
 	.dot_f32 = nf_kavx2_dot_f32v,

@@ -26,12 +26,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nflash/pool.h"
 
-/* Spin this many pause instructions (tens of µs) before sleeping. */
-#define POOL_SPIN 20000
+/* Spin this long before sleeping: longer than the gap between the jobs of
+ * one decode step, short enough not to burn a shared CPU between tokens. */
+#define POOL_SPIN_NS 100000
 
 struct pool_worker {
 	struct nf_pool *pool;
@@ -68,11 +70,18 @@ static void futex_wake(_Atomic uint32_t *word)
 static uint32_t wait_change(_Atomic uint32_t *word, uint32_t seen, _Atomic int *sleepers)
 {
 	uint32_t v;
-	for (int i = 0; i < POOL_SPIN; i++) {
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (int i = 1;; i++) {
 		v = atomic_load_explicit(word, memory_order_acquire);
 		if (v != seen)
 			return v;
 		_mm_pause();
+		if (i % 64 == 0) {
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > POOL_SPIN_NS)
+				break;
+		}
 	}
 	for (;;) {
 		atomic_fetch_add(sleepers, 1);
