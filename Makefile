@@ -169,6 +169,21 @@ fuzz: $(FUZZ_B)/fuzz_gguf $(FUZZ_B)/fuzz_seeds
 	$(Q)cd $(FUZZ_B) && ./fuzz_gguf -jobs=1 -workers=1 -max_total_time=$(FUZZ_TIME) \
 		-max_len=16384 -timeout=10 corpus seeds; s=$$?; tail -n 15 fuzz-0.log; exit $$s
 
+# make fuzz-tok [FUZZ_TIME=600]: the tokenizers on arbitrary text, one core.
+TOK_FUZZ_SRC := $(FUZZ_SRC) $(wildcard compute/tok*.c) compute/unicode_tables.c
+$(FUZZ_B)/fuzz_tok: tests/fuzz/fuzz_tok.c $(TOK_FUZZ_SRC) include/nflash/tokenizer.h compute/tok_int.h
+	$(call msg,FUZZ,$@)
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined \
+		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_tok.c $(TOK_FUZZ_SRC) -lm
+.PHONY: fuzz-tok
+fuzz-tok: $(FUZZ_B)/fuzz_tok
+	$(Q)rm -rf $(FUZZ_B)/tok/seeds && mkdir -p $(FUZZ_B)/tok/corpus $(FUZZ_B)/tok/seeds
+	$(Q)cp ../shared/testdata/vocab/*.inp $(FUZZ_B)/tok/seeds/
+	$(Q)cd $(FUZZ_B)/tok && NF_FUZZ_VOCAB=$(abspath ../shared/testdata/vocab) ../fuzz_tok -jobs=1 -workers=1 \
+		-max_total_time=$(FUZZ_TIME) -max_len=512 -timeout=10 corpus seeds; \
+		s=$$?; tail -n 15 fuzz-0.log; exit $$s
+
 # ---- install ------------------------------------------------------------
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/nflash
