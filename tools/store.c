@@ -257,7 +257,7 @@ static int cmd_inspect(int argc, char **argv)
 			nf_json_obj_begin(&j, NULL);
 			nf_json_str(&j, "name", o->name);
 			nf_json_str(&j, "kind", nf_store_kind_name(o->kind));
-			nf_json_str(&j, "dtype", nf_dtype_name(o->dtype));
+			nf_json_str(&j, "dtype", (o->kind == NF_STORE_KIND_BLOB ? "-" : nf_dtype_name(o->dtype)));
 			nf_json_arr_begin(&j, "shape");
 			for (uint32_t k = 0; k < o->n_dims; k++)
 				nf_json_u64(&j, NULL, o->shape[k]);
@@ -300,7 +300,7 @@ static int cmd_inspect(int argc, char **argv)
 			char sh[96];
 			shape_str(o, sh, sizeof(sh));
 			printf("%-32s %-5s %-5s %-20s %12llu %12llu", o->name,
-			       nf_store_kind_name(o->kind), nf_dtype_name(o->dtype), sh,
+			       nf_store_kind_name(o->kind), (o->kind == NF_STORE_KIND_BLOB ? "-" : nf_dtype_name(o->dtype)), sh,
 			       (unsigned long long)o->offset, (unsigned long long)o->length);
 			if (o->kind == NF_STORE_KIND_FFN)
 				printf("  %u x %u B (%u used%s), %u per extent",
