@@ -71,18 +71,22 @@ static void on_read(void *cookie, int result)
 }
 
 /* Read objs[0..n) into bufs[0..n) with the I/O engine (crc checked). */
-static int read_objects(struct nf_store *s, const struct nf_store_object *const *objs,
+static int read_objects(struct nf_model *m, const struct nf_store_object *const *objs,
 			void *const *bufs, size_t n, struct nf_diag *diag)
 {
-	struct nf_io_ctx *io = NULL;
-	struct nf_io_opts o;
-	nf_io_opts_default(&o);
-	o.quiet = true;
+	struct nf_store *s = m->store;
 	struct rd all = { 0 };
 	struct rd_one *one = calloc(n ? n : 1, sizeof(*one));
 	if (!one)
 		return nf_diag_fail(diag, -ENOMEM, "%s: out of memory", nf_store_path(s));
-	int rc = nf_io_ctx_open(s, &o, &io, diag);
+	int rc = 0;
+	if (!m->load_io) {
+		struct nf_io_opts o;
+		nf_io_opts_default(&o);
+		o.quiet = true;
+		rc = nf_io_ctx_open(s, &o, &m->load_io, diag);
+	}
+	struct nf_io_ctx *io = m->load_io;
 	for (size_t i = 0; rc == 0 && i < n; i++) {
 		one[i] = (struct rd_one){ .all = &all, .obj = objs[i] };
 		rc = nf_io_ctx_read_object(io, objs[i], bufs[i], on_read, &one[i]);
@@ -106,7 +110,6 @@ static int read_objects(struct nf_store *s, const struct nf_store_object *const 
 	if (rc == 0 && all.result < 0)
 		rc = nf_diag_fail(diag, all.result, "%s: object %s: %s", nf_store_path(s),
 				  all.bad->name, nf_strerror(all.result));
-	nf_io_ctx_close(io);
 	free(one);
 	return rc;
 }
@@ -173,7 +176,7 @@ int nf_model_store_open(struct nf_model *m, const char *path, struct nf_diag *di
 		off += round_up(nf_store_object_buf_size(o, bs), MEM_ALIGN);
 		k++;
 	}
-	if ((rc = read_objects(s, objs, bufs, k, diag)) < 0)
+	if ((rc = read_objects(m, objs, bufs, k, diag)) < 0)
 		goto out;
 	rc = nf_gguf_open_mem(m->meta, meta->length, &m->g, diag);
 	if (rc < 0)
@@ -245,7 +248,7 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 			const struct nf_store_object *o = f->obj;
 			const struct nf_store_object *one[1] = { o };
 			void *bufs[1] = { buf };
-			if ((rc = read_objects(s, one, bufs, 1, diag)) < 0)
+			if ((rc = read_objects(m, one, bufs, 1, diag)) < 0)
 				break;
 			struct nf_bundle_layout lay;
 			nf_store_ffn_layout(o, &lay);
@@ -319,11 +322,16 @@ int nf_model_store_ffn(struct nf_model *m, bool unpack, struct nf_diag *diag)
 			}
 		}
 	}
-	return unpack ? unpack_all(m, X, diag) : 0;
+	int rc = unpack ? unpack_all(m, X, diag) : 0;
+	nf_io_ctx_close(m->load_io);
+	m->load_io = NULL;
+	return rc;
 }
 
 void nf_model_store_free(struct nf_model *m)
 {
+	nf_io_ctx_close(m->load_io);
+	m->load_io = NULL;
 	nf_io_buf_free(m->meta);
 	nf_io_buf_free(m->dense_mem);
 	nf_io_buf_free(m->ffn_mem);
