@@ -426,6 +426,12 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 		goto fail;
 	}
 	if (size < NF_STORE_SB_AREA) {
+		uint64_t magic = 0;
+		if (size >= sizeof(magic) && read_full(s, fd, &magic, sizeof(magic), 0) == 0 &&
+		    le64toh(magic) != NF_STORE_MAGIC) {
+			rc = nf_diag_fail(d, NF_EMAGIC, "%s: bad magic (not an nflash store)", path);
+			goto fail;
+		}
 		rc = nf_diag_fail(d, NF_ETRUNCATED,
 				  "%s: file is %llu bytes, shorter than its two superblocks (%u)",
 				  path, (unsigned long long)size, NF_STORE_SB_AREA);

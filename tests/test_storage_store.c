@@ -354,6 +354,10 @@ Test(storage, store_truncated_and_table_past_end)
 	cr_assert_eq(open_err(t.path, &d), NF_ETRUNCATED);
 	cr_assert_eq(truncate(t.path, 0), 0);
 	cr_assert_eq(open_err(t.path, &d), NF_ETRUNCATED);
+	/* A short file that is not a store at all says so. */
+	ts_patch(t.path, 0, "hello, world\n", 13);
+	cr_assert_eq(open_err(t.path, &d), NF_EMAGIC);
+	cr_assert(strstr(d.msg, "not an nflash store"), "%s", d.msg);
 	ts_dir_remove(&t);
 }
 

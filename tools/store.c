@@ -610,6 +610,8 @@ struct bench {
 	struct nf_io_ctx *io;
 	const struct nf_store_object **ffn;
 	uint32_t n_ffn, per_step, n_steps;
+	uint64_t *ext_base;       /* sequential: extents before FFN k (n_ffn + 1 entries) */
+	uint64_t next_ext;        /* sequential: next extent in file order, atomic */
 	bool sequential;
 	double active;
 	uint8_t *bufs;
@@ -636,7 +638,6 @@ struct bstep {
 	uint32_t index, n;
 	uint32_t *slots, *pool;   /* random */
 	uint64_t seed;            /* random */
-	uint32_t cur_ffn, cur_ext;/* sequential: this step's next extent */
 };
 
 static int bench_issue(struct bench *b, struct bstep *sp);
@@ -683,17 +684,22 @@ static int bench_issue(struct bench *b, struct bstep *sp)
 	uint8_t *buf = b->bufs + (size_t)sp->index * b->step_bytes;
 	int rc;
 	if (b->sequential) {
-		/* Step i reads extents i, i + n_steps, ...: together, file order. */
-		const struct nf_store_object *ob = b->ffn[sp->cur_ffn];
-		uint32_t f, c;
-		nf_store_extent_bundles(ob, sp->cur_ext, &f, &c);
-		sp->n = c;
-		rc = nf_io_ctx_read_extents(b->io, ob, sp->cur_ext, 1, buf, bench_done, sp);
-		sp->cur_ext += b->n_steps;
-		while (sp->cur_ext >= b->ffn[sp->cur_ffn]->n_extents) {
-			sp->cur_ext -= b->ffn[sp->cur_ffn]->n_extents;
-			sp->cur_ffn = (sp->cur_ffn + 1) % b->n_ffn;
+		/* Whichever step is free takes the next extent in file order, as
+		 * fio does: the device sees one ascending stream. */
+		uint64_t g = __atomic_fetch_add(&b->next_ext, 1, __ATOMIC_RELAXED) % b->ext_base[b->n_ffn];
+		uint32_t lo = 0, hi = b->n_ffn - 1;
+		while (lo < hi) {   /* last FFN whose base <= g */
+			uint32_t mid = (lo + hi + 1) / 2;
+			if (b->ext_base[mid] <= g)
+				lo = mid;
+			else
+				hi = mid - 1;
 		}
+		const struct nf_store_object *ob = b->ffn[lo];
+		uint32_t e = (uint32_t)(g - b->ext_base[lo]), f, c;
+		nf_store_extent_bundles(ob, e, &f, &c);
+		sp->n = c;
+		rc = nf_io_ctx_read_extents(b->io, ob, e, 1, buf, bench_done, sp);
 	} else {
 		const struct nf_store_object *ob = b->ffn[xrand(&sp->seed) % b->n_ffn];
 		uint32_t k = (uint32_t)ceil(b->active * ob->n_bundles), *sl = sp->slots, *pool = sp->pool;
@@ -881,6 +887,14 @@ static int cmd_bench(int argc, char **argv)
 		b.step_bytes = (size_t)b.per_step * stride;
 	}
 	b.n_steps = n_steps;
+	b.ext_base = malloc((b.n_ffn + 1) * sizeof(uint64_t));
+	if (!b.ext_base) {
+		nf_cli_err("out of memory");
+		goto out;
+	}
+	b.ext_base[0] = 0;
+	for (uint32_t k = 0; k < b.n_ffn; k++)
+		b.ext_base[k + 1] = b.ext_base[k] + b.ffn[k]->n_extents;
 	b.steps = calloc(n_steps, sizeof(*b.steps));
 	b.bufs = nf_io_buf_alloc(b.step_bytes * n_steps, align);
 	if (!b.steps || !b.bufs) {
@@ -892,11 +906,6 @@ static int cmd_bench(int argc, char **argv)
 		sp->b = &b;
 		sp->index = i;
 		sp->seed = mix_seed(seed, i);
-		sp->cur_ext = i;
-		while (sp->cur_ext >= b.ffn[sp->cur_ffn]->n_extents) {
-			sp->cur_ext -= b.ffn[sp->cur_ffn]->n_extents;
-			sp->cur_ffn = (sp->cur_ffn + 1) % b.n_ffn;
-		}
 		if (!sequential && (!(sp->slots = malloc(b.per_step * sizeof(uint32_t))) ||
 				    !(sp->pool = malloc(max_bundles * sizeof(uint32_t))))) {
 			nf_cli_err("out of memory");
@@ -985,6 +994,7 @@ out:
 		free(b.steps[i].pool);
 	}
 	free(b.steps);
+	free(b.ext_base);
 	free(b.ffn);
 	free(b.lat_us);
 	nf_store_close(s);
