@@ -1,0 +1,97 @@
+/*
+ * nflash/bundle.h - how one FFN's neurons are laid out as bundles, and how
+ * they are packed from GGUF matrices. Shared by import (which writes them to
+ * a store), the in-memory sparse path (which packs a GGUF's FFNs into RAM)
+ * and the sparse FFN compute (which reads them from the cache).
+ *
+ * Bundle i holds, back to back: gate row i (if the FFN has a gate), up row i
+ * (each `dim` values in `dtype`), then the down part for neuron i, then zero
+ * padding to `stride`. The down part has one of two forms:
+ *
+ *  - NF_DOWN_ROW: down column i as a row of `dim` values in `down_dtype`.
+ *    Exact for float down matrices (transposed) and for PowerInfer's
+ *    `ffn_down_t` in any type (whose rows already are down columns).
+ *
+ *  - NF_DOWN_QCOL: for a regular quantized `ffn_down` (Q8_0 or Q4_0 blocks
+ *    run along n_ff), the quants of column i without their scales: for Q8_0,
+ *    dim int8 values q[r]; for Q4_0, dim/2 bytes where byte k holds rows 2k
+ *    (low nibble) and 2k+1 (high nibble), value = nibble - 8. The scales,
+ *    fp16 d[b][r] for block b = neuron / 32 and output row r, live in a
+ *    separate dense object (`down_scales`, n_ff/32 x dim fp16, pinned), so
+ *    the engine computes exactly what ggml computes: per output row r,
+ *    sum over blocks b of d[b][r] * dx[b] * sum_{i in b} q[r][i] * qx[i],
+ *    with the activation vector quantized to Q8_0 along n_ff (dx, qx).
+ *    Consequence: the down contribution of block b needs the activations of
+ *    every active neuron of that block (a data dependency, not a barrier).
+ *
+ * Thread-safety: the functions are pure.
+ */
+#ifndef NFLASH_BUNDLE_H
+#define NFLASH_BUNDLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum nf_down_form {
+	NF_DOWN_ROW = 0,
+	NF_DOWN_QCOL = 1,
+};
+
+struct nf_bundle_layout {
+	uint32_t dtype;        /* enum nf_dtype of gate and up rows */
+	uint32_t dim;          /* n_embd: values per gate/up row and down column */
+	uint32_t n_neurons;    /* n_ff of this FFN (per expert) */
+	bool has_gate;
+	uint32_t row_bytes;    /* nf_dtype_row_size(dtype, dim) */
+	uint32_t down_form;    /* enum nf_down_form */
+	uint32_t down_dtype;   /* ROW: dtype of the down row; QCOL: NF_DTYPE_Q8_0 or NF_DTYPE_Q4_0 */
+	uint32_t down_off;     /* byte offset of the down part in a bundle */
+	uint32_t down_bytes;   /* ROW: nf_dtype_row_size(down_dtype, dim); QCOL: dim or dim/2 */
+	uint32_t bundle_bytes; /* down_off + down_bytes */
+	uint32_t stride;       /* bundle_bytes rounded up to the block size */
+};
+
+/*
+ * A GGUF FFN as packing input: row-major matrices as stored in the file.
+ * gate/up: n_ff rows of n_embd values. Exactly one of down (n_embd rows of
+ * n_ff values, the regular layout) and down_t (n_ff rows of n_embd values,
+ * PowerInfer's) is non-NULL. gate is NULL for FFNs without a gate.
+ */
+struct nf_bundle_src {
+	const void *gate, *up, *down, *down_t;
+	uint32_t dtype_gate_up;   /* gate and up must share one type */
+	uint32_t dtype_down;      /* type of down or down_t */
+	uint32_t n_embd, n_ff;
+};
+
+/*
+ * nf_bundle_layout_make - the layout for src with bundles padded to a
+ * multiple of block_size (a power of two >= 512). Returns 0, or NF_EUNSUPPORTED
+ * (gate and up of different types, a down type with no exact bundle form),
+ * NF_EFORMAT (dims not multiples of the block length).
+ */
+int nf_bundle_layout_make(const struct nf_bundle_src *src, uint32_t block_size,
+			  struct nf_bundle_layout *out);
+
+/*
+ * nf_bundle_pack - write bundles of neurons [first, first + n) into out
+ * (n * L->stride bytes, padding zeroed). Pure; never allocates.
+ */
+void nf_bundle_pack(const struct nf_bundle_src *src, const struct nf_bundle_layout *L,
+		    uint32_t first, uint32_t n, void *out);
+
+/*
+ * nf_bundle_pack_scales - for NF_DOWN_QCOL: the fp16 scales d[b][r], b in
+ * [0, n_ff/32), r in [0, n_embd), into out (n_ff/32 * n_embd uint16_t).
+ */
+void nf_bundle_pack_scales(const struct nf_bundle_src *src, uint16_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NFLASH_BUNDLE_H */
