@@ -14,6 +14,7 @@ int nf_cmd_generate(int argc, char **argv);
 int nf_cmd_import(int argc, char **argv);
 int nf_cmd_store(int argc, char **argv);
 int nf_cmd_tokenize(int argc, char **argv);
+int nf_cmd_trace(int argc, char **argv);
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
@@ -22,6 +23,7 @@ static const struct nf_cmd nf_cmds[] = {
 	{ "import", nf_cmd_import, "build a store from a GGUF (llama.cpp or PowerInfer)" },
 	{ "store", nf_cmd_store, "make, inspect, verify and benchmark stores" },
 	{ "tokenize", nf_cmd_tokenize, "token ids of a text with a GGUF vocabulary" },
+	{ "trace", nf_cmd_trace, "eBPF histograms of a process's block I/O (latency, size, depth)" },
 	{ NULL, NULL, NULL },
 };
 
