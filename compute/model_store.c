@@ -32,6 +32,7 @@
 #include "model_impl.h"
 
 #define MEM_ALIGN 4096u
+#define UNPACK_CHUNK 64u   /* neurons unpacked together: each down row touched once per chunk */
 
 bool nf_model_path_is_store(const char *path)
 {
@@ -203,7 +204,7 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 	const struct nf_model_hparams *hp = &m->hp;
 	struct nf_store *s = m->store;
 	uint32_t L = hp->n_layer, nx = X ? X : 1;
-	uint64_t gu, dn, total = 0, max_obj = 0;
+	uint64_t gu, dn, total = 0, max_obj = 0, max_stride = 0;
 	int rc = 0;
 	for (uint32_t i = 0; i < L * nx; i++) {
 		const struct nf_store_object *o = m->ffn[i].obj;
@@ -211,6 +212,8 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 		total += round_up(gu, 64) * 2 + round_up(dn, 64);
 		if (o->length > max_obj)
 			max_obj = o->length;
+		if (o->stride > max_stride)
+			max_stride = o->stride;
 	}
 	struct nf_gguf_tensor *st = realloc(m->st, (m->n_st + 3 * (size_t)L) * sizeof(*st));
 	if (st)
@@ -218,7 +221,8 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 	m->st_names = calloc(3 * (size_t)L, sizeof(*m->st_names));
 	m->ffn_mem = nf_io_buf_alloc(total ? total : 64, MEM_ALIGN);
 	uint8_t *buf = nf_io_buf_alloc(max_obj, MEM_ALIGN);
-	if (!st || !m->st_names || !m->ffn_mem || !buf) {
+	uint8_t *chunk = nf_io_buf_alloc((size_t)UNPACK_CHUNK * max_stride, MEM_ALIGN);
+	if (!st || !m->st_names || !m->ffn_mem || !buf || !chunk) {
 		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory to unpack %llu bytes of FFN weights",
 				  nf_store_path(s), (unsigned long long)total);
 		goto out;
@@ -257,14 +261,23 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 				.down = o->down_transposed ? NULL : d + e * dn,
 				.down_t = o->down_transposed ? d + e * dn : NULL,
 			};
-			for (uint32_t i = 0; i < o->n_bundles; i++)
-				nf_bundle_unpack(&lay, buf + (size_t)o->perm[i] * o->stride, i, f->scales,
-						 &dst);
+			for (uint32_t i0 = 0; i0 < o->n_bundles; i0 += UNPACK_CHUNK) {
+				uint32_t c = o->n_bundles - i0 < UNPACK_CHUNK ? o->n_bundles - i0 : UNPACK_CHUNK;
+				const uint8_t *src = buf + (size_t)o->perm[i0] * o->stride;
+				for (uint32_t k = 1; k < c && src != chunk; k++)
+					if (o->perm[i0 + k] != o->perm[i0] + k)
+						src = chunk;   /* slots not in neuron order: gather */
+				for (uint32_t k = 0; k < c && src == chunk; k++)
+					memcpy(chunk + (size_t)k * o->stride,
+					       buf + (size_t)o->perm[i0 + k] * o->stride, o->stride);
+				nf_bundle_unpack_many(&lay, src, i0, c, f->scales, &dst);
+			}
 		}
 	}
 	if (rc == 0)
 		m->ffn_unpacked = true;
 out:
+	nf_io_buf_free(chunk);
 	nf_io_buf_free(buf);
 	return rc;
 }

@@ -181,6 +181,29 @@ void nf_bundle_pack_scales(const struct nf_bundle_src *src, uint16_t *out)
 	}
 }
 
+/* Row r of QCOL neuron i (down part p) into its block of the regular down
+ * matrix: the scale, and the one quant (Q4_0: nibble) of that column. */
+static void put_qcol(const struct nf_bundle_layout *L, void *down, const uint16_t *scales,
+		     uint32_t r, uint32_t i, const uint8_t *p)
+{
+	size_t blk_i = (size_t)r * (L->n_neurons / NF_QK) + i / NF_QK;
+	uint32_t j = i % NF_QK;
+	uint16_t d = scales[(size_t)(i / NF_QK) * L->dim + r];
+	if (L->down_dtype == NF_DTYPE_Q8_0) {
+		struct nf_block_q8_0 *blk = (struct nf_block_q8_0 *)down + blk_i;
+		blk->d = d;
+		blk->qs[j] = ((const int8_t *)p)[r];
+		return;
+	}
+	struct nf_block_q4_0 *blk = (struct nf_block_q4_0 *)down + blk_i;
+	uint8_t v = (p[r / 2] >> (4 * (r % 2))) & 0x0f;
+	blk->d = d;
+	if (j < NF_QK / 2)
+		blk->qs[j] = (uint8_t)((blk->qs[j] & 0xf0) | v);
+	else
+		blk->qs[j - NF_QK / 2] = (uint8_t)((blk->qs[j - NF_QK / 2] & 0x0f) | (v << 4));
+}
+
 void nf_bundle_unpack(const struct nf_bundle_layout *L, const void *bundle, uint32_t i,
 		      const uint16_t *scales, const struct nf_bundle_dst *dst)
 {
@@ -205,22 +228,35 @@ void nf_bundle_unpack(const struct nf_bundle_layout *L, const void *bundle, uint
 			memcpy(d + ((size_t)r * n + i) * esz, p + (size_t)r * esz, esz);
 		return;
 	}
-	size_t nb = n / NF_QK;
-	uint32_t j = i % NF_QK;
-	for (uint32_t r = 0; r < dim; r++) {
-		uint16_t d = scales[(size_t)(i / NF_QK) * dim + r];
-		if (L->down_dtype == NF_DTYPE_Q8_0) {
-			struct nf_block_q8_0 *blk = (struct nf_block_q8_0 *)dst->down + (size_t)r * nb + i / NF_QK;
-			blk->d = d;
-			blk->qs[j] = ((const int8_t *)p)[r];
-		} else {
-			struct nf_block_q4_0 *blk = (struct nf_block_q4_0 *)dst->down + (size_t)r * nb + i / NF_QK;
-			uint8_t v = (p[r / 2] >> (4 * (r % 2))) & 0x0f;
-			blk->d = d;
-			if (j < NF_QK / 2)
-				blk->qs[j] = (uint8_t)((blk->qs[j] & 0xf0) | v);
-			else
-				blk->qs[j - NF_QK / 2] = (uint8_t)((blk->qs[j - NF_QK / 2] & 0x0f) | (v << 4));
+	for (uint32_t r = 0; r < dim; r++)
+		put_qcol(L, dst->down, scales, r, i, p);
+}
+
+void nf_bundle_unpack_many(const struct nf_bundle_layout *L, const void *bundles, uint32_t first,
+			   uint32_t n, const uint16_t *scales, const struct nf_bundle_dst *dst)
+{
+	const uint8_t *b = bundles;
+	struct nf_bundle_dst rows = *dst;
+	size_t stride = L->stride;
+
+	/* Gate, up and transposed down: whole rows per neuron. */
+	rows.down = NULL;
+	for (uint32_t k = 0; k < n; k++)
+		nf_bundle_unpack(L, b + k * stride, first + k, scales, &rows);
+	if (!dst->down || (dst->down_t && L->down_form == NF_DOWN_ROW))
+		return;
+	uint32_t dim = L->dim, n_ff = L->n_neurons;
+	const uint8_t *base = b + L->down_off;
+	if (L->down_form == NF_DOWN_ROW) {
+		size_t esz = nf_dtype_block_size(L->down_dtype);
+		for (uint32_t r = 0; r < dim; r++) {
+			uint8_t *row = (uint8_t *)dst->down + ((size_t)r * n_ff + first) * esz;
+			for (uint32_t k = 0; k < n; k++)
+				memcpy(row + (size_t)k * esz, base + k * stride + (size_t)r * esz, esz);
 		}
+		return;
 	}
+	for (uint32_t r = 0; r < dim; r++)
+		for (uint32_t k = 0; k < n; k++)
+			put_qcol(L, dst->down, scales, r, first + k, base + k * stride);
 }
