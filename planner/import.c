@@ -649,7 +649,8 @@ int nf_import(const char *gguf_path, const char *out_path, const struct nf_impor
 	}
 	struct stat st;
 	if (!opts->overwrite && stat(out_path, &st) == 0)
-		return nf_diag_fail(d, NF_EUSAGE, "%s: already exists and is kept (nflash import --force replaces it)",
+		return nf_diag_fail(d, NF_EUSAGE,
+				    "%s: already exists and is kept (nflash import --force replaces it)",
 				    out_path);
 
 	double t0 = now_s();

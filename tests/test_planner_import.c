@@ -276,6 +276,89 @@ Test(import, ffn_seam_matches_the_gguf_bundles_and_builtin_refuses)
 	}
 }
 
+/* Copy store `in` to `out` with every FFN's bundles in reverse slot order
+ * and the permutation saying so: the maths must not change. */
+static void copy_reversed(const char *in, const char *out)
+{
+	struct nf_store *s;
+	struct nf_store_writer *w;
+	struct nf_io_ctx *io;
+	struct nf_io_opts io_o;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_store_open(in, NULL, &s, &d), 0);
+	nf_io_opts_default(&io_o);
+	io_o.quiet = true;
+	cr_assert_eq(nf_io_ctx_open(s, &io_o, &io, &d), 0);
+	struct nf_store_create_opts co = { .block_size = nf_store_info(s)->block_size };
+	cr_assert_eq(nf_store_writer_open(out, &co, &w, &d), 0);
+	uint32_t n = nf_store_object_count(s);
+	for (uint32_t i = 0; i < n; i++) {
+		const struct nf_store_object *o = nf_store_object_get(s, i);
+		if (o->kind == NF_STORE_KIND_BLOB) {
+			cr_assert_eq(nf_store_writer_add_blob(w, o->name, o->length, &d), 0);
+		} else if (o->kind == NF_STORE_KIND_DENSE) {
+			cr_assert_eq(nf_store_writer_add_dense(w, o->name, o->dtype, o->n_dims, o->shape, &d), 0);
+		} else {
+			struct nf_bundle_layout L;
+			nf_store_ffn_layout(o, &L);
+			cr_assert_eq(nf_store_writer_add_ffn_layout(w, o->name, o->layer, o->expert, &L,
+								    o->down_transposed, o->extent_bundles, &d), 0);
+			uint32_t *perm = malloc(o->n_bundles * sizeof(*perm));
+			for (uint32_t k = 0; k < o->n_bundles; k++)
+				perm[k] = o->n_bundles - 1 - o->perm[k];
+			cr_assert_eq(nf_store_writer_set_perm(w, i, perm, &d), 0, "%s", d.msg);
+			free(perm);
+		}
+	}
+	cr_assert_eq(nf_store_writer_begin(w, &d), 0);
+	for (uint32_t i = 0; i < n; i++) {
+		const struct nf_store_object *o = nf_store_object_get(s, i);
+		uint8_t *buf = nf_io_buf_alloc(nf_store_object_buf_size(o, co.block_size), 4096);
+		struct ts_done done = { 0 };
+		cr_assert_eq(nf_io_ctx_read_object(io, o, buf, ts_on_done, &done), 0);
+		nf_io_ctx_wait(io, 0, -1);
+		cr_assert_eq(done.result, 0);
+		if (o->kind != NF_STORE_KIND_FFN)
+			cr_assert_eq(nf_store_writer_write_dense(w, buf, o->length), 0);
+		else
+			for (uint32_t k = o->n_bundles; k-- > 0;)
+				cr_assert_eq(nf_store_writer_write_bundles(w, buf + (size_t)k * o->stride, 1), 0);
+		nf_io_buf_free(buf);
+	}
+	cr_assert_eq(nf_store_writer_finish(w, &d), 0, "%s", d.msg);
+	nf_store_writer_close(w);
+	nf_io_ctx_close(io);
+	nf_store_close(s);
+}
+
+Test(import, permuted_bundles_give_the_same_logits)
+{
+	const size_t which[] = { 3, 5, 6 };   /* q4_0 (QCOL), MoE q8_0, PowerInfer (down_t) */
+	for (size_t w = 0; w < 3; w++) {
+		char in[256], refp[256], rev[256];
+		gguf_path(which[w], in, sizeof(in));
+		snprintf(refp, sizeof(refp), TD "%s.ref.txt", models[which[w]]);
+		struct nf_ref ref;
+		struct nf_diag d = { 0 };
+		cr_assert_eq(nf_ref_load(refp, &ref, &d), 0);
+		struct ts_dir t;
+		cr_assert(ts_dir_make(&t, "/tmp"));
+		import_ok(in, t.path, 16, 4096, NULL);
+		snprintf(rev, sizeof(rev), "%s/rev.nfs", t.dir);
+		copy_reversed(t.path, rev);
+		float *a = calloc(ref.n_vocab, sizeof(float)), *b = calloc(ref.n_vocab, sizeof(float));
+		int32_t ga[2], gb[2];
+		eval_logits(in, false, &ref, a, ga, 2);
+		eval_logits(rev, true, &ref, b, gb, 2);
+		cr_assert(memcmp(a, b, ref.n_vocab * sizeof(float)) == 0,
+			  "%s: logits from the permuted store differ", in);
+		free(a);
+		free(b);
+		nf_ref_free(&ref);
+		ts_dir_remove(&t);
+	}
+}
+
 /* ---- damage ---------------------------------------------------------------------- */
 
 static int load_err(const char *path, struct nf_diag *d)
