@@ -108,9 +108,13 @@ Test(import, every_testdata_model_imports_and_verifies)
 		nf_store_close(s);
 		nf_gguf_close(g);
 
-		char out[8192];
+		static char out[1 << 16];
 		char *argv[] = { "store", "verify", t.path, NULL };
 		cr_assert_eq(ts_run_store_cmd(argv, out, sizeof(out)), 0, "%s: %s", in, out);
+		char *insp[] = { "store", "inspect", "--json", t.path, NULL };
+		cr_assert_eq(ts_run_store_cmd(insp, out, sizeof(out)), 0, "%s: %s", in, out);
+		cr_assert(strstr(out, "\"kind\": \"blob\"") && strstr(out, "\"kind\": \"ffn\""), "%s", out);
+		cr_assert_eq(strstr(out, "\"down_form\": \"qcol\"") != NULL, r.n_qcol > 0, "%s", in);
 		cr_assert_eq(ts_dir_count(&t), 1, "%s: temporary files left", in);
 		ts_dir_remove(&t);
 	}
