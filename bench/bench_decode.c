@@ -14,7 +14,10 @@
  * each the median of NFLASH_BENCH_REPEATS runs (default 3). Decode reads
  * every weight once per token, so its row also gives that traffic in GB/s
  * beside a plain memory read by as many threads, measured before each run
- * (the machine is shared: the ratio is what compares across runs). For
+ * (the machine is shared: the ratio is what compares across runs), and
+ * cpu_tok_per_s: tokens per second of the process's CPU time divided by
+ * the thread count, what the run would do with the CPUs to itself (spinning
+ * workers count as busy, so it errs low). For
  * reference llama.cpp decodes such a model at 2.7-3.3 tokens/s here.
  *
  * Environment: NFLASH_BENCH_THREADS (default 2), NFLASH_BENCH_DECODE
@@ -48,6 +51,13 @@ static double now(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -226,12 +236,12 @@ static double memread(struct nf_pool *p, struct read_job *j)
 }
 
 /* One row: median, min and max of reps tokens/s figures (sorts tps). */
-static void report(const char *phase, size_t tokens, const struct nf_ctx *c, double *tps, int reps,
-		   double weight_gb, double memread_gbs)
+static void report(const char *phase, size_t tokens, const struct nf_ctx *c, double *tps,
+		   double *ctps, int reps, double weight_gb, double memread_gbs)
 {
-	double med = nf_bench_median(tps, (size_t)reps);
-	printf("%s\t%zu\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.1f", phase, tokens, nf_ctx_n_threads(c),
-	       nf_ctx_kernels(c)->isa, med, tps[0], tps[reps - 1], 1e3 / med);
+	double med = nf_bench_median(tps, (size_t)reps), cmed = nf_bench_median(ctps, (size_t)reps);
+	printf("%s\t%zu\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.1f\t%.3f", phase, tokens, nf_ctx_n_threads(c),
+	       nf_ctx_kernels(c)->isa, med, tps[0], tps[reps - 1], 1e3 / med, cmed);
 	if (weight_gb > 0)
 		printf("\t%.2f\t%.2f\t%.2f\n", med * weight_gb, memread_gbs, med * weight_gb / memread_gbs);
 	else
@@ -289,8 +299,8 @@ int main(void)
 	nf_bench_header("bench_decode", extra);
 
 	int32_t *ids = malloc(n_pre * sizeof(int32_t));
-	double *tps = malloc((size_t)reps * sizeof(double));
-	if (!ids || !tps)
+	double *tps = malloc((size_t)reps * sizeof(double)), *ctps = malloc((size_t)reps * sizeof(double));
+	if (!ids || !tps || !ctps)
 		return 1;
 	uint64_t s = 12345;
 	for (size_t i = 0; i < n_pre; i++) {
@@ -315,7 +325,7 @@ int main(void)
 	 * traffic, beside a plain read of memory by as many threads, measured
 	 * before each run (ratio = decode / memread). */
 	printf("phase\ttokens\tthreads\tisa\ttok_per_s_median\ttok_per_s_min\ttok_per_s_max\t"
-	       "ms_per_tok_median\tweight_GB_per_s\tmemread_GB_per_s\tratio\n");
+	       "ms_per_tok_median\tcpu_tok_per_s_median\tweight_GB_per_s\tmemread_GB_per_s\tratio\n");
 	/* decode: warm-up token, then n_dec single-token evals */
 	for (int r = 0; r < reps; r++) {
 		mr[r] = memread(rp, rj);
@@ -323,26 +333,28 @@ int main(void)
 		int32_t tok = ids[0];
 		if ((rc = nf_ctx_eval(c, &tok, 1)) < 0)
 			break;
-		double t0 = now();
+		double t0 = now(), c0 = cpu_now();
 		for (size_t i = 0; i < n_dec && rc == 0; i++) {
 			tok = ids[(i + 1) % n_pre];
 			rc = nf_ctx_eval(c, &tok, 1);
 		}
 		tps[r] = n_dec / (now() - t0);
+		ctps[r] = n_dec * nf_ctx_n_threads(c) / (cpu_now() - c0);
 		fprintf(stderr, "bench_decode: decode run %d: %.3f tok/s\n", r + 1, tps[r]);
 	}
 	if (rc == 0)
-		report("decode", n_dec, c, tps, reps, wgb, nf_bench_median(mr, (size_t)reps));
+		report("decode", n_dec, c, tps, ctps, reps, wgb, nf_bench_median(mr, (size_t)reps));
 	/* prefill: n_pre tokens in one batched eval */
 	for (int r = 0; r < reps && rc == 0; r++) {
 		nf_ctx_reset(c);
-		double t0 = now();
+		double t0 = now(), c0 = cpu_now();
 		rc = nf_ctx_eval(c, ids, n_pre);
 		tps[r] = n_pre / (now() - t0);
+		ctps[r] = n_pre * nf_ctx_n_threads(c) / (cpu_now() - c0);
 		fprintf(stderr, "bench_decode: prefill run %d: %.3f tok/s\n", r + 1, tps[r]);
 	}
 	if (rc == 0) {
-		report("prefill", n_pre, c, tps, reps, 0, 0);
+		report("prefill", n_pre, c, tps, ctps, reps, 0, 0);
 		float l0 = nf_ctx_logits(c)[0];
 		if (!isfinite(l0)) {
 			fprintf(stderr, "bench_decode: non-finite logits\n");
@@ -353,6 +365,7 @@ int main(void)
 		fprintf(stderr, "bench_decode: eval failed: %s\n", nf_strerror(rc));
 	free(ids);
 	free(tps);
+	free(ctps);
 	free(mr);
 	free(rbuf);
 	free(rj);

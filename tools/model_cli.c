@@ -54,7 +54,8 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 void nf_model_cli_help(FILE *f)
 {
 	fprintf(f,
-		"  -m, --model FILE      GGUF model (llama.cpp or PowerInfer file); required\n"
+		"  -m, --model FILE      GGUF model (llama.cpp or PowerInfer file), or a store\n"
+		"                        made by `nflash import`; required\n"
 		"  -c, --ctx-size N      context length in tokens (default: the model's)\n"
 		"  -t, --threads N       compute threads (default: all CPUs)\n"
 		"  -b, --batch-size N    prompt tokens per forward step (default 512)\n"
@@ -69,7 +70,10 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	}
 	struct nf_diag d = { 0 };
 	double t0 = nf_cli_now();
-	int rc = nf_model_load(mc->path, NULL, &mc->model, &d);
+	/* A store's FFN is unpacked into memory until the pipeline's streaming
+	 * FFN provider is wired in (nflash/model.h, store_unpack_ffn). */
+	struct nf_model_opts mo = { .prefault = true, .store_unpack_ffn = true };
+	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;
