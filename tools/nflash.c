@@ -9,10 +9,12 @@
 
 #include "cli.h"
 
+int nf_cmd_store(int argc, char **argv);
 int nf_cmd_tokenize(int argc, char **argv);
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
+	{ "store", nf_cmd_store, "make, inspect, verify and benchmark stores" },
 	{ "tokenize", nf_cmd_tokenize, "token ids of a text with a GGUF vocabulary" },
 	{ NULL, NULL, NULL },
 };

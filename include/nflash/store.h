@@ -1,0 +1,249 @@
+/*
+ * nflash/store.h - the store: one file holding a model laid out for flash.
+ *
+ * A store holds named dense objects (embeddings, attention matrices, norms,
+ * predictors, output) and FFN objects, one per (layer, expert). An FFN
+ * object is N neuron bundles: bundle i holds gate row i, up row i and down
+ * column i in the model's type (up and down only for FFNs without a gate),
+ * padded to a stride that is a multiple of the block size. Bundles are
+ * grouped into extents, the unit that is read, cached and checksummed;
+ * a permutation maps neuron ids to bundle slots. docs/FORMAT.md has the
+ * byte layout.
+ *
+ * Reading (metadata only; data goes through nflash/io.h):
+ *
+ *	struct nf_store *s;
+ *	if (nf_store_open("model.nfs", NULL, &s, &diag) < 0) ...
+ *	const struct nf_store_object *ffn = nf_store_ffn_find(s, layer, 0);
+ *	uint32_t slot = ffn->perm[neuron];
+ *	uint64_t off = nf_store_bundle_offset(ffn, slot);
+ *	nf_store_close(s);
+ *
+ * Writing streams: declare every object, begin, write the objects' bytes in
+ * declaration order, finish. The file appears under its name only when
+ * finish succeeded (temporary file, fsync, rename, fsync of the directory).
+ *
+ *	struct nf_store_writer *w;
+ *	nf_store_writer_open("out.nfs", NULL, &w, &diag);
+ *	nf_store_writer_add_dense(w, "token_embd.weight", NF_DTYPE_Q4_0, 2, shape, &diag);
+ *	nf_store_writer_add_ffn(w, "blk.0.ffn", 0, 0, NF_DTYPE_Q4_0, 4096, 11008, true, 0, &diag);
+ *	nf_store_writer_begin(w, &diag);
+ *	nf_store_writer_write_dense(w, bytes, n);      // any number of calls
+ *	nf_store_writer_write_bundle(w, gate, up, down); // 11008 calls
+ *	nf_store_writer_finish(w, &diag);
+ *	nf_store_writer_close(w);
+ *
+ * Thread-safety: a store is read-only after open and may be shared by
+ * threads; a writer is used by one thread.
+ */
+#ifndef NFLASH_STORE_H
+#define NFLASH_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nflash/error.h"
+#include "nflash/io.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Stored on disk: only ever append. */
+enum nf_store_kind {
+	NF_STORE_KIND_DENSE = 1,
+	NF_STORE_KIND_FFN = 2,
+};
+
+#define NF_STORE_BLOCK_DEFAULT 4096u
+#define NF_STORE_BLOCK_MIN 512u
+#define NF_STORE_BLOCK_MAX (1u << 20)
+
+/* One object, decoded. Pointers are owned by the store or writer. */
+struct nf_store_object {
+	char name[64];
+	uint32_t index;            /* position in the object table */
+	uint32_t kind;             /* enum nf_store_kind */
+	uint32_t dtype;            /* enum nf_dtype */
+	uint32_t n_dims;
+	uint64_t shape[4];         /* ggml order; FFN: {dim, n_bundles, 2 or 3} */
+	uint64_t offset;           /* first byte in the file */
+	uint64_t length;           /* data bytes */
+	uint32_t crc;              /* dense: crc32c of the data */
+	/* FFN objects only */
+	uint32_t layer, expert;
+	uint32_t n_bundles;
+	uint32_t dim;              /* values per gate/up row and down column */
+	bool has_gate;
+	uint32_t row_bytes;        /* bytes of one row of dim values */
+	uint32_t bundle_bytes;     /* payload: (has_gate ? 3 : 2) * row_bytes */
+	uint32_t stride;           /* bundle i starts at offset + i * stride */
+	uint32_t extent_bundles;   /* bundles per extent; the last may hold fewer */
+	uint32_t n_extents;
+	const uint32_t *extent_crc;/* [n_extents]: crc32c of each extent's bytes */
+	const uint32_t *perm;      /* [n_bundles]: neuron id -> bundle slot */
+};
+
+struct nf_store_info {
+	uint32_t version;
+	uint64_t generation;       /* of the superblock in use */
+	int sb_slot;               /* 0 or 1 */
+	int other_sb_error;        /* 0, or why the other copy was not usable */
+	uint64_t compat, incompat;
+	uint32_t block_size;
+	uint64_t file_size;
+	uint64_t data_start;
+	uint64_t table_offset, table_length;
+	uint32_t n_objects, n_ffn;
+	uint64_t created_ns;
+	uint8_t uuid[16];
+};
+
+struct nf_store;
+
+struct nf_store_open_opts {
+	const struct nf_io_sys *sys;   /* NULL: nf_io_sys_default */
+};
+
+/*
+ * nf_store_open - open and validate a store: both superblocks (the valid
+ * one with the higher generation is used), the object table and every
+ * object's bounds and geometry. Data is not read. Returns 0 and *out, or
+ * NF_EMAGIC, NF_EVERSION, NF_EINCOMPAT, NF_ECHECKSUM, NF_ETRUNCATED,
+ * NF_EFORMAT or a negative errno, with d naming the file and the field.
+ */
+int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct nf_store **out,
+		  struct nf_diag *d);
+/* Frees the store. NULL is allowed. */
+void nf_store_close(struct nf_store *s);
+
+const struct nf_store_info *nf_store_info(const struct nf_store *s);
+const char *nf_store_path(const struct nf_store *s);
+const struct nf_io_sys *nf_store_sys(const struct nf_store *s);
+uint32_t nf_store_object_count(const struct nf_store *s);
+/* Object i (0 <= i < count), else NULL. */
+const struct nf_store_object *nf_store_object_get(const struct nf_store *s, uint32_t i);
+/* By name or by (layer, expert); NULL when absent. */
+const struct nf_store_object *nf_store_object_find(const struct nf_store *s, const char *name);
+const struct nf_store_object *nf_store_ffn_find(const struct nf_store *s, uint32_t layer,
+						uint32_t expert);
+
+/* Bytes a buffer needs to read the whole object (length rounded up to the block size). */
+uint64_t nf_store_object_buf_size(const struct nf_store_object *obj, uint32_t block_size);
+/* File offset of bundle slot i. */
+uint64_t nf_store_bundle_offset(const struct nf_store_object *obj, uint32_t slot);
+/* First slot and count of bundles of extent e. */
+void nf_store_extent_bundles(const struct nf_store_object *obj, uint32_t e, uint32_t *first,
+			     uint32_t *count);
+/* File offset and byte length of extent e. */
+void nf_store_extent_span(const struct nf_store_object *obj, uint32_t e, uint64_t *offset,
+			  uint64_t *length);
+/* 0 if buf (extent e's bytes) matches its crc32c, else NF_ECHECKSUM. */
+int nf_store_extent_check(const struct nf_store_object *obj, uint32_t e, const void *buf);
+/* 0 if buf (a dense object's length bytes) matches its crc32c, else NF_ECHECKSUM. */
+int nf_store_object_check(const struct nf_store_object *obj, const void *buf);
+
+/* ---- writing ------------------------------------------------------------ */
+
+struct nf_store_create_opts {
+	uint32_t block_size;       /* bundle alignment, power of two in [512, 1 MiB]; 0: 4096 */
+	uint32_t extent_bundles;   /* default bundles per extent; 0: 16 */
+	const struct nf_io_sys *sys;  /* NULL: nf_io_sys_default */
+};
+
+struct nf_store_writer;
+
+/*
+ * nf_store_writer_open - start creating a store at path. Creates a
+ * temporary file in the same directory; nothing appears under path until
+ * nf_store_writer_finish() succeeds. Returns 0 and *out, or a negative
+ * error (d says why). Close the writer in every case after success.
+ */
+int nf_store_writer_open(const char *path, const struct nf_store_create_opts *o,
+			 struct nf_store_writer **out, struct nf_diag *d);
+
+/*
+ * Declare objects, in the order their bytes will be written. Names are
+ * unique, 1..63 bytes. shape is in ggml order (shape[0] a row); shape[0]
+ * must be a multiple of the dtype's block length. extent_bundles 0 takes
+ * the writer's default. Return 0, NF_EUSAGE or NF_EFORMAT (d says why), or
+ * -ENOMEM.
+ */
+int nf_store_writer_add_dense(struct nf_store_writer *w, const char *name, uint32_t dtype,
+			      uint32_t n_dims, const uint64_t *shape, struct nf_diag *d);
+int nf_store_writer_add_ffn(struct nf_store_writer *w, const char *name, uint32_t layer,
+			    uint32_t expert, uint32_t dtype, uint32_t dim, uint32_t n_bundles,
+			    bool has_gate, uint32_t extent_bundles, struct nf_diag *d);
+
+/* Fix the layout; after it, objects are written in declaration order. */
+int nf_store_writer_begin(struct nf_store_writer *w, struct nf_diag *d);
+
+/* Objects as laid out by begin(), index 0..count-1 (offsets are final). */
+uint32_t nf_store_writer_object_count(const struct nf_store_writer *w);
+const struct nf_store_object *nf_store_writer_object(const struct nf_store_writer *w, uint32_t i);
+
+/*
+ * Write the next bytes of the current dense object; len may be any size
+ * up to what is left of it. Returns 0, NF_EUSAGE (current object is an FFN
+ * or too many bytes) or the writer's sticky I/O error.
+ */
+int nf_store_writer_write_dense(struct nf_store_writer *w, const void *data, size_t len);
+/* Write the next bundle of the current FFN object: row_bytes each; gate
+ * must be NULL exactly when the FFN has no gate. */
+int nf_store_writer_write_bundle(struct nf_store_writer *w, const void *gate, const void *up,
+				 const void *down);
+/* Write the next n bundles of the current FFN object, given laid out at the
+ * object's stride (padding bytes are written as zeros whatever they hold). */
+int nf_store_writer_write_bundles(struct nf_store_writer *w, const void *bundles, uint32_t n);
+/* Replace FFN object i's permutation (neuron -> slot; must be a bijection). */
+int nf_store_writer_set_perm(struct nf_store_writer *w, uint32_t i, const uint32_t *perm,
+			     struct nf_diag *d);
+
+/* Bytes of object data declared, and written so far (for progress). */
+uint64_t nf_store_writer_total(const struct nf_store_writer *w);
+uint64_t nf_store_writer_done(const struct nf_store_writer *w);
+
+/*
+ * nf_store_writer_finish - check every object was written, write the
+ * object table and both superblocks, fsync, rename into place and fsync
+ * the directory. Returns 0, or an error after which nothing is under path
+ * (the temporary file is removed by close).
+ */
+int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d);
+/* Free the writer; removes the temporary file unless finish succeeded. NULL allowed. */
+void nf_store_writer_close(struct nf_store_writer *w);
+
+/* ---- fake stores ---------------------------------------------------------- */
+
+/*
+ * A store with a real model's geometry and random contents (valid fp16
+ * scales, random quants), for benchmarking the storage layer before a
+ * model is imported. Objects: token_embd.weight, output_norm.weight,
+ * output.weight, per layer blk.L.attn_norm/attn_q/attn_k/attn_v/
+ * attn_output/ffn_norm (.weight) and, with experts > 1, blk.L.ffn_gate_inp;
+ * then every FFN as blk.L.ffn (expert 0) or blk.L.ffn.E, so the FFNs are
+ * one contiguous run at the end of the data area.
+ */
+struct nf_store_fake_opts {
+	uint32_t layers, dim, ffn, experts, vocab;
+	uint32_t dtype;            /* enum nf_dtype of matrices (norms are f32) */
+	bool no_gate;              /* FFNs hold up + down only */
+	uint64_t seed;
+	struct nf_store_create_opts create;
+	/* Called now and then with bytes written and total; may be NULL. */
+	void (*progress)(void *user, uint64_t done, uint64_t total);
+	void *progress_user;
+};
+
+/* Defaults: 1 layer, dim 256, ffn 688, 1 expert, vocab 32000, q4_0, seed 1. */
+void nf_store_fake_opts_default(struct nf_store_fake_opts *o);
+
+/* Create the fake store at path (crash-safe, as the writer). 0 or a
+ * negative error with d saying why; nothing is left under path on error. */
+int nf_store_fake_create(const char *path, const struct nf_store_fake_opts *o, struct nf_diag *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NFLASH_STORE_H */

@@ -1,0 +1,545 @@
+/*
+ * store.c - opening and validating a store; locating objects, extents and
+ * bundles.
+ *
+ * Invariants:
+ *  1. Nothing read from the file is trusted: every count, offset and length
+ *     is checked against the file size and for overflow before it is used,
+ *     and each failure names the field (nf_diag).
+ *  2. The superblock used is the valid copy with the higher generation; a
+ *     damaged copy is reported in nf_store_info.other_sb_error, not fatal.
+ *  3. After open the store is immutable, so readers may share it.
+ *  4. All multi-byte fields are little-endian on disk and decoded with
+ *     le*toh; aux arrays are decoded in place.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "nflash/crc32c.h"
+#include "nflash/dtype.h"
+#include "nflash/store.h"
+#include "store_format.h"
+
+struct nf_store {
+	char *path;
+	struct nf_io_sys sys;
+	struct nf_store_info info;
+	struct nf_store_object *objs;
+	uint8_t *table;        /* the object table as read; aux arrays point into it */
+};
+
+uint32_t nf_store_sb_crc(const struct nf_store_sb_disk *sb)
+{
+	return nf_crc32c(0, sb, offsetof(struct nf_store_sb_disk, crc));
+}
+
+void nf_store_obj_encode(const struct nf_store_object *o, struct nf_store_obj_disk *e)
+{
+	memset(e, 0, sizeof(*e));
+	memcpy(e->name, o->name, sizeof(e->name));
+	e->name[sizeof(e->name) - 1] = '\0';
+	e->kind = htole32(o->kind);
+	e->dtype = htole32(o->dtype);
+	e->n_dims = htole32(o->n_dims);
+	e->flags = htole32(o->has_gate ? NF_STORE_OBJ_GATE : 0);
+	for (int i = 0; i < NF_STORE_MAX_DIMS; i++)
+		e->shape[i] = htole64(o->shape[i]);
+	e->offset = htole64(o->offset);
+	e->length = htole64(o->length);
+	e->crc = htole32(o->crc);
+	if (o->kind == NF_STORE_KIND_FFN) {
+		e->layer = htole32(o->layer);
+		e->expert = htole32(o->expert);
+		e->n_bundles = htole32(o->n_bundles);
+		e->dim = htole32(o->dim);
+		e->bundle_bytes = htole32(o->bundle_bytes);
+		e->stride = htole32(o->stride);
+		e->extent_bundles = htole32(o->extent_bundles);
+		e->n_extents = htole32(o->n_extents);
+	}
+}
+
+static int read_full(struct nf_store *s, int fd, void *buf, size_t len, uint64_t off)
+{
+	uint8_t *p = buf;
+	while (len) {
+		ssize_t n = s->sys.pread(fd, p, len, (off_t)off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return NF_ETRUNCATED;
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+static bool is_pow2(uint64_t v)
+{
+	return v && !(v & (v - 1));
+}
+
+/* Validate one superblock copy; fills *sb (decoded to host order). */
+static int sb_check(const uint8_t *raw, const char *path, int slot, uint64_t actual_size,
+		    struct nf_store_sb_disk *sb, struct nf_diag *d)
+{
+	memcpy(sb, raw, sizeof(*sb));
+	uint64_t magic = le64toh(sb->magic);
+	if (magic == NF_STORE_MAGIC_SWAPPED)
+		return nf_diag_fail(d, NF_EMAGIC,
+				    "%s: superblock %d: magic is byte-swapped (written with the wrong byte order)",
+				    path, slot);
+	if (magic != NF_STORE_MAGIC)
+		return nf_diag_fail(d, NF_EMAGIC,
+				    "%s: superblock %d: bad magic %#018llx (not an nflash store)", path,
+				    slot, (unsigned long long)magic);
+	uint32_t crc = le32toh(sb->crc);
+	if (nf_store_sb_crc(sb) != crc)
+		return nf_diag_fail(d, NF_ECHECKSUM, "%s: superblock %d: crc32c mismatch", path, slot);
+	sb->version = le32toh(sb->version);
+	sb->sb_size = le32toh(sb->sb_size);
+	sb->generation = le64toh(sb->generation);
+	sb->compat = le64toh(sb->compat);
+	sb->incompat = le64toh(sb->incompat);
+	sb->block_size = le32toh(sb->block_size);
+	sb->n_objects = le32toh(sb->n_objects);
+	sb->file_size = le64toh(sb->file_size);
+	sb->data_start = le64toh(sb->data_start);
+	sb->table_offset = le64toh(sb->table_offset);
+	sb->table_length = le64toh(sb->table_length);
+	sb->table_crc = le32toh(sb->table_crc);
+	sb->created_ns = le64toh(sb->created_ns);
+	if (sb->version > NF_STORE_VERSION || sb->version == 0)
+		return nf_diag_fail(d, NF_EVERSION,
+				    "%s: superblock %d: version %u is not supported (this nflash reads version %u)",
+				    path, slot, sb->version, NF_STORE_VERSION);
+	if (sb->incompat & ~NF_STORE_INCOMPAT_KNOWN)
+		return nf_diag_fail(d, NF_EINCOMPAT,
+				    "%s: superblock %d: unknown incompatible feature flags %#llx",
+				    path, slot,
+				    (unsigned long long)(sb->incompat & ~NF_STORE_INCOMPAT_KNOWN));
+	if (sb->sb_size != sizeof(*sb))
+		return nf_diag_fail(d, NF_EFORMAT, "%s: superblock %d: sb_size %u, expected %zu",
+				    path, slot, sb->sb_size, sizeof(*sb));
+	if (!is_pow2(sb->block_size) || sb->block_size < NF_STORE_BLOCK_MIN ||
+	    sb->block_size > NF_STORE_BLOCK_MAX)
+		return nf_diag_fail(d, NF_EFORMAT,
+				    "%s: superblock %d: block_size %u is not a power of two in [%u, %u]",
+				    path, slot, sb->block_size, NF_STORE_BLOCK_MIN, NF_STORE_BLOCK_MAX);
+	if (sb->data_start != nf_store_data_start(sb->block_size))
+		return nf_diag_fail(d, NF_EFORMAT, "%s: superblock %d: data_start %llu, expected %llu",
+				    path, slot, (unsigned long long)sb->data_start,
+				    (unsigned long long)nf_store_data_start(sb->block_size));
+	if (sb->file_size > actual_size)
+		return nf_diag_fail(d, NF_ETRUNCATED,
+				    "%s: file is %llu bytes but superblock %d says file_size %llu (truncated)",
+				    path, (unsigned long long)actual_size, slot,
+				    (unsigned long long)sb->file_size);
+	uint64_t tend;
+	if (__builtin_add_overflow(sb->table_offset, sb->table_length, &tend) ||
+	    tend > sb->file_size)
+		return nf_diag_fail(d, NF_EFORMAT,
+				    "%s: superblock %d: table_offset %llu + table_length %llu is past the end of the file (%llu bytes)",
+				    path, slot, (unsigned long long)sb->table_offset,
+				    (unsigned long long)sb->table_length,
+				    (unsigned long long)sb->file_size);
+	if (sb->table_offset % sb->block_size || sb->table_offset < sb->data_start)
+		return nf_diag_fail(d, NF_EFORMAT,
+				    "%s: superblock %d: table_offset %llu is not a block-aligned offset after the superblocks",
+				    path, slot, (unsigned long long)sb->table_offset);
+	if (sb->table_length / sizeof(struct nf_store_obj_disk) < sb->n_objects)
+		return nf_diag_fail(d, NF_EFORMAT,
+				    "%s: superblock %d: n_objects %u does not fit in table_length %llu",
+				    path, slot, sb->n_objects, (unsigned long long)sb->table_length);
+	return 0;
+}
+
+#define OBJFAIL(code, fmt, ...)                                                          \
+	nf_diag_fail(d, code, "%s: object %u '%s': " fmt, s->path, i, o->name, __VA_ARGS__)
+
+/* Decode and validate entry i; aux arrays are decoded in s->table. */
+static int obj_decode(struct nf_store *s, uint32_t i, const struct nf_store_sb_disk *sb,
+		      struct nf_diag *d)
+{
+	struct nf_store_obj_disk e;
+	memcpy(&e, s->table + (size_t)i * sizeof(e), sizeof(e));
+	struct nf_store_object *o = &s->objs[i];
+	memset(o, 0, sizeof(*o));
+	memcpy(o->name, e.name, sizeof(o->name));
+	o->name[sizeof(o->name) - 1] = '\0';
+	if (memchr(e.name, '\0', sizeof(e.name)) == NULL || e.name[0] == '\0')
+		return OBJFAIL(NF_EFORMAT, "name is %s", e.name[0] ? "not NUL-terminated" : "empty");
+	o->index = i;
+	o->kind = le32toh(e.kind);
+	o->dtype = le32toh(e.dtype);
+	o->n_dims = le32toh(e.n_dims);
+	uint32_t flags = le32toh(e.flags);
+	for (int k = 0; k < NF_STORE_MAX_DIMS; k++)
+		o->shape[k] = le64toh(e.shape[k]);
+	o->offset = le64toh(e.offset);
+	o->length = le64toh(e.length);
+	o->crc = le32toh(e.crc);
+	uint32_t bs = sb->block_size;
+
+	if (o->kind != NF_STORE_KIND_DENSE && o->kind != NF_STORE_KIND_FFN)
+		return OBJFAIL(NF_EFORMAT, "unknown kind %u", o->kind);
+	if (!nf_dtype_valid(o->dtype))
+		return OBJFAIL(NF_EUNSUPPORTED, "unknown dtype %u", o->dtype);
+	if (o->n_dims < 1 || o->n_dims > NF_STORE_MAX_DIMS)
+		return OBJFAIL(NF_EFORMAT, "n_dims %u not in [1, %d]", o->n_dims, NF_STORE_MAX_DIMS);
+	if (o->offset % bs)
+		return OBJFAIL(NF_EFORMAT, "offset %llu is not a multiple of the block size %u",
+			       (unsigned long long)o->offset, bs);
+	uint64_t end;
+	if (__builtin_add_overflow(o->offset, o->length, &end) || o->offset < sb->data_start ||
+	    end > sb->table_offset)
+		return OBJFAIL(NF_EFORMAT,
+			       "offset %llu + length %llu is outside the data area [%llu, %llu)",
+			       (unsigned long long)o->offset, (unsigned long long)o->length,
+			       (unsigned long long)sb->data_start,
+			       (unsigned long long)sb->table_offset);
+
+	if (o->kind == NF_STORE_KIND_DENSE) {
+		uint64_t row = nf_dtype_row_size(o->dtype, o->shape[0]);
+		if (row == 0)
+			return OBJFAIL(NF_EFORMAT, "shape[0] %llu is not a whole number of %s blocks",
+				       (unsigned long long)o->shape[0], nf_dtype_name(o->dtype));
+		uint64_t size = row;
+		for (uint32_t k = 1; k < o->n_dims; k++)
+			if (__builtin_mul_overflow(size, o->shape[k], &size))
+				return OBJFAIL(NF_EFORMAT, "shape overflows 64 bits at shape[%u]", k);
+		if (size != o->length)
+			return OBJFAIL(NF_EFORMAT, "length %llu, but the shape needs %llu bytes",
+				       (unsigned long long)o->length, (unsigned long long)size);
+		return 0;
+	}
+
+	o->layer = le32toh(e.layer);
+	o->expert = le32toh(e.expert);
+	o->n_bundles = le32toh(e.n_bundles);
+	o->dim = le32toh(e.dim);
+	o->has_gate = flags & NF_STORE_OBJ_GATE;
+	o->bundle_bytes = le32toh(e.bundle_bytes);
+	o->stride = le32toh(e.stride);
+	o->extent_bundles = le32toh(e.extent_bundles);
+	o->n_extents = le32toh(e.n_extents);
+	uint64_t row = nf_dtype_row_size(o->dtype, o->dim);
+	uint32_t rows = o->has_gate ? 3 : 2;
+	if (row == 0 || row > UINT32_MAX / 3)
+		return OBJFAIL(NF_EFORMAT, "dim %u is not a whole number of %s blocks", o->dim,
+			       nf_dtype_name(o->dtype));
+	o->row_bytes = (uint32_t)row;
+	if (o->n_dims != 3 || o->shape[0] != o->dim || o->shape[1] != o->n_bundles ||
+	    o->shape[2] != rows || o->shape[3] != 0)
+		return OBJFAIL(NF_EFORMAT, "shape is not {dim %u, n_bundles %u, %u}", o->dim,
+			       o->n_bundles, rows);
+	if (o->n_bundles == 0)
+		return OBJFAIL(NF_EFORMAT, "n_bundles is %u", 0);
+	if (o->bundle_bytes != rows * row)
+		return OBJFAIL(NF_EFORMAT, "bundle_bytes %u, expected %u", o->bundle_bytes,
+			       (unsigned)(rows * row));
+	if (o->stride < o->bundle_bytes || o->stride % bs)
+		return OBJFAIL(NF_EFORMAT,
+			       "stride %u is not a multiple of the block size %u holding %u bytes",
+			       o->stride, bs, o->bundle_bytes);
+	if (o->extent_bundles == 0 || o->extent_bundles > o->n_bundles)
+		return OBJFAIL(NF_EFORMAT, "extent_bundles %u not in [1, n_bundles %u]",
+			       o->extent_bundles, o->n_bundles);
+	uint32_t next = (o->n_bundles + o->extent_bundles - 1) / o->extent_bundles;
+	if (o->n_extents != next)
+		return OBJFAIL(NF_EFORMAT, "n_extents %u, expected %u", o->n_extents, next);
+	if ((uint64_t)o->n_bundles * o->stride != o->length)
+		return OBJFAIL(NF_EFORMAT, "length %llu is not n_bundles * stride",
+			       (unsigned long long)o->length);
+	uint64_t aux_off = le64toh(e.aux_offset), aux_len = le64toh(e.aux_length);
+	uint64_t aux_end, tbl_entries = (uint64_t)sb->n_objects * sizeof(e);
+	if (aux_len != 4ull * ((uint64_t)o->n_extents + o->n_bundles) || aux_off % 4 ||
+	    aux_off < tbl_entries || __builtin_add_overflow(aux_off, aux_len, &aux_end) ||
+	    aux_end > sb->table_length)
+		return OBJFAIL(NF_EFORMAT,
+			       "aux_offset %llu / aux_length %llu outside the object table",
+			       (unsigned long long)aux_off, (unsigned long long)aux_len);
+	uint32_t *aux = (uint32_t *)(s->table + aux_off);
+	if (nf_crc32c(0, aux, aux_len) != o->crc)
+		return OBJFAIL(NF_ECHECKSUM, "crc32c of extent checksums and permutation (%s)",
+			       "aux arrays damaged");
+	for (uint64_t k = 0; k < aux_len / 4; k++)
+		aux[k] = le32toh(aux[k]);
+	o->extent_crc = aux;
+	o->perm = aux + o->n_extents;
+	/* The permutation must be a bijection onto the slots. */
+	uint8_t *seen = calloc(o->n_bundles, 1);
+	if (!seen)
+		return -ENOMEM;
+	int rc = 0;
+	for (uint32_t k = 0; k < o->n_bundles; k++) {
+		uint32_t slot = o->perm[k];
+		if (slot >= o->n_bundles || seen[slot]) {
+			rc = OBJFAIL(NF_EFORMAT, "perm[%u] = %u is out of range or repeated", k, slot);
+			break;
+		}
+		seen[slot] = 1;
+	}
+	free(seen);
+	return rc;
+}
+
+static int cmp_by_offset(const void *a, const void *b)
+{
+	const struct nf_store_object *x = *(const struct nf_store_object *const *)a;
+	const struct nf_store_object *y = *(const struct nf_store_object *const *)b;
+	return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Objects must not overlap, and names and (layer, expert) pairs are unique. */
+static int check_overlaps(struct nf_store *s, struct nf_diag *d)
+{
+	uint32_t n = s->info.n_objects;
+	if (n < 2)
+		return 0;
+	const struct nf_store_object **v = malloc(n * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		v[i] = &s->objs[i];
+	qsort(v, n, sizeof(*v), cmp_by_offset);
+	int rc = 0;
+	for (uint32_t i = 1; i < n && rc == 0; i++)
+		if (v[i - 1]->length && v[i - 1]->offset + v[i - 1]->length > v[i]->offset)
+			rc = nf_diag_fail(d, NF_EFORMAT, "%s: objects '%s' and '%s' overlap", s->path,
+					  v[i - 1]->name, v[i]->name);
+	free(v);
+	for (uint32_t i = 0; i < n && rc == 0; i++)
+		for (uint32_t j = i + 1; j < n && rc == 0; j++) {
+			const struct nf_store_object *a = &s->objs[i], *b = &s->objs[j];
+			if (!strcmp(a->name, b->name))
+				rc = nf_diag_fail(d, NF_EFORMAT, "%s: object name '%s' appears twice",
+						  s->path, a->name);
+			else if (a->kind == NF_STORE_KIND_FFN && b->kind == NF_STORE_KIND_FFN &&
+				 a->layer == b->layer && a->expert == b->expert)
+				rc = nf_diag_fail(d, NF_EFORMAT,
+						  "%s: FFN (layer %u, expert %u) appears twice", s->path,
+						  a->layer, a->expert);
+		}
+	return rc;
+}
+
+int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct nf_store **out,
+		  struct nf_diag *d)
+{
+	int rc, fd = -1;
+	struct nf_store *s = calloc(1, sizeof(*s));
+	uint8_t *raw = NULL;
+	*out = NULL;
+	if (!s)
+		return -ENOMEM;
+	s->sys = o && o->sys ? *o->sys : nf_io_sys_default;
+	s->path = strdup(path);
+	if (!s->path) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	fd = s->sys.open(path, O_RDONLY, 0);
+	if (fd < 0) {
+		rc = nf_diag_fail(d, -errno, "%s: cannot open: %s", path, nf_strerror(-errno));
+		goto fail;
+	}
+	struct stat st;
+	if (s->sys.fstat(fd, &st) < 0) {
+		rc = nf_diag_fail(d, -errno, "%s: fstat: %s", path, nf_strerror(-errno));
+		goto fail;
+	}
+	uint64_t size = (uint64_t)st.st_size;
+	if (S_ISBLK(st.st_mode) && s->sys.ioctl_size(fd, &size) < 0) {
+		rc = nf_diag_fail(d, -errno, "%s: BLKGETSIZE64: %s", path, nf_strerror(-errno));
+		goto fail;
+	}
+	if (size < NF_STORE_SB_AREA) {
+		rc = nf_diag_fail(d, NF_ETRUNCATED,
+				  "%s: file is %llu bytes, shorter than its two superblocks (%u)",
+				  path, (unsigned long long)size, NF_STORE_SB_AREA);
+		goto fail;
+	}
+	raw = malloc(NF_STORE_SB_AREA);
+	if (!raw) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	rc = read_full(s, fd, raw, NF_STORE_SB_AREA, 0);
+	if (rc < 0) {
+		nf_diag_fail(d, rc, "%s: reading the superblocks: %s", path, nf_strerror(rc));
+		goto fail;
+	}
+	struct nf_store_sb_disk sb[2];
+	struct nf_diag dd[2] = {{0}, {0}};
+	int err[2];
+	for (int k = 0; k < 2; k++)
+		err[k] = sb_check(raw + k * NF_STORE_SB_SLOT, path, k, size, &sb[k], &dd[k]);
+	int use;
+	if (err[0] == 0 && err[1] == 0)
+		use = sb[1].generation > sb[0].generation;
+	else if (err[0] == 0)
+		use = 0;
+	else if (err[1] == 0)
+		use = 1;
+	else {
+		/* Both bad: report the first copy's error, mention the second. */
+		rc = nf_diag_fail(d, err[0], "%s; %s", dd[0].msg, dd[1].msg);
+		goto fail;
+	}
+	const struct nf_store_sb_disk *u = &sb[use];
+	s->info.version = u->version;
+	s->info.generation = u->generation;
+	s->info.sb_slot = use;
+	s->info.other_sb_error = err[!use];
+	s->info.compat = u->compat;
+	s->info.incompat = u->incompat;
+	s->info.block_size = u->block_size;
+	s->info.file_size = u->file_size;
+	s->info.data_start = u->data_start;
+	s->info.table_offset = u->table_offset;
+	s->info.table_length = u->table_length;
+	s->info.n_objects = u->n_objects;
+	s->info.created_ns = u->created_ns;
+	memcpy(s->info.uuid, u->uuid, sizeof(s->info.uuid));
+
+	s->table = malloc(u->table_length ? u->table_length : 1);
+	s->objs = calloc(u->n_objects ? u->n_objects : 1, sizeof(*s->objs));
+	if (!s->table || !s->objs) {
+		rc = nf_diag_fail(d, -ENOMEM, "%s: no memory for a %llu-byte object table", path,
+				  (unsigned long long)u->table_length);
+		goto fail;
+	}
+	rc = read_full(s, fd, s->table, u->table_length, u->table_offset);
+	if (rc < 0) {
+		nf_diag_fail(d, rc, "%s: reading the object table: %s", path, nf_strerror(rc));
+		goto fail;
+	}
+	if (nf_crc32c(0, s->table, u->table_length) != u->table_crc) {
+		rc = nf_diag_fail(d, NF_ECHECKSUM, "%s: object table: crc32c mismatch", path);
+		goto fail;
+	}
+	for (uint32_t i = 0; i < u->n_objects; i++) {
+		rc = obj_decode(s, i, u, d);
+		if (rc < 0)
+			goto fail;
+		if (s->objs[i].kind == NF_STORE_KIND_FFN)
+			s->info.n_ffn++;
+	}
+	rc = check_overlaps(s, d);
+	if (rc < 0)
+		goto fail;
+	free(raw);
+	s->sys.close(fd);
+	*out = s;
+	return 0;
+fail:
+	free(raw);
+	if (fd >= 0)
+		s->sys.close(fd);
+	nf_store_close(s);
+	return rc;
+}
+
+void nf_store_close(struct nf_store *s)
+{
+	if (!s)
+		return;
+	free(s->objs);
+	free(s->table);
+	free(s->path);
+	free(s);
+}
+
+const struct nf_store_info *nf_store_info(const struct nf_store *s)
+{
+	return &s->info;
+}
+
+const char *nf_store_path(const struct nf_store *s)
+{
+	return s->path;
+}
+
+const struct nf_io_sys *nf_store_sys(const struct nf_store *s)
+{
+	return &s->sys;
+}
+
+uint32_t nf_store_object_count(const struct nf_store *s)
+{
+	return s->info.n_objects;
+}
+
+const struct nf_store_object *nf_store_object_get(const struct nf_store *s, uint32_t i)
+{
+	return i < s->info.n_objects ? &s->objs[i] : NULL;
+}
+
+const struct nf_store_object *nf_store_object_find(const struct nf_store *s, const char *name)
+{
+	for (uint32_t i = 0; i < s->info.n_objects; i++)
+		if (!strcmp(s->objs[i].name, name))
+			return &s->objs[i];
+	return NULL;
+}
+
+const struct nf_store_object *nf_store_ffn_find(const struct nf_store *s, uint32_t layer,
+						uint32_t expert)
+{
+	for (uint32_t i = 0; i < s->info.n_objects; i++) {
+		const struct nf_store_object *o = &s->objs[i];
+		if (o->kind == NF_STORE_KIND_FFN && o->layer == layer && o->expert == expert)
+			return o;
+	}
+	return NULL;
+}
+
+uint64_t nf_store_object_buf_size(const struct nf_store_object *obj, uint32_t block_size)
+{
+	return (obj->length + block_size - 1) / block_size * block_size;
+}
+
+uint64_t nf_store_bundle_offset(const struct nf_store_object *obj, uint32_t slot)
+{
+	return obj->offset + (uint64_t)slot * obj->stride;
+}
+
+void nf_store_extent_bundles(const struct nf_store_object *obj, uint32_t e, uint32_t *first,
+			     uint32_t *count)
+{
+	uint32_t f = e * obj->extent_bundles;
+	uint32_t c = obj->n_bundles - f < obj->extent_bundles ? obj->n_bundles - f : obj->extent_bundles;
+	*first = f;
+	*count = c;
+}
+
+void nf_store_extent_span(const struct nf_store_object *obj, uint32_t e, uint64_t *offset,
+			  uint64_t *length)
+{
+	uint32_t f, c;
+	nf_store_extent_bundles(obj, e, &f, &c);
+	*offset = nf_store_bundle_offset(obj, f);
+	*length = (uint64_t)c * obj->stride;
+}
+
+int nf_store_extent_check(const struct nf_store_object *obj, uint32_t e, const void *buf)
+{
+	uint64_t off, len;
+	nf_store_extent_span(obj, e, &off, &len);
+	return nf_crc32c(0, buf, len) == obj->extent_crc[e] ? 0 : NF_ECHECKSUM;
+}
+
+int nf_store_object_check(const struct nf_store_object *obj, const void *buf)
+{
+	return nf_crc32c(0, buf, obj->length) == obj->crc ? 0 : NF_ECHECKSUM;
+}

@@ -1,0 +1,103 @@
+/*
+ * store_format.h - the on-disk structures of a store (docs/FORMAT.md).
+ *
+ * Private to storage/ (tests include it to forge damaged stores). Every
+ * field is fixed-width little-endian; sizes are _Static_assert'ed; values of
+ * the enums in store.h that reach the disk are only ever appended.
+ *
+ * Layout of a store file (B = block size, a power of two >= 512):
+ *
+ *   [0, 4096)            superblock slot 0
+ *   [4096, 8192)         superblock slot 1
+ *   [data_start, ...)    object data, each object at a multiple of B;
+ *                        data_start = max(8192, B)
+ *   [table_offset, +len) object table: n_objects entries, then the aux
+ *                        arrays of FFN objects (extent crcs, permutation)
+ *
+ * Superblock of generation g lives in slot g % 2; the reader takes the valid
+ * copy with the highest generation.
+ */
+#ifndef NFLASH_STORE_FORMAT_H
+#define NFLASH_STORE_FORMAT_H
+
+#include <stdint.h>
+
+/* Bytes "\x89NFSTORE" on disk: read as a little-endian u64 this is the value
+ * below; a big-endian reader sees NF_STORE_MAGIC_SWAPPED instead. */
+#define NF_STORE_MAGIC         0x45524f5453464e89ULL
+#define NF_STORE_MAGIC_SWAPPED 0x894e4653544f5245ULL
+#define NF_STORE_VERSION       1u
+#define NF_STORE_SB_SLOT       4096u   /* bytes per superblock slot */
+#define NF_STORE_SB_AREA       8192u   /* both slots */
+#define NF_STORE_NAME_MAX      64      /* bytes of a name, NUL included */
+#define NF_STORE_MAX_DIMS      4
+
+/* Feature flags. Readers refuse unknown incompat bits and ignore unknown
+ * compat bits. None are defined in version 1. */
+#define NF_STORE_COMPAT_KNOWN   0ULL
+#define NF_STORE_INCOMPAT_KNOWN 0ULL
+
+/* Object entry flags. */
+#define NF_STORE_OBJ_GATE 1u   /* FFN bundles hold a gate row */
+
+struct nf_store_sb_disk {
+	uint64_t magic;          /* NF_STORE_MAGIC */
+	uint32_t version;        /* NF_STORE_VERSION */
+	uint32_t sb_size;        /* sizeof(struct nf_store_sb_disk) */
+	uint64_t generation;     /* slot = generation % 2 */
+	uint64_t compat;         /* feature flags a reader may ignore */
+	uint64_t incompat;       /* feature flags a reader must know */
+	uint32_t block_size;     /* B: alignment of every object and bundle stride */
+	uint32_t n_objects;      /* entries in the object table */
+	uint64_t file_size;      /* total bytes of the store */
+	uint64_t data_start;     /* first byte of object data */
+	uint64_t table_offset;   /* object table, a multiple of B */
+	uint64_t table_length;   /* entries + aux arrays, bytes */
+	uint32_t table_crc;      /* crc32c of the table_length bytes */
+	uint32_t reserved0;
+	uint64_t created_ns;     /* CLOCK_REALTIME at creation */
+	uint8_t uuid[16];        /* random, identifies the store */
+	uint8_t reserved[140];   /* zero */
+	uint32_t crc;            /* crc32c of the bytes before this field */
+};
+_Static_assert(sizeof(struct nf_store_sb_disk) == 256, "superblock is 256 bytes");
+
+/* One object table entry. kind is enum nf_store_kind. Fields marked FFN are
+ * zero for dense objects. */
+struct nf_store_obj_disk {
+	char name[NF_STORE_NAME_MAX];     /* NUL-terminated, NUL-padded */
+	uint32_t kind;                    /* enum nf_store_kind */
+	uint32_t dtype;                   /* enum nf_dtype (ggml type id) */
+	uint32_t n_dims;                  /* 1..4 */
+	uint32_t flags;                   /* NF_STORE_OBJ_* */
+	uint64_t shape[NF_STORE_MAX_DIMS];/* ggml order: shape[0] is the row length */
+	uint64_t offset;                  /* first data byte, multiple of B */
+	uint64_t length;                  /* data bytes (FFN: n_bundles * stride) */
+	uint32_t crc;                     /* dense: crc32c of the data; FFN: of its aux arrays */
+	uint32_t layer;                   /* FFN */
+	uint32_t expert;                  /* FFN */
+	uint32_t n_bundles;               /* FFN: neurons */
+	uint32_t dim;                     /* FFN: values per gate/up row and down column */
+	uint32_t bundle_bytes;            /* FFN: payload bytes of one bundle */
+	uint32_t stride;                  /* FFN: bytes from one bundle to the next, multiple of B */
+	uint32_t extent_bundles;          /* FFN: bundles per extent (the last may hold fewer) */
+	uint32_t n_extents;               /* FFN */
+	uint32_t reserved0;
+	uint64_t aux_offset;              /* FFN: u32 extent_crc[n_extents], u32 perm[n_bundles] */
+	uint64_t aux_length;              /* FFN: 4 * (n_extents + n_bundles) */
+	uint8_t reserved[72];             /* zero */
+};
+_Static_assert(sizeof(struct nf_store_obj_disk) == 256, "object entry is 256 bytes");
+
+struct nf_store_object;
+
+/* Shared by the reader and the writer (store.c). */
+uint32_t nf_store_sb_crc(const struct nf_store_sb_disk *sb);
+void nf_store_obj_encode(const struct nf_store_object *o, struct nf_store_obj_disk *e);
+/* data_start for block size bs. */
+static inline uint64_t nf_store_data_start(uint32_t bs)
+{
+	return bs > NF_STORE_SB_AREA ? bs : NF_STORE_SB_AREA;
+}
+
+#endif /* NFLASH_STORE_FORMAT_H */
