@@ -122,6 +122,17 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
 	$(Q)$(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
 
+# ---- thread pool under ThreadSanitizer ----------------------------------
+# Criterion cannot start under TSan (Snaipe/Criterion#274), so the pool's
+# TSan run is a plain program: `make tsan-pool`.
+.PHONY: tsan-pool
+tsan-pool:
+	$(call msg,CCLD,build-thread/stress_pool)
+	$(Q)mkdir -p build-thread
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=thread -Iinclude tests/stress_pool.c \
+		compute/pool.c -o build-thread/stress_pool -lnuma -lpthread
+	$(Q)build-thread/stress_pool
+
 # ---- benchmarks ---------------------------------------------------------
 $(B)/bench/%: bench/%.c $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,CCLD,$@)

@@ -14,8 +14,9 @@
  * Invariants:
  * 1. Integer block sums are exact; results differ from the reference only
  *    in the order of the f32 sum over blocks and lanes.
- * 2. Weight loads never pass the end of a row: a group's two overlapping
- *    64-byte loads start at its first and at its (size - 64)th byte.
+ * 2. Weight loads never leave the row: a group read unaligned takes two
+ *    overlapping 64-byte loads at its first and its (size - 64)th byte; a
+ *    run of groups read aligned takes whole cache lines inside the row.
  * 3. Only this file is compiled with the AVX-512 flags, and kernels.c hands
  *    out its table only after cpuid confirmed every one of them (and AVX2,
  *    FMA, F16C, whose kernels this table reuses).
@@ -32,6 +33,12 @@
 
 /* Rows of weights a gemm keeps hot in L2 while activation tiles pass. */
 #define GEMM_ROW_BLOCK 64
+#ifndef Q4_TILE_R
+#define Q4_TILE_R 4
+#endif
+#ifndef Q8_TILE_R
+#define Q8_TILE_R 4
+#endif
 
 /* ---- scalar tails (blocks past the last whole group) ------------------------ */
 
@@ -133,31 +140,6 @@ INLINE __m512 q4_fma(struct q4w w, const struct q4x *x, __m512 acc)
 	__m512i s = _mm512_dpbusd_epi32(x->corr, w.lo, x->lo);
 	s = _mm512_dpbusd_epi32(s, w.hi, x->hi);
 	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w.dw, x->dx), acc);
-}
-
-/* R weight rows x B activation rows over ng groups: out[r * B + b]. */
-INLINE void q4_tile(const int R, const int B, size_t ng, const uint8_t *const *wr,
-		    const struct q4x *const *xb, float *out)
-{
-	const __m512i idxq = q4_idx_qs(), idxd = q4_idx_d();
-	__m512 acc[4][4];
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			acc[r][b] = _mm512_setzero_ps();
-	for (size_t g = 0; g < ng; g++) {
-		struct q4w w[4];
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++)
-			w[r] = q4_unpack(wr[r] + g * Q4_GBYTES, idxq, idxd);
-#pragma GCC unroll 4
-		for (int b = 0; b < B; b++)
-#pragma GCC unroll 4
-			for (int r = 0; r < R; r++)
-				acc[r][b] = q4_fma(w[r], xb[b] + g, acc[r][b]);
-	}
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
 }
 
 /*
@@ -278,30 +260,6 @@ INLINE __m512 q8_fma(struct q8w w, const struct q8x *x, __m512 acc)
 	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w.dw, x->dx), acc);
 }
 
-INLINE void q8_tile(const int R, const int B, size_t ng, const uint8_t *const *wr,
-		    const struct q8x *const *xb, float *out)
-{
-	const __m512i idxq = q8_idx_qs(), idxd = q8_idx_d();
-	__m512 acc[4][4];
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			acc[r][b] = _mm512_setzero_ps();
-	for (size_t g = 0; g < ng; g++) {
-		struct q8w w[4];
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++)
-			w[r] = q8_unpack(wr[r] + g * Q8_GBYTES, idxq, idxd);
-#pragma GCC unroll 4
-		for (int b = 0; b < B; b++)
-#pragma GCC unroll 4
-			for (int r = 0; r < R; r++)
-				acc[r][b] = q8_fma(w[r], xb[b] + g, acc[r][b]);
-	}
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
-}
-
 /* As q4_row: runs of 16 groups (2 blocks, 68 bytes each) = 17 aligned
  * lines where the row address is a multiple of 4. */
 #define Q8_RUN 16
@@ -336,15 +294,44 @@ static float q8_row(const uint8_t *w, const struct q8x *x, size_t ng)
 	return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+/* ---- register tiles ------------------------------------------------------------- */
+
+/* T##_tile: R weight rows x B activation rows over ng groups, out[r * B + b];
+ * each weight group is unpacked once for the B activations. */
+#define QTILE(T, GBYTES)                                                                      \
+	INLINE void T##_tile(const int R, const int B, size_t ng, const uint8_t *const *wr,  \
+			     const struct T##x *const *xb, float *out)                        \
+	{                                                                                     \
+		const __m512i idxq = T##_idx_qs(), idxd = T##_idx_d();                        \
+		__m512 acc[4][4];                                                             \
+		for (int r = 0; r < R; r++)                                                   \
+			for (int b = 0; b < B; b++)                                           \
+				acc[r][b] = _mm512_setzero_ps();                              \
+		for (size_t g = 0; g < ng; g++) {                                             \
+			struct T##w w[4];                                                     \
+			_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                   \
+				w[r] = T##_unpack(wr[r] + g * GBYTES, idxq, idxd);            \
+			_Pragma("GCC unroll 4") for (int b = 0; b < B; b++)                   \
+				_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)           \
+					acc[r][b] = T##_fma(w[r], xb[b] + g, acc[r][b]);      \
+		}                                                                             \
+		for (int r = 0; r < R; r++)                                                   \
+			for (int b = 0; b < B; b++)                                           \
+				out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);             \
+	}
+
+QTILE(q4, Q4_GBYTES)
+QTILE(q8, Q8_GBYTES)
+
 /* ---- quantized gemv / gemm drivers ------------------------------------------- */
 
 /*
  * gemv: repack a chunk of x, run every row over it, add the chunk's sum
  * into y; blocks past the last whole group go through the scalar tail.
  * gemm: for each block of GEMM_ROW_BLOCK weight rows, for each tile of 4
- * activation rows, repack the tile chunk by chunk and run 2x4 tiles.
+ * activation rows, repack the tile chunk by chunk and run TR x 4 tiles.
  */
-#define QDRIVERS(T, WBLOCK, XPACK, GROUP, GBYTES, CHUNK)                                      \
+#define QDRIVERS(T, WBLOCK, XPACK, GROUP, GBYTES, CHUNK, TR)                                      \
 	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			     const void *xq, float *y)                                        \
 	{                                                                                     \
@@ -389,22 +376,21 @@ static float q8_row(const uint8_t *w, const struct q8x *x, size_t ng)
 						xb[j] = xp[j];                                \
 					}                                                     \
 					size_t r = r0;                                        \
-					const uint8_t *wr[2];                                 \
-					float out[8];                                         \
-					for (; r + 2 <= r1; r += 2) {                         \
-						wr[0] = wc + r * row_bytes + c * GBYTES;      \
-						wr[1] = wr[0] + row_bytes;                    \
+					const uint8_t *wr[TR];                                \
+					float out[TR * 4];                                    \
+					for (; r + TR <= r1; r += TR) {                       \
+						for (int k = 0; k < TR; k++)                  \
+							wr[k] = wc + (r + k) * row_bytes + c * GBYTES; \
 						if (bn == 4) {                                \
-							T##_tile(2, 4, cn, wr, xb, out);      \
-							for (size_t j = 0; j < 4; j++) {      \
-								y[(b0 + j) * ldy + r] += out[j];  \
-								y[(b0 + j) * ldy + r + 1] += out[4 + j]; \
-							}                                     \
+							T##_tile(TR, 4, cn, wr, xb, out);     \
+							for (int k = 0; k < TR; k++)          \
+								for (size_t j = 0; j < 4; j++) \
+									y[(b0 + j) * ldy + r + k] += out[k * 4 + j]; \
 						} else {                                      \
 							for (size_t j = 0; j < bn; j++) {     \
-								T##_tile(2, 1, cn, wr, xb + j, out); \
-								y[(b0 + j) * ldy + r] += out[0];  \
-								y[(b0 + j) * ldy + r + 1] += out[1]; \
+								T##_tile(TR, 1, cn, wr, xb + j, out); \
+								for (int k = 0; k < TR; k++)  \
+									y[(b0 + j) * ldy + r + k] += out[k]; \
 							}                                     \
 						}                                             \
 					}                                                     \
@@ -424,8 +410,8 @@ static float q8_row(const uint8_t *w, const struct q8x *x, size_t ng)
 						(const struct nf_block_q8_0 *)(xc + b * xq_stride) + ng * GROUP, nt); \
 	}
 
-QDRIVERS(q4, struct nf_block_q4_0, q4x, Q4_GROUP, Q4_GBYTES, Q4_CHUNK)
-QDRIVERS(q8, struct nf_block_q8_0, q8x, Q8_GROUP, Q8_GBYTES, Q8_CHUNK)
+QDRIVERS(q4, struct nf_block_q4_0, q4x, Q4_GROUP, Q4_GBYTES, Q4_CHUNK, Q4_TILE_R)
+QDRIVERS(q8, struct nf_block_q8_0, q8x, Q8_GROUP, Q8_GBYTES, Q8_CHUNK, Q8_TILE_R)
 
 /* ---- float weights -------------------------------------------------------------- */
 
@@ -530,6 +516,44 @@ FKERNELS(f32, 4)
 FKERNELS(f16, 2)
 FKERNELS(bf16, 2)
 
+/* ---- quantized axpy ------------------------------------------------------------- */
+
+/* y += a * w with w = (q - 8) * d exact in f32: one fma per element, as the
+ * reference. */
+static void axpy_q4(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q4_0 *b = wrow;
+	const __m512 av = _mm512_set1_ps(a);
+	const __m512i m4 = _mm512_set1_epi32(0x0f), eight = _mm512_set1_epi32(8);
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		__m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+		__m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
+		__m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, m4), eight);
+		__m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
+		float *o = y + i * NF_QK;
+		__m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d);
+		__m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d);
+		_mm512_storeu_ps(o, _mm512_fmadd_ps(av, w0, _mm512_loadu_ps(o)));
+		_mm512_storeu_ps(o + 16, _mm512_fmadd_ps(av, w1, _mm512_loadu_ps(o + 16)));
+	}
+}
+
+static void axpy_q8(size_t n, float a, const void *wrow, float *y)
+{
+	const struct nf_block_q8_0 *b = wrow;
+	const __m512 av = _mm512_set1_ps(a);
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		__m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+		__m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
+		__m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b[i].qs + 16)));
+		float *o = y + i * NF_QK;
+		__m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
+		__m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+		_mm512_storeu_ps(o, _mm512_fmadd_ps(av, w0, _mm512_loadu_ps(o)));
+		_mm512_storeu_ps(o + 16, _mm512_fmadd_ps(av, w1, _mm512_loadu_ps(o + 16)));
+	}
+}
+
 const struct nf_kernels nf_kernels_table_avx512 = {
 	.isa = "avx512",
 	.act_prepare = {
@@ -549,8 +573,8 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
-		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
-		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
+		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,
+		[NF_KT_Q4_0] = axpy_q4,
 	},
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kref_softmax,

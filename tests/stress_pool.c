@@ -6,9 +6,7 @@
  * before any test runs. This program drives the same pool paths: many jobs
  * in a row with spinning and sleeping workers, per-thread results, close.
  *
- *	cc -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=thread -Iinclude \
- *	   tests/stress_pool.c compute/pool.c -o /tmp/stress_pool -lnuma -lpthread
- *	/tmp/stress_pool        # exit 0 and no TSan report = pass
+ *	make tsan-pool          # exit 0 and no TSan report = pass
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,8 @@
  * (compute/kernels_avx2.c, compute/kernels_avx512.c) implement the same table
  * and are chosen once, at first call of nf_kernels_get(), by cpuid. The
  * environment variable NFLASH_ISA=scalar|avx2|avx512 forces one (for tests
- * and benchmarks). AMX is not used.
+ * and benchmarks; a name this CPU cannot run falls back to the best table,
+ * with one line on stderr). AMX is not used. See docs/KERNELS.md.
  *
  * Matrix products follow ggml: the activation vector x is first converted
  * to the weight type's "dot type" (Q8_0 for Q4_0/Q8_0 weights, F16 for F16,
