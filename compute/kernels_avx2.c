@@ -126,22 +126,13 @@ static void x_scales(const struct nf_block_q8_0 *x, size_t nb, float *dx)
 static float row_q8_0(const struct nf_block_q8_0 *w, const struct nf_block_q8_0 *x,
 		      const float *dx, size_t nb)
 {
-	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-	size_t i = 0;
-	for (; i + 2 <= nb; i += 2) {
-		__m256i s0 = dot_i8(_mm256_loadu_si256((const __m256i *)w[i].qs),
-				    _mm256_loadu_si256((const __m256i *)x[i].qs));
-		__m256i s1 = dot_i8(_mm256_loadu_si256((const __m256i *)w[i + 1].qs),
-				    _mm256_loadu_si256((const __m256i *)x[i + 1].qs));
-		acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * dx[i]), _mm256_cvtepi32_ps(s0), acc0);
-		acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * dx[i + 1]), _mm256_cvtepi32_ps(s1), acc1);
+	/* One accumulator, blocks in order: llama.cpp's order (kernels_ref.c). */
+	__m256 acc = _mm256_setzero_ps();
+	for (size_t i = 0; i < nb; i++) {
+		__m256i s = dot_i8(_mm256_loadu_si256((const __m256i *)w[i].qs), _mm256_loadu_si256((const __m256i *)x[i].qs));
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * dx[i]), _mm256_cvtepi32_ps(s), acc);
 	}
-	for (; i < nb; i++) {
-		__m256i s0 = dot_i8(_mm256_loadu_si256((const __m256i *)w[i].qs),
-				    _mm256_loadu_si256((const __m256i *)x[i].qs));
-		acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * dx[i]), _mm256_cvtepi32_ps(s0), acc0);
-	}
-	return hsum8(_mm256_add_ps(acc0, acc1));
+	return hsum8(acc);
 }
 
 /* Nibbles 0..15 in x's order (low nibbles, then high), unsigned. */
@@ -167,8 +158,8 @@ static float row_q4_0(const struct nf_block_q4_0 *w, const struct nf_block_q8_0 
 		      const float *dx, const __m256i *corr, size_t nb)
 {
 	const __m256i ones16 = _mm256_set1_epi16(1);
-	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-	size_t i = 0;
+	/* One accumulator, blocks in order: llama.cpp's order (kernels_ref.c). */
+	__m256 acc = _mm256_setzero_ps();
 #define Q4_BLOCK(i, acc)                                                                        \
 	do {                                                                                    \
 		__m256i p = _mm256_maddubs_epi16(q4_nibbles(w[i].qs),                           \
@@ -176,14 +167,10 @@ static float row_q4_0(const struct nf_block_q4_0 *w, const struct nf_block_q8_0 
 		__m256i s = _mm256_sub_epi32(_mm256_madd_epi16(p, ones16), corr[i]);            \
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * dx[i]), _mm256_cvtepi32_ps(s), acc); \
 	} while (0)
-	for (; i + 2 <= nb; i += 2) {
-		Q4_BLOCK(i, acc0);
-		Q4_BLOCK(i + 1, acc1);
-	}
-	for (; i < nb; i++)
-		Q4_BLOCK(i, acc0);
+	for (size_t i = 0; i < nb; i++)
+		Q4_BLOCK(i, acc);
 #undef Q4_BLOCK
-	return hsum8(_mm256_add_ps(acc0, acc1));
+	return hsum8(acc);
 }
 
 static float row_q8_0_c(const struct nf_block_q8_0 *w, const struct nf_block_q8_0 *x,
@@ -195,7 +182,7 @@ static float row_q8_0_c(const struct nf_block_q8_0 *w, const struct nf_block_q8_
 
 /* Scratch per pass: activation scales and, for Q4_0, lane corrections. */
 #define QGEMV(T, WBLOCK, ROW, CORR)                                                        \
-	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
+	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
 			     const void *xq, float *y)                                     \
 	{                                                                                  \
 		const struct nf_block_q8_0 *x = xq;                                        \
@@ -217,6 +204,8 @@ static float row_q8_0_c(const struct nf_block_q8_0 *w, const struct nf_block_q8_
 
 QGEMV(q8_0, struct nf_block_q8_0, row_q8_0_c, 0)
 QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
+#define gemv_q8_0 nf_kavx2_gemv_q8_0
+#define gemv_q4_0 nf_kavx2_gemv_q4_0
 
 /*
  * gemm tile: 2 weight rows x 4 activation rows. Each weight block is
@@ -256,8 +245,8 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 			for (int b = 0; b < TILE_B; b++)                                    \
 				out[r][b] = hsum8(acc[r][b]);                               \
 	}                                                                                   \
-	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,      \
-			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
+	void nf_kavx2_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,    \
+			       size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
 	{                                                                                   \
 		size_t nb = n / NF_QK;                                                      \
 		const char *wc = w, *xc = xq;                                               \
@@ -302,6 +291,8 @@ static inline __m256i q4_load(const struct nf_block_q4_0 *b)
 
 QGEMM(q8_0, struct nf_block_q8_0, q8_load)
 QGEMM(q4_0, struct nf_block_q4_0, q4_load)
+#define gemm_q8_0 nf_kavx2_gemm_q8_0
+#define gemm_q4_0 nf_kavx2_gemm_q4_0
 
 /* ---- float weights ---------------------------------------------------------- */
 
@@ -319,7 +310,8 @@ static inline float el_f32(const void *p, size_t i) { return ((const float *)p)[
 static inline float el_f16(const void *p, size_t i) { return h2f(((const uint16_t *)p)[i]); }
 static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
-#define FDOT(T)                                                                              \
+#define FDOT(T) FDOT_DOT(T) FDOT_OPS(T)
+#define FDOT_DOT(T)                                                                          \
 	static float fdot_##T(size_t n, const void *w, const void *x)                        \
 	{                                                                                    \
 		__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                  \
@@ -336,7 +328,8 @@ static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((
 		for (; i < n; i++)                                                           \
 			s += el_##T(w, i) * el_##T(x, i);                                    \
 		return s;                                                                    \
-	}                                                                                    \
+	}
+#define FDOT_OPS(T)                                                                          \
 	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,       \
 			     const void *xq, float *y)                                       \
 	{                                                                                    \
@@ -364,7 +357,20 @@ static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((
 	}
 
 FDOT(f32)
-FDOT(f16)
+/* F16 in llama.cpp's order (kernels_ref.c, nf_kref_dot_f16): 16 lanes as two
+ * 8-lane accumulators, lanes i and i+8 added first, then hsum8's tree. */
+static float fdot_f16(size_t n, const void *w, const void *x)
+{
+	if (n % 16)
+		return nf_kref_dot_f16(n, w, x);
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0;
+	for (size_t i = 0; i < n; i += 16) {
+		a0 = _mm256_fmadd_ps(ld_f16(w, i), ld_f16(x, i), a0);
+		a1 = _mm256_fmadd_ps(ld_f16(w, i + 8), ld_f16(x, i + 8), a1);
+	}
+	return hsum8(_mm256_add_ps(a0, a1));
+}
+FDOT_OPS(f16)
 FDOT(bf16)
 
 /* ---- quantized axpy ----------------------------------------------------------- */

@@ -332,7 +332,7 @@ QTILE(q8, Q8_GBYTES)
  * activation rows, repack the tile chunk by chunk and run TR x 4 tiles.
  */
 #define QDRIVERS(T, WBLOCK, XPACK, GROUP, GBYTES, CHUNK, TR)                                      \
-	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+	static __attribute__((unused)) void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			     const void *xq, float *y)                                        \
 	{                                                                                     \
 		const struct nf_block_q8_0 *x = xq;                                           \
@@ -351,7 +351,7 @@ QTILE(q8, Q8_GBYTES)
 				y[r] += tail_##T((const WBLOCK *)((const char *)w + r * row_bytes) + ng * GROUP, \
 						 x + ng * GROUP, nt);                         \
 	}                                                                                     \
-	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+	static __attribute__((unused)) void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
 	{                                                                                     \
 		enum { GCHUNK = CHUNK / 4 };                                                  \
@@ -565,11 +565,13 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
-		[NF_KT_Q8_0] = gemv_q8, [NF_KT_Q4_0] = gemv_q4,
+		/* The VNNI kernels above sum in another order than llama.cpp;
+		 * until they follow it, the AVX2 ones (which do) run here. */
+		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
-		[NF_KT_Q8_0] = gemm_q8, [NF_KT_Q4_0] = gemm_q4,
+		[NF_KT_Q8_0] = nf_kavx2_gemm_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemm_q4_0,
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,

@@ -27,6 +27,9 @@ void nf_kref_prepare_bf16(const float *x, void *xq, size_t n);
 void nf_kref_prepare_f32(const float *x, void *xq, size_t n);
 void nf_kref_prepare_q8_0(const float *x, void *xq, size_t n);
 void nf_kref_axpy_bf16(size_t n, float a, const void *wrow, float *y);
+/* F16 dot product in llama.cpp's summation order (see kernels_ref.c); the
+ * SIMD tables use it for rows that are not a multiple of 16 long. */
+float nf_kref_dot_f16(size_t n, const void *w, const void *x);
 
 /* AVX2 ops the AVX-512 table reuses (compute/kernels_avx2.c); call only
  * when the AVX2 table itself is available. */
@@ -41,5 +44,13 @@ void nf_kavx2_axpy_q8_0(size_t n, float a, const void *wrow, float *y);
 void nf_kavx2_axpy_q4_0(size_t n, float a, const void *wrow, float *y);
 float nf_kavx2_dot_f32v(const float *a, const float *b, size_t n);
 void nf_kavx2_axpy_f32v(size_t n, float a, const float *x, float *y);
+/* Quantized products in llama.cpp's summation order (kernels_ref.c); the
+ * AVX-512 table uses them so every ISA rounds the same way. */
+void nf_kavx2_gemv_q8_0(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y);
+void nf_kavx2_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y);
+void nf_kavx2_gemm_q8_0(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb,
+			const void *xq, size_t xq_stride, float *y, size_t ldy);
+void nf_kavx2_gemm_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb,
+			const void *xq, size_t xq_stride, float *y, size_t ldy);
 
 #endif /* NF_KERNELS_IMPL_H */

@@ -70,13 +70,54 @@ static float dot_f32(size_t n, const void *w, const void *x)
 	return s;
 }
 
-static float dot_f16(size_t n, const void *w, const void *x)
+/*
+ * F16 rows follow llama.cpp's summation order, because with activations
+ * rounded to fp16 a last-bit difference in one layer's output can flip a
+ * rounding in the next and move logits by 1e-3 (seen on tiny-llama-f16).
+ * Rows of a multiple of 16 (llamafile's tinyBLAS, which ggml uses for F16
+ * on AVX-512): lane l accumulates elements l, l+16, ... with fma, then the
+ * 16 lanes are summed as _mm512_reduce_add_ps does. Other rows (ggml's
+ * vec_dot_f16): four 16-lane accumulators over 64-element steps, combined
+ * (0+2, 1+3, then 0+1) and reduced the same way, the tail added in double.
+ */
+static float reduce16(const float *v)
+{
+	float s[8], t[4];
+	for (int i = 0; i < 8; i++)
+		s[i] = v[i] + v[i + 8];
+	for (int i = 0; i < 4; i++)
+		t[i] = s[i] + s[i + 4];
+	return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+float nf_kref_dot_f16(size_t n, const void *w, const void *x)
 {
 	const uint16_t *a = w, *b = x;
-	float s = 0.0f;
-	for (size_t i = 0; i < n; i++)
-		s += nf_fp16_to_fp32(a[i]) * nf_fp16_to_fp32(b[i]);
-	return s;
+	if (n % 16 == 0) {
+		float acc[16] = { 0 };
+		for (size_t i = 0; i < n; i += 16)
+			for (int l = 0; l < 16; l++)
+				acc[l] = fmaf(nf_fp16_to_fp32(a[i + l]), nf_fp16_to_fp32(b[i + l]), acc[l]);
+		return reduce16(acc);
+	}
+	float acc[4][16] = { { 0 } };
+	size_t np = n & ~(size_t)63;
+	for (size_t i = 0; i < np; i += 64)
+		for (int j = 0; j < 4; j++)
+			for (int l = 0; l < 16; l++)
+				acc[j][l] = fmaf(nf_fp16_to_fp32(a[i + 16 * j + l]),
+						 nf_fp16_to_fp32(b[i + 16 * j + l]), acc[j][l]);
+	for (int l = 0; l < 16; l++)
+		acc[0][l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+	double s = reduce16(acc[0]);
+	for (size_t i = np; i < n; i++)
+		s += (double)(nf_fp16_to_fp32(a[i]) * nf_fp16_to_fp32(b[i]));
+	return (float)s;
+}
+
+static float dot_f16(size_t n, const void *w, const void *x)
+{
+	return nf_kref_dot_f16(n, w, x);
 }
 
 static float dot_bf16(size_t n, const void *w, const void *x)
@@ -88,33 +129,57 @@ static float dot_bf16(size_t n, const void *w, const void *x)
 	return s;
 }
 
+/*
+ * Quantized rows follow llama.cpp's x86 order (ggml's vec_dot_q8_0_q8_0 and
+ * vec_dot_q4_0_q8_0, and llamafile's tinyBLAS_Q0_AVX): per block, 8 int32
+ * lanes each summing 4 consecutive products; lane j accumulates
+ * fma(d_w * d_x, lane_j, acc_j) over the blocks in order; then the 8 lanes
+ * are summed as hsum_float_8 does ((0+4)+(2+6)) + ((1+5)+(3+7)). With
+ * activations rounded to Q8_0 per layer, any other order can move a
+ * product by one ulp, flip a rounding in the next layer and change the
+ * greedy continuation (seen with tiny-llama-q8_0).
+ */
+static float reduce8(const float *v)
+{
+	float t[4];
+	for (int i = 0; i < 4; i++)
+		t[i] = v[i] + v[i + 4];
+	return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+static void lanes_fma(const int8_t *w, const int8_t *x, float d, float acc[8])
+{
+	for (int j = 0; j < 8; j++) {
+		int32_t l = 0;
+		for (int k = 0; k < 4; k++)
+			l += (int32_t)w[4 * j + k] * x[4 * j + k];
+		acc[j] = fmaf(d, (float)l, acc[j]);
+	}
+}
+
 static float dot_q8_0(size_t n, const void *w, const void *x)
 {
 	const struct nf_block_q8_0 *a = w, *b = x;
-	float s = 0.0f;
-	for (size_t i = 0; i < n / NF_QK; i++) {
-		int32_t sumi = 0;
-		for (int j = 0; j < NF_QK; j++)
-			sumi += (int32_t)a[i].qs[j] * b[i].qs[j];
-		s += (float)sumi * (nf_fp16_to_fp32(a[i].d) * nf_fp16_to_fp32(b[i].d));
-	}
-	return s;
+	float acc[8] = { 0 };
+	for (size_t i = 0; i < n / NF_QK; i++)
+		lanes_fma(a[i].qs, b[i].qs, nf_fp16_to_fp32(a[i].d) * nf_fp16_to_fp32(b[i].d), acc);
+	return reduce8(acc);
 }
 
 static float dot_q4_0(size_t n, const void *w, const void *x)
 {
 	const struct nf_block_q4_0 *a = w;
 	const struct nf_block_q8_0 *b = x;
-	float s = 0.0f;
+	float acc[8] = { 0 };
 	for (size_t i = 0; i < n / NF_QK; i++) {
-		int32_t sumi = 0;
+		int8_t q[NF_QK];
 		for (int j = 0; j < NF_QK / 2; j++) {
-			sumi += ((a[i].qs[j] & 0x0f) - 8) * b[i].qs[j];
-			sumi += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + NF_QK / 2];
+			q[j] = (int8_t)((a[i].qs[j] & 0x0f) - 8);
+			q[j + NF_QK / 2] = (int8_t)((a[i].qs[j] >> 4) - 8);
 		}
-		s += (float)sumi * (nf_fp16_to_fp32(a[i].d) * nf_fp16_to_fp32(b[i].d));
+		lanes_fma(q, b[i].qs, nf_fp16_to_fp32(a[i].d) * nf_fp16_to_fp32(b[i].d), acc);
 	}
-	return s;
+	return reduce8(acc);
 }
 
 typedef float (*row_dot_fn)(size_t n, const void *w, const void *x);

@@ -9,11 +9,15 @@
 
 #include "cli.h"
 
+int nf_cmd_eval(int argc, char **argv);
+int nf_cmd_generate(int argc, char **argv);
 int nf_cmd_store(int argc, char **argv);
 int nf_cmd_tokenize(int argc, char **argv);
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
+	{ "eval", nf_cmd_eval, "run a prompt of token ids, print the last position's logits" },
+	{ "generate", nf_cmd_generate, "generate text after a prompt, with llama.cpp-style timings" },
 	{ "store", nf_cmd_store, "make, inspect, verify and benchmark stores" },
 	{ "tokenize", nf_cmd_tokenize, "token ids of a text with a GGUF vocabulary" },
 	{ NULL, NULL, NULL },

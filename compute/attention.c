@@ -1,0 +1,136 @@
+/*
+ * attention.c - the attention block of one layer for a batch of tokens:
+ * RMSNorm, Q/K/V projections, RoPE, KV cache append, causal grouped-query
+ * attention, output projection, residual add.
+ *
+ * Invariants:
+ *  1. Query head h reads KV head h / (n_head / n_head_kv).
+ *  2. Token b of a batch starting at pos0 sits at position pos0 + b and
+ *     attends to positions 0 .. pos0 + b; the batch's keys and values are
+ *     in the cache before any score is computed.
+ *  3. Scores and value sums follow ggml's types: with an F16 cache the
+ *     query is rounded to fp16 for the K dot product and the softmax weight
+ *     to fp16 for the V sum; with an F32 cache everything stays f32.
+ *  4. Each (token, head) pair is computed by one thread into its own output
+ *     slice, using that thread's score row.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "nflash/dtype.h"
+#include "model_impl.h"
+
+struct att_job {
+	struct nf_ctx *c;
+	uint32_t il;
+	size_t nb;
+	uint32_t pos0;
+	const float *norm_w;
+};
+
+static void norm_rows(void *arg, size_t b0, size_t b1)
+{
+	struct att_job *j = arg;
+	struct nf_ctx *c = j->c;
+	const struct nf_model_hparams *hp = &c->m->hp;
+	size_t E = hp->n_embd;
+	for (size_t b = b0; b < b1; b++)
+		c->k->rmsnorm(c->xn + b * E, c->x + b * E, j->norm_w, E, hp->rms_eps);
+}
+
+static void rope_store_rows(void *arg, size_t b0, size_t b1)
+{
+	struct att_job *j = arg;
+	struct nf_ctx *c = j->c;
+	const struct nf_model_hparams *hp = &c->m->hp;
+	size_t E = hp->n_embd, KV = c->kv_dim;
+	for (size_t b = b0; b < b1; b++) {
+		int64_t pos = (int64_t)j->pos0 + (int64_t)b;
+		float *q = c->q + b * E, *k = c->kn + b * KV, *v = c->vn + b * KV;
+		nf_rope(q, hp->n_head, hp->head_dim, pos, hp->rope_freq_base, hp->rope_freq_scale);
+		nf_rope(k, hp->n_head_kv, hp->head_dim, pos, hp->rope_freq_base, hp->rope_freq_scale);
+		char *kd = (char *)c->kcache[j->il] + (size_t)pos * KV * c->kv_elt;
+		char *vd = (char *)c->vcache[j->il] + (size_t)pos * KV * c->kv_elt;
+		if (c->kv_type == NF_KV_F32) {
+			memcpy(kd, k, KV * sizeof(float));
+			memcpy(vd, v, KV * sizeof(float));
+		} else {
+			uint16_t *kh = (uint16_t *)kd, *vh = (uint16_t *)vd;
+			for (size_t i = 0; i < KV; i++) {
+				kh[i] = nf_fp32_to_fp16(k[i]);
+				vh[i] = nf_fp32_to_fp16(v[i]);
+			}
+		}
+	}
+}
+
+static void attend(void *arg, int ith, int nth)
+{
+	struct att_job *j = arg;
+	struct nf_ctx *c = j->c;
+	const struct nf_kernels *k = c->k;
+	const struct nf_model_hparams *hp = &c->m->hp;
+	size_t E = hp->n_embd, HD = hp->head_dim, KV = c->kv_dim;
+	size_t group = hp->n_head / hp->n_head_kv;
+	size_t row_bytes = KV * c->kv_elt;
+	float scale = 1.0f / sqrtf((float)HD);
+	float *scores = c->scores + (size_t)ith * c->n_ctx;
+	void *qh = (char *)c->qh + (size_t)ith * c->qh_row;
+	bool f16 = c->kv_type == NF_KV_F16;
+
+	size_t p0, p1;
+	nf_split(j->nb * hp->n_head, 1, ith, nth, &p0, &p1);
+	for (size_t p = p0; p < p1; p++) {
+		size_t b = p / hp->n_head, h = p % hp->n_head, hk = h / group;
+		size_t n_t = (size_t)j->pos0 + b + 1;
+		const float *q = c->q + b * E + h * HD;
+		const char *kb = (const char *)c->kcache[j->il] + hk * HD * c->kv_elt;
+		const char *vb = (const char *)c->vcache[j->il] + hk * HD * c->kv_elt;
+		if (f16) {
+			k->act_prepare[NF_KT_F16](q, qh, HD);
+			k->gemv[NF_KT_F16](HD, n_t, kb, row_bytes, qh, scores);
+		} else {
+			k->gemv[NF_KT_F32](HD, n_t, kb, row_bytes, q, scores);
+		}
+		for (size_t t = 0; t < n_t; t++)
+			scores[t] *= scale;
+		k->softmax(scores, n_t);
+		float *out = c->att + b * E + h * HD;
+		memset(out, 0, HD * sizeof(float));
+		for (size_t t = 0; t < n_t; t++) {
+			if (f16)
+				k->axpy[NF_KT_F16](HD, nf_fp16_to_fp32(nf_fp32_to_fp16(scores[t])),
+						   vb + t * row_bytes, out);
+			else
+				k->axpy_f32(HD, scores[t], (const float *)(vb + t * row_bytes), out);
+		}
+	}
+}
+
+static void add_rows(void *arg, size_t b0, size_t b1)
+{
+	struct att_job *j = arg;
+	size_t E = j->c->m->hp.n_embd;
+	for (size_t i = b0 * E; i < b1 * E; i++)
+		j->c->x[i] += j->c->tmp[i];
+}
+
+void nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0)
+{
+	const struct nf_layer_weights *L = &c->m->layers[il];
+	size_t E = c->m->hp.n_embd, KV = c->kv_dim;
+	struct att_job j = { .c = c, .il = il, .nb = nb, .pos0 = pos0, .norm_w = L->attn_norm };
+
+	nf_ctx_parallel(c, nb, norm_rows, &j);
+	struct nf_mm qkv[3] = {
+		{ .w = &L->wq, .y = c->q, .ldy = E },
+		{ .w = &L->wk, .y = c->kn, .ldy = KV },
+		{ .w = &L->wv, .y = c->vn, .ldy = KV },
+	};
+	nf_ctx_matmul(c, qkv, 3, c->xn, E, nb);
+	nf_ctx_parallel(c, nb, rope_store_rows, &j);
+	nf_ctx_run(c, attend, &j);
+	struct nf_mm o = { .w = &L->wo, .y = c->tmp, .ldy = E };
+	nf_ctx_matmul(c, &o, 1, c->att, E, nb);
+	nf_ctx_parallel(c, nb, add_rows, &j);
+}

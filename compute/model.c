@@ -1,0 +1,436 @@
+/*
+ * model.c - loading a LLaMA-family GGUF: hyperparameters from metadata,
+ * weights bound in place from the read-only mapping (see nflash/model.h,
+ * docs/MODEL.md for the keys).
+ *
+ * Invariants:
+ *  1. Every tensor the forward pass touches is checked here: present,
+ *     shape equal to what the hyperparameters imply, a type the kernels
+ *     handle, and its data inside the mapping. forward() trusts the model.
+ *  2. Errors name the file and the key or tensor; nothing is half-built:
+ *     on failure everything is released and *out is untouched.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nflash/model.h" /* declares struct nf_gguf before gguf.h uses it */
+#include "nflash/dtype.h"
+#include "nflash/gguf.h"
+#include "nflash/kernels.h"
+#include "model_impl.h"
+
+const char *nf_ffn_act_name(enum nf_ffn_act a)
+{
+	switch (a) {
+	case NF_FFN_SILU: return "silu";
+	case NF_FFN_RELU: return "relu";
+	case NF_FFN_DRELU: return "drelu";
+	}
+	return "unknown";
+}
+
+/* ---- hyperparameters ---------------------------------------------------- */
+
+struct hp_reader {
+	const struct nf_gguf *g;
+	const char *arch;
+	struct nf_diag *diag;
+};
+
+static int key_u32(struct hp_reader *r, const char *suffix, bool required, uint32_t def,
+		   uint32_t *out)
+{
+	char key[128];
+	snprintf(key, sizeof(key), "%s.%s", r->arch, suffix);
+	int rc = nf_gguf_get_u32(r->g, key, out);
+	if (rc == NF_ENOTFOUND && !required) {
+		*out = def;
+		return 0;
+	}
+	if (rc == NF_ENOTFOUND)
+		return nf_diag_fail(r->diag, rc, "%s: missing key %s", nf_gguf_path(r->g), key);
+	if (rc < 0)
+		return nf_diag_fail(r->diag, rc, "%s: key %s: not an unsigned 32-bit integer",
+				    nf_gguf_path(r->g), key);
+	return 0;
+}
+
+static int key_f32(struct hp_reader *r, const char *suffix, bool required, float def, float *out)
+{
+	char key[128];
+	snprintf(key, sizeof(key), "%s.%s", r->arch, suffix);
+	int rc = nf_gguf_get_f32(r->g, key, out);
+	if (rc == NF_ENOTFOUND && !required) {
+		*out = def;
+		return 0;
+	}
+	if (rc == NF_ENOTFOUND)
+		return nf_diag_fail(r->diag, rc, "%s: missing key %s", nf_gguf_path(r->g), key);
+	if (rc < 0 || !isfinite(*out))
+		return nf_diag_fail(r->diag, rc < 0 ? rc : NF_EFORMAT, "%s: key %s: not a finite float",
+				    nf_gguf_path(r->g), key);
+	return 0;
+}
+
+static int decide_activation(const struct nf_gguf *g, struct nf_model_hparams *hp,
+			     struct nf_diag *diag)
+{
+	const char *s;
+	int rc = nf_gguf_get_str(g, "nflash.ffn_activation", &s);
+	if (rc == 0) {
+		hp->act_source = "nflash.ffn_activation";
+		if (!strcmp(s, "silu"))
+			hp->act = NF_FFN_SILU;
+		else if (!strcmp(s, "relu"))
+			hp->act = NF_FFN_RELU;
+		else if (!strcmp(s, "drelu"))
+			hp->act = NF_FFN_DRELU;
+		else
+			return nf_diag_fail(diag, NF_EUNSUPPORTED,
+					    "%s: key nflash.ffn_activation: unknown activation '%s' "
+					    "(silu, relu or drelu)", nf_gguf_path(g), s);
+		return 0;
+	}
+	if (rc != NF_ENOTFOUND)
+		return nf_diag_fail(diag, rc, "%s: key nflash.ffn_activation: not a string",
+				    nf_gguf_path(g));
+	if (hp->powerinfer) {
+		hp->act = NF_FFN_RELU;
+		hp->act_source = "PowerInfer file (magic PWRI)";
+	} else {
+		hp->act = NF_FFN_SILU;
+		hp->act_source = "default for architecture llama";
+	}
+	return 0;
+}
+
+int nf_model_hparams_read(const struct nf_gguf *g, struct nf_model_hparams *hp,
+			  struct nf_diag *diag)
+{
+	memset(hp, 0, sizeof(*hp));
+	const char *path = nf_gguf_path(g), *arch;
+	int rc = nf_gguf_get_str(g, "general.architecture", &arch);
+	if (rc < 0)
+		return nf_diag_fail(diag, rc, "%s: key general.architecture: %s", path,
+				    rc == NF_ENOTFOUND ? "missing" : "not a string");
+	if (strcmp(arch, "llama"))
+		return nf_diag_fail(diag, NF_EUNSUPPORTED,
+				    "%s: key general.architecture: '%s' is not supported (llama)",
+				    path, arch);
+	snprintf(hp->arch, sizeof(hp->arch), "%s", arch);
+	struct hp_reader r = { .g = g, .arch = arch, .diag = diag };
+
+	if ((rc = key_u32(&r, "embedding_length", true, 0, &hp->n_embd)) < 0 ||
+	    (rc = key_u32(&r, "block_count", true, 0, &hp->n_layer)) < 0 ||
+	    (rc = key_u32(&r, "feed_forward_length", true, 0, &hp->n_ff)) < 0 ||
+	    (rc = key_u32(&r, "attention.head_count", true, 0, &hp->n_head)) < 0 ||
+	    (rc = key_u32(&r, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv)) < 0 ||
+	    (rc = key_u32(&r, "context_length", false, 2048, &hp->n_ctx_train)) < 0 ||
+	    (rc = key_u32(&r, "expert_count", false, 0, &hp->n_expert)) < 0 ||
+	    (rc = key_u32(&r, "expert_used_count", false, 0, &hp->n_expert_used)) < 0 ||
+	    (rc = key_u32(&r, "vocab_size", false, 0, &hp->n_vocab)) < 0 ||
+	    (rc = key_f32(&r, "attention.layer_norm_rms_epsilon", false, 1e-5f, &hp->rms_eps)) < 0 ||
+	    (rc = key_f32(&r, "rope.freq_base", false, 10000.0f, &hp->rope_freq_base)) < 0)
+		return rc;
+
+#define HP_CHECK(cond, what)                                                              \
+	do {                                                                              \
+		if (!(cond))                                                              \
+			return nf_diag_fail(diag, NF_EFORMAT, "%s: %s.%s", path, arch, what); \
+	} while (0)
+	HP_CHECK(hp->n_embd > 0 && hp->n_embd <= (1u << 20), "embedding_length: out of range");
+	HP_CHECK(hp->n_layer > 0 && hp->n_layer <= 4096, "block_count: out of range");
+	HP_CHECK(hp->n_ff > 0 && hp->n_ff <= (1u << 22), "feed_forward_length: out of range");
+	HP_CHECK(hp->n_head > 0 && hp->n_embd % hp->n_head == 0,
+		 "attention.head_count: must divide embedding_length");
+	HP_CHECK(hp->n_head_kv > 0 && hp->n_head % hp->n_head_kv == 0,
+		 "attention.head_count_kv: must divide attention.head_count");
+	hp->head_dim = hp->n_embd / hp->n_head;
+	HP_CHECK(hp->head_dim % 2 == 0, "attention.head_count: head dimension must be even");
+	HP_CHECK(hp->n_ctx_train > 0, "context_length: must be positive");
+	HP_CHECK(hp->rms_eps > 0, "attention.layer_norm_rms_epsilon: must be positive");
+	HP_CHECK(hp->rope_freq_base > 0, "rope.freq_base: must be positive");
+
+	uint32_t kl, vl;
+	if ((rc = key_u32(&r, "attention.key_length", false, hp->head_dim, &kl)) < 0 ||
+	    (rc = key_u32(&r, "attention.value_length", false, hp->head_dim, &vl)) < 0 ||
+	    (rc = key_u32(&r, "rope.dimension_count", false, hp->head_dim, &hp->n_rot)) < 0)
+		return rc;
+	if (kl != hp->head_dim || vl != hp->head_dim)
+		return nf_diag_fail(diag, NF_EUNSUPPORTED,
+				    "%s: %s.attention.key_length/value_length %u/%u differ from "
+				    "embedding_length / head_count = %u", path, arch, kl, vl, hp->head_dim);
+	if (hp->n_rot != hp->head_dim)
+		return nf_diag_fail(diag, NF_EUNSUPPORTED,
+				    "%s: %s.rope.dimension_count %u: partial rotary embeddings are "
+				    "not supported (head dimension %u)", path, arch, hp->n_rot, hp->head_dim);
+
+	/* RoPE scaling: linear only (freq_scale = 1 / factor). */
+	char key[128];
+	const char *stype;
+	snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+	if (nf_gguf_get_str(g, key, &stype) == 0 && strcmp(stype, "none") && strcmp(stype, "linear"))
+		return nf_diag_fail(diag, NF_EUNSUPPORTED,
+				    "%s: key %s: rope scaling '%s' is not supported (none, linear)",
+				    path, key, stype);
+	float factor;
+	if ((rc = key_f32(&r, "rope.scaling.factor", false, 0.0f, &factor)) < 0)
+		return rc;
+	if (factor == 0.0f && (rc = key_f32(&r, "rope.scale_linear", false, 0.0f, &factor)) < 0)
+		return rc;
+	HP_CHECK(factor >= 0, "rope.scaling.factor: must not be negative");
+	hp->rope_freq_scale = factor > 0 ? 1.0f / factor : 1.0f;
+
+	if (hp->n_expert > 0) {
+		HP_CHECK(hp->n_expert <= 1024, "expert_count: out of range");
+		HP_CHECK(hp->n_expert_used > 0 && hp->n_expert_used <= hp->n_expert,
+			 "expert_used_count: must be in 1..expert_count");
+	} else {
+		hp->n_expert_used = 0;
+	}
+#undef HP_CHECK
+
+	hp->powerinfer = nf_gguf_is_powerinfer(g);
+	hp->sparse_threshold = 0.0f;
+	rc = nf_gguf_get_f32(g, "powerinfer.sparse_threshold", &hp->sparse_threshold);
+	if (rc < 0 && rc != NF_ENOTFOUND)
+		return nf_diag_fail(diag, rc, "%s: key powerinfer.sparse_threshold: not a float", path);
+	if ((rc = decide_activation(g, hp, diag)) < 0)
+		return rc;
+
+	uint32_t id;
+	hp->bos_id = nf_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &id) == 0 ? (int32_t)id : -1;
+	hp->eos_id = nf_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &id) == 0 ? (int32_t)id : -1;
+	return 0;
+}
+
+/* ---- tensors ------------------------------------------------------------- */
+
+struct binder {
+	struct nf_model *m;
+	struct nf_diag *diag;
+};
+
+static int bind_raw(struct binder *b, const char *name, bool required, uint32_t n_dims,
+		    const uint64_t *ne, const struct nf_gguf_tensor **out)
+{
+	const struct nf_gguf *g = b->m->g;
+	const char *path = nf_gguf_path(g);
+	const struct nf_gguf_tensor *t = nf_gguf_find_tensor(g, name);
+	*out = NULL;
+	if (!t) {
+		if (!required)
+			return 0;
+		return nf_diag_fail(b->diag, NF_ENOTFOUND, "%s: missing tensor %s", path, name);
+	}
+	for (uint32_t d = 0; d < NF_GGUF_MAX_DIMS; d++) {
+		uint64_t want = d < n_dims ? ne[d] : 1;
+		if (t->ne[d] != want)
+			return nf_diag_fail(b->diag, NF_EFORMAT,
+					    "%s: tensor %s: shape [%llu, %llu, %llu] where "
+					    "[%llu, %llu, %llu] was expected", path, name,
+					    (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+					    (unsigned long long)t->ne[2], (unsigned long long)ne[0],
+					    (unsigned long long)(n_dims > 1 ? ne[1] : 1),
+					    (unsigned long long)(n_dims > 2 ? ne[2] : 1));
+	}
+	if (!t->data)
+		return nf_diag_fail(b->diag, NF_EFORMAT, "%s: tensor %s: data not mapped", path, name);
+	*out = t;
+	b->m->weight_bytes += t->size;
+	return 0;
+}
+
+/* A 1-D F32 vector of n values. */
+static int bind_vec(struct binder *b, const char *name, uint32_t n, const float **out)
+{
+	const struct nf_gguf_tensor *t;
+	uint64_t ne[1] = { n };
+	int rc = bind_raw(b, name, true, 1, ne, &t);
+	if (rc < 0)
+		return rc;
+	if (t->type != NF_DTYPE_F32)
+		return nf_diag_fail(b->diag, NF_EUNSUPPORTED, "%s: tensor %s: type %s, expected f32",
+				    nf_gguf_path(b->m->g), name, nf_dtype_name(t->type));
+	*out = t->data;
+	return 0;
+}
+
+/* A matrix of nrows rows of n values, stacked n_expert times (0: 2-D). */
+static int bind_mat(struct binder *b, const char *name, bool required, uint32_t n,
+		    uint32_t nrows, uint32_t n_expert, struct nf_weight *w)
+{
+	const struct nf_gguf_tensor *t;
+	uint64_t ne[3] = { n, nrows, n_expert };
+	memset(w, 0, sizeof(*w));
+	int rc = bind_raw(b, name, required, n_expert ? 3 : 2, ne, &t);
+	if (rc < 0 || !t)
+		return rc;
+	int kt = nf_ktype_of(t->type);
+	size_t row = nf_dtype_row_size(t->type, n);
+	if (kt < 0 || row == 0)
+		return nf_diag_fail(b->diag, NF_EUNSUPPORTED,
+				    "%s: tensor %s: type %s has no matrix kernel for rows of %u",
+				    nf_gguf_path(b->m->g), name, nf_dtype_name(t->type), n);
+	*w = (struct nf_weight){
+		.name = t->name, .data = t->data, .dtype = t->type, .kt = kt, .n = n,
+		.nrows = nrows, .row_bytes = row, .n_expert = n_expert ? n_expert : 1,
+		.expert_bytes = row * nrows,
+	};
+	return 0;
+}
+
+static int bind_layer(struct binder *b, uint32_t il, struct nf_layer_weights *L)
+{
+	const struct nf_model_hparams *hp = &b->m->hp;
+	uint32_t E = hp->n_embd, KV = hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+	char nm[96];
+	int rc;
+#define NAME(s) (snprintf(nm, sizeof(nm), "blk.%u.%s.weight", il, s), nm)
+	if ((rc = bind_vec(b, NAME("attn_norm"), E, &L->attn_norm)) < 0 ||
+	    (rc = bind_mat(b, NAME("attn_q"), true, E, E, 0, &L->wq)) < 0 ||
+	    (rc = bind_mat(b, NAME("attn_k"), true, E, KV, 0, &L->wk)) < 0 ||
+	    (rc = bind_mat(b, NAME("attn_v"), true, E, KV, 0, &L->wv)) < 0 ||
+	    (rc = bind_mat(b, NAME("attn_output"), true, E, E, 0, &L->wo)) < 0 ||
+	    (rc = bind_vec(b, NAME("ffn_norm"), E, &L->ffn_norm)) < 0)
+		return rc;
+	if (hp->n_expert) {
+		uint32_t X = hp->n_expert;
+		if ((rc = bind_mat(b, NAME("ffn_gate_inp"), true, E, X, 0, &L->router)) < 0 ||
+		    (rc = bind_mat(b, NAME("ffn_gate_exps"), true, E, F, X, &L->gate_exps)) < 0 ||
+		    (rc = bind_mat(b, NAME("ffn_up_exps"), true, E, F, X, &L->up_exps)) < 0 ||
+		    (rc = bind_mat(b, NAME("ffn_down_exps"), true, F, E, X, &L->down_exps)) < 0)
+			return rc;
+		return 0;
+	}
+	if ((rc = bind_mat(b, NAME("ffn_gate"), true, E, F, 0, &L->gate)) < 0 ||
+	    (rc = bind_mat(b, NAME("ffn_up"), true, E, F, 0, &L->up)) < 0 ||
+	    (rc = bind_mat(b, NAME("ffn_down"), false, F, E, 0, &L->down)) < 0)
+		return rc;
+	if (!L->down.data) {
+		/* PowerInfer stores the down matrix transposed: row j is column j. */
+		if ((rc = bind_mat(b, NAME("ffn_down_t"), false, E, F, 0, &L->down_t)) < 0)
+			return rc;
+		if (!L->down_t.data)
+			return nf_diag_fail(b->diag, NF_ENOTFOUND,
+					    "%s: missing tensor blk.%u.ffn_down.weight "
+					    "(nor blk.%u.ffn_down_t.weight)", nf_gguf_path(b->m->g), il, il);
+	}
+	/* Predictor: fc1 [n_embd -> r], fc2 [r -> n_ff]; r from fc1's shape. */
+	const struct nf_gguf_tensor *fc1 = nf_gguf_find_tensor(b->m->g, NAME("fc1"));
+	if (fc1) {
+		uint32_t rank = fc1->ne[1] <= UINT32_MAX ? (uint32_t)fc1->ne[1] : 0;
+		if ((rc = bind_mat(b, NAME("fc1"), true, E, rank, 0, &L->fc1)) < 0 ||
+		    (rc = bind_mat(b, NAME("fc2"), true, rank, F, 0, &L->fc2)) < 0)
+			return rc;
+	}
+#undef NAME
+	return 0;
+}
+
+static void prefault(const struct nf_model *m)
+{
+	/* One read per page of every tensor, so the first token does not pay
+	 * for page faults. */
+	volatile unsigned char sink = 0;
+	for (size_t i = 0; i < nf_gguf_n_tensors(m->g); i++) {
+		const struct nf_gguf_tensor *t = nf_gguf_tensor_at(m->g, i);
+		const unsigned char *p = t->data;
+		if (!p)
+			continue;
+		for (uint64_t off = 0; off < t->size; off += 4096)
+			sink ^= p[off];
+	}
+	(void)sink;
+}
+
+int nf_model_load(const char *path, const struct nf_model_opts *opts, struct nf_model **out,
+		  struct nf_diag *diag)
+{
+	int rc = -ENOMEM;
+	struct nf_model *m = calloc(1, sizeof(*m));
+	if (!m)
+		return nf_diag_fail(diag, rc, "%s: out of memory", path);
+	rc = nf_gguf_open(path, NF_GGUF_MMAP, &m->g, diag);
+	if (rc < 0)
+		goto fail;
+	rc = nf_model_hparams_read(m->g, &m->hp, diag);
+	if (rc < 0)
+		goto fail;
+	struct nf_model_hparams *hp = &m->hp;
+	struct binder b = { .m = m, .diag = diag };
+
+	/* The vocabulary size comes from the embedding if the key is absent. */
+	const struct nf_gguf_tensor *te = nf_gguf_find_tensor(m->g, "token_embd.weight");
+	if (!te) {
+		rc = nf_diag_fail(diag, NF_ENOTFOUND, "%s: missing tensor token_embd.weight", path);
+		goto fail;
+	}
+	if (hp->n_vocab == 0) {
+		if (te->ne[1] == 0 || te->ne[1] > INT32_MAX) {
+			rc = nf_diag_fail(diag, NF_EFORMAT, "%s: tensor token_embd.weight: bad vocabulary size",
+					  path);
+			goto fail;
+		}
+		hp->n_vocab = (uint32_t)te->ne[1];
+	}
+	if ((rc = bind_mat(&b, "token_embd.weight", true, hp->n_embd, hp->n_vocab, 0, &m->tok_embd)) < 0 ||
+	    (rc = bind_vec(&b, "output_norm.weight", hp->n_embd, &m->output_norm)) < 0 ||
+	    (rc = bind_mat(&b, "output.weight", false, hp->n_embd, hp->n_vocab, 0, &m->output)) < 0)
+		goto fail;
+	if (!m->output.data)
+		m->output = m->tok_embd;  /* tied embeddings */
+	if (nf_gguf_find_tensor(m->g, "rope_freqs.weight")) {
+		rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
+				  "%s: tensor rope_freqs.weight: per-dimension RoPE frequency factors "
+				  "(LLaMA-3.1 scaling) are not supported", path);
+		goto fail;
+	}
+	m->layers = calloc(hp->n_layer, sizeof(*m->layers));
+	if (!m->layers) {
+		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory", path);
+		goto fail;
+	}
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		if ((rc = bind_layer(&b, il, &m->layers[il])) < 0)
+			goto fail;
+	if (!opts || opts->prefault)
+		prefault(m);
+	*out = m;
+	return 0;
+fail:
+	nf_model_free(m);
+	return rc;
+}
+
+void nf_model_free(struct nf_model *m)
+{
+	if (!m)
+		return;
+	free(m->layers);
+	nf_gguf_close(m->g);
+	free(m);
+}
+
+const struct nf_model_hparams *nf_model_hparams(const struct nf_model *m)
+{
+	return &m->hp;
+}
+
+const struct nf_layer_weights *nf_model_layer(const struct nf_model *m, uint32_t il)
+{
+	return il < m->hp.n_layer ? &m->layers[il] : NULL;
+}
+
+const struct nf_gguf *nf_model_gguf(const struct nf_model *m)
+{
+	return m->g;
+}
+
+uint64_t nf_model_weight_bytes(const struct nf_model *m)
+{
+	return m->weight_bytes;
+}

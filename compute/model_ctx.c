@@ -1,0 +1,379 @@
+/*
+ * model_ctx.c - a running sequence: KV cache, scratch, thread pool, and the
+ * layer loop (embedding -> [attention, FFN] x n_layer -> norm -> logits).
+ *
+ * Invariants:
+ *  1. nf_ctx_open allocates everything; nf_ctx_eval and all it calls never
+ *     allocate (llama2.c's rule), so decode latency has no malloc in it.
+ *  2. A batch of nb > 1 tokens goes through gemm, one token through gemv;
+ *     per dot product both compute the same sums (the kernels guarantee
+ *     it), so batched prefill equals token-by-token prefill.
+ *  3. Work is split by output rows (matrix products) or by tokens/heads
+ *     (everything else) so each thread writes disjoint memory: no locks,
+ *     results independent of the thread count.
+ *  4. Only the last token of a batch goes through the output norm and the
+ *     vocabulary projection; logits are those of the last evaluated token.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nflash/dtype.h"
+#include "model_impl.h"
+
+struct nf_ctx_params nf_ctx_defaults(void)
+{
+	return (struct nf_ctx_params){
+		.n_ctx = 0, .n_batch = 512, .n_threads = 0, .kv_type = NF_KV_F32, .kernels = NULL,
+	};
+}
+
+/* ---- parallel helpers --------------------------------------------------- */
+
+void nf_ctx_run(struct nf_ctx *c, nf_pool_fn fn, void *arg)
+{
+	if (c->pool)
+		nf_pool_run(c->pool, fn, arg);
+	else
+		fn(arg, 0, 1);
+}
+
+struct par_job {
+	size_t n;
+	void (*fn)(void *arg, size_t b0, size_t b1);
+	void *arg;
+};
+
+static void par_worker(void *arg, int ith, int nth)
+{
+	struct par_job *j = arg;
+	size_t b0, b1;
+	nf_split(j->n, 1, ith, nth, &b0, &b1);
+	if (b0 < b1)
+		j->fn(j->arg, b0, b1);
+}
+
+void nf_ctx_parallel(struct nf_ctx *c, size_t n, void (*fn)(void *arg, size_t b0, size_t b1),
+		     void *arg)
+{
+	if (!c->pool || n < 2) {
+		fn(arg, 0, n);
+		return;
+	}
+	struct par_job j = { .n = n, .fn = fn, .arg = arg };
+	nf_pool_run(c->pool, par_worker, &j);
+}
+
+struct prep_job {
+	const struct nf_kernels *k;
+	int kt;
+	const float *x;
+	size_t ldx, n;
+	char *dst;
+	size_t stride;
+};
+
+static void prep_rows(void *arg, size_t b0, size_t b1)
+{
+	struct prep_job *j = arg;
+	for (size_t b = b0; b < b1; b++)
+		j->k->act_prepare[j->kt](j->x + b * j->ldx, j->dst + b * j->stride, j->n);
+}
+
+struct mm_job {
+	const struct nf_kernels *k;
+	const struct nf_mm *mm;
+	size_t n_mm;
+	const void *xq;
+	size_t xq_stride, nb;
+};
+
+static void mm_worker(void *arg, int ith, int nth)
+{
+	struct mm_job *j = arg;
+	for (size_t i = 0; i < j->n_mm; i++) {
+		const struct nf_mm *m = &j->mm[i];
+		const struct nf_weight *w = m->w;
+		size_t r0, r1;
+		/* Row slices in multiples of 16 keep SIMD kernels on full tiles. */
+		nf_split(w->nrows, w->nrows >= 16 * (size_t)nth ? 16 : 1, ith, nth, &r0, &r1);
+		if (r0 >= r1)
+			continue;
+		const char *wr = (const char *)w->data + r0 * w->row_bytes;
+		if (j->nb == 1)
+			j->k->gemv[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->xq, m->y + r0);
+		else
+			j->k->gemm[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->nb, j->xq, j->xq_stride,
+					  m->y + r0, m->ldy);
+	}
+}
+
+void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const float *x,
+		   size_t ldx, size_t nb)
+{
+	bool done[4] = { false };
+	for (size_t i = 0; i < n_mm; i++) {
+		if (done[i])
+			continue;
+		/* Group the products that share i's dot type and input length. */
+		struct nf_mm grp[4];
+		size_t ng = 0;
+		int kt = mm[i].w->kt;
+		size_t n = mm[i].w->n;
+		for (size_t j = i; j < n_mm; j++)
+			if (!done[j] && mm[j].w->kt == kt && mm[j].w->n == n) {
+				grp[ng++] = mm[j];
+				done[j] = true;
+			}
+		const void *xq = x;
+		size_t stride = ldx * sizeof(float);
+		if (nf_ktype_dot_dtype(kt) != NF_DTYPE_F32) {
+			struct prep_job pj = { .k = c->k, .kt = kt, .x = x, .ldx = ldx, .n = n,
+					       .dst = c->xq, .stride = nf_act_size(kt, n) };
+			nf_ctx_parallel(c, nb, prep_rows, &pj);
+			xq = c->xq;
+			stride = pj.stride;
+		}
+		struct mm_job j = { .k = c->k, .mm = grp, .n_mm = ng, .xq = xq, .xq_stride = stride,
+				    .nb = nb };
+		nf_ctx_run(c, mm_worker, &j);
+	}
+}
+
+struct nf_weight nf_weight_expert(const struct nf_weight *w, uint32_t e)
+{
+	struct nf_weight v = *w;
+	v.data = (const char *)w->data + (size_t)e * w->expert_bytes;
+	v.n_expert = 1;
+	return v;
+}
+
+/* ---- context ------------------------------------------------------------- */
+
+static void *zalloc(size_t n, size_t size, int *rc)
+{
+	void *p = calloc(n ? n : 1, size);
+	if (!p)
+		*rc = -ENOMEM;
+	return p;
+}
+
+int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct nf_ctx **out,
+		struct nf_diag *diag)
+{
+	const struct nf_model_hparams *hp = &m->hp;
+	if (!p || p->n_batch == 0 || p->n_threads < 0 || (p->kv_type != NF_KV_F32 && p->kv_type != NF_KV_F16))
+		return nf_diag_fail(diag, NF_EUSAGE, "context: n_batch must be positive, n_threads >= 0");
+	int rc = 0;
+	struct nf_ctx *c = zalloc(1, sizeof(*c), &rc);
+	if (!c)
+		return nf_diag_fail(diag, rc, "context: out of memory");
+	c->m = m;
+	c->k = p->kernels ? p->kernels : nf_kernels_get();
+	c->n_ctx = p->n_ctx ? p->n_ctx : hp->n_ctx_train;
+	c->n_batch = p->n_batch < c->n_ctx ? p->n_batch : c->n_ctx;
+	c->kv_type = p->kv_type;
+	c->kv_elt = p->kv_type == NF_KV_F16 ? 2 : 4;
+	c->kv_dim = hp->n_head_kv * hp->head_dim;
+
+	if (p->n_threads != 1) {
+		rc = nf_pool_open(p->n_threads, -1, &c->pool);
+		if (rc < 0) {
+			nf_diag_fail(diag, rc, "context: cannot start %d threads", p->n_threads);
+			goto fail;
+		}
+		c->n_threads = nf_pool_nthreads(c->pool);
+		if (c->n_threads == 1) {
+			nf_pool_close(c->pool);
+			c->pool = NULL;
+		}
+	} else {
+		c->n_threads = 1;
+	}
+
+	size_t E = hp->n_embd, F = hp->n_ff, KV = c->kv_dim, NB = c->n_batch;
+	size_t U = hp->n_expert_used, X = hp->n_expert, NT = (size_t)c->n_threads;
+	size_t maxn = E > F ? E : F;
+	c->xq_row = 0;
+	for (int kt = 0; kt < NF_KT_COUNT; kt++) {
+		size_t s = nf_act_size(kt, maxn);
+		c->xq_row = s > c->xq_row ? s : c->xq_row;
+	}
+	c->kcache = zalloc(hp->n_layer, sizeof(void *), &rc);
+	c->vcache = zalloc(hp->n_layer, sizeof(void *), &rc);
+	c->ffn = zalloc(hp->n_layer, sizeof(*c->ffn), &rc);
+	if (rc < 0)
+		goto fail_nomem;
+	for (uint32_t il = 0; il < hp->n_layer; il++) {
+		c->kcache[il] = zalloc((size_t)c->n_ctx * KV, c->kv_elt, &rc);
+		c->vcache[il] = zalloc((size_t)c->n_ctx * KV, c->kv_elt, &rc);
+	}
+	c->x = zalloc(NB * E, sizeof(float), &rc);
+	c->xn = zalloc(NB * E, sizeof(float), &rc);
+	c->q = zalloc(NB * E, sizeof(float), &rc);
+	c->kn = zalloc(NB * KV, sizeof(float), &rc);
+	c->vn = zalloc(NB * KV, sizeof(float), &rc);
+	c->att = zalloc(NB * E, sizeof(float), &rc);
+	c->tmp = zalloc(NB * E, sizeof(float), &rc);
+	c->g = zalloc(NB * F, sizeof(float), &rc);
+	c->u = zalloc(NB * F, sizeof(float), &rc);
+	c->xq = zalloc(NB, c->xq_row, &rc);
+	c->logits = zalloc(hp->n_vocab, sizeof(float), &rc);
+	c->scores = zalloc(NT * c->n_ctx, sizeof(float), &rc);
+	c->qh_row = nf_act_size(NF_KT_F16, hp->head_dim);
+	c->qh = zalloc(NT, c->qh_row, &rc);
+	if (X) {
+		c->router = zalloc(NB * X, sizeof(float), &rc);
+		c->sel = zalloc(NB * U, sizeof(int32_t), &rc);
+		c->selw = zalloc(NB * U, sizeof(float), &rc);
+		c->tok_of = zalloc(NB, sizeof(int32_t), &rc);
+		c->slot_of = zalloc(NB, sizeof(int32_t), &rc);
+		c->xg = zalloc(NB * E, sizeof(float), &rc);
+		c->eg = zalloc(NB * E, sizeof(float), &rc);
+		c->eout = zalloc(NB * U * E, sizeof(float), &rc);
+	} else if (m->layers[0].down_t.data) {
+		c->eg = zalloc(NB * F, sizeof(float), &rc); /* rounded activations for down_t */
+	}
+	if (rc < 0)
+		goto fail_nomem;
+	c->env = (struct nf_ffn_env){ .model = m, .k = c->k, .pool = c->pool };
+	*out = c;
+	return 0;
+fail_nomem:
+	nf_diag_fail(diag, rc, "context: out of memory for n_ctx %u, n_batch %u", c->n_ctx, c->n_batch);
+fail:
+	nf_ctx_close(c);
+	return rc;
+}
+
+void nf_ctx_close(struct nf_ctx *c)
+{
+	if (!c)
+		return;
+	nf_pool_close(c->pool);
+	for (uint32_t il = 0; c->kcache && il < c->m->hp.n_layer; il++)
+		free(c->kcache[il]);
+	for (uint32_t il = 0; c->vcache && il < c->m->hp.n_layer; il++)
+		free(c->vcache[il]);
+	free(c->kcache);
+	free(c->vcache);
+	free(c->ffn);
+	void *bufs[] = { c->x, c->xn, c->q, c->kn, c->vn, c->att, c->tmp, c->g, c->u, c->xq,
+			 c->logits, c->scores, c->qh, c->router, c->sel, c->selw, c->tok_of,
+			 c->slot_of, c->xg, c->eg, c->eout };
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		free(bufs[i]);
+	free(c);
+}
+
+const float *nf_ctx_logits(const struct nf_ctx *c) { return c->logits; }
+uint32_t nf_ctx_n_past(const struct nf_ctx *c) { return c->n_past; }
+uint32_t nf_ctx_n_ctx(const struct nf_ctx *c) { return c->n_ctx; }
+int nf_ctx_n_threads(const struct nf_ctx *c) { return c->n_threads; }
+const struct nf_kernels *nf_ctx_kernels(const struct nf_ctx *c) { return c->k; }
+void nf_ctx_reset(struct nf_ctx *c) { c->n_past = 0; }
+
+int nf_ctx_set_ffn(struct nf_ctx *c, uint32_t il, const struct nf_ffn_ops *ops, void *self)
+{
+	if (il >= c->m->hp.n_layer || (ops && !ops->forward))
+		return NF_EUSAGE;
+	c->ffn[il] = (struct nf_ctx_layer_ffn){ .ops = ops, .self = self };
+	return 0;
+}
+
+int nf_ctx_ffn_builtin(struct nf_ctx *c, const struct nf_ffn_io *io)
+{
+	if (io->layer >= c->m->hp.n_layer || io->nb == 0 || io->nb > c->n_batch)
+		return NF_EUSAGE;
+	return c->m->hp.n_expert ? nf_ffn_moe(c, io) : nf_ffn_dense(c, io);
+}
+
+/* ---- forward -------------------------------------------------------------- */
+
+struct rows_job {
+	struct nf_ctx *c;
+	const float *w;
+	float *dst;
+	const float *src;
+	const int32_t *ids;
+};
+
+static void embed_rows(void *arg, size_t b0, size_t b1)
+{
+	struct rows_job *j = arg;
+	const struct nf_weight *te = &j->c->m->tok_embd;
+	for (size_t b = b0; b < b1; b++)
+		nf_dequantize_row(te->dtype, (const char *)te->data + (size_t)j->ids[b] * te->row_bytes,
+				  j->dst + b * te->n, te->n);
+}
+
+static void norm_rows(void *arg, size_t b0, size_t b1)
+{
+	struct rows_job *j = arg;
+	size_t E = j->c->m->hp.n_embd;
+	for (size_t b = b0; b < b1; b++)
+		j->c->k->rmsnorm(j->dst + b * E, j->src + b * E, j->w, E, j->c->m->hp.rms_eps);
+}
+
+static void add_rows(void *arg, size_t b0, size_t b1)
+{
+	struct rows_job *j = arg;
+	size_t E = j->c->m->hp.n_embd;
+	for (size_t i = b0 * E; i < b1 * E; i++)
+		j->dst[i] += j->src[i];
+}
+
+/* c->x += src for nb rows. */
+static void residual_add(struct nf_ctx *c, const float *src, size_t nb)
+{
+	struct rows_job j = { .c = c, .dst = c->x, .src = src };
+	nf_ctx_parallel(c, nb, add_rows, &j);
+}
+
+static int forward(struct nf_ctx *c, const int32_t *ids, size_t nb)
+{
+	const struct nf_model *m = c->m;
+	const struct nf_model_hparams *hp = &m->hp;
+	size_t E = hp->n_embd;
+	struct rows_job j = { .c = c, .ids = ids, .dst = c->x };
+	nf_ctx_parallel(c, nb, embed_rows, &j);
+
+	for (uint32_t il = 0; il < hp->n_layer; il++) {
+		nf_attention(c, il, nb, c->n_past);
+
+		j = (struct rows_job){ .c = c, .w = m->layers[il].ffn_norm, .dst = c->xn, .src = c->x };
+		nf_ctx_parallel(c, nb, norm_rows, &j);
+		struct nf_ffn_io io = { .layer = il, .nb = nb, .resid = c->x, .x = c->xn, .out = c->tmp };
+		const struct nf_ctx_layer_ffn *f = &c->ffn[il];
+		int rc = f->ops ? f->ops->forward(f->self, &c->env, &io) : nf_ctx_ffn_builtin(c, &io);
+		if (rc < 0)
+			return rc;
+		residual_add(c, c->tmp, nb);
+	}
+
+	const float *last = c->x + (nb - 1) * E;
+	c->k->rmsnorm(c->xn, last, m->output_norm, E, hp->rms_eps);
+	struct nf_mm mm = { .w = &m->output, .y = c->logits, .ldy = hp->n_vocab };
+	nf_ctx_matmul(c, &mm, 1, c->xn, E, 1);
+	c->n_past += (uint32_t)nb;
+	return 0;
+}
+
+int nf_ctx_eval(struct nf_ctx *c, const int32_t *ids, size_t n)
+{
+	if (n == 0)
+		return NF_EUSAGE;
+	for (size_t i = 0; i < n; i++)
+		if (ids[i] < 0 || (uint32_t)ids[i] >= c->m->hp.n_vocab)
+			return NF_EUSAGE;
+	if (n > c->n_ctx - c->n_past)
+		return NF_EBUDGET;
+	for (size_t off = 0; off < n; off += c->n_batch) {
+		size_t nb = n - off < c->n_batch ? n - off : c->n_batch;
+		int rc = forward(c, ids + off, nb);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}

@@ -1,0 +1,121 @@
+/*
+ * model_impl.h - private structures of the transformer (compute/model*.c,
+ * compute/attention.c, compute/ffn.c). Not installed.
+ *
+ * Invariants:
+ *  1. struct nf_model is immutable after nf_model_load(); weights point into
+ *     the GGUF reader's read-only mapping, which the model owns.
+ *  2. struct nf_ctx owns every buffer forward needs, sized at open for
+ *     n_batch tokens and n_ctx positions; nothing on the eval path allocates.
+ *  3. Buffers of nb tokens are row-major: token b's row starts at b * width.
+ */
+#ifndef NFLASH_COMPUTE_MODEL_IMPL_H
+#define NFLASH_COMPUTE_MODEL_IMPL_H
+
+#include <stdint.h>
+
+#include "nflash/kernels.h"
+#include "nflash/model.h"
+#include "nflash/pool.h"
+
+struct nf_model {
+	struct nf_gguf *g;
+	struct nf_model_hparams hp;
+	struct nf_weight tok_embd;
+	struct nf_weight output;    /* token_embd itself when the file ties them */
+	const float *output_norm;
+	struct nf_layer_weights *layers;
+	uint64_t weight_bytes;
+};
+
+/* One matrix product: y[b * ldy + r] = W row r . x row b, b < nb. */
+struct nf_mm {
+	const struct nf_weight *w;  /* a 2-D weight (or one expert's view) */
+	float *y;
+	size_t ldy;
+};
+
+struct nf_ctx_layer_ffn {
+	const struct nf_ffn_ops *ops;
+	void *self;
+};
+
+struct nf_ctx {
+	const struct nf_model *m;
+	const struct nf_kernels *k;
+	struct nf_pool *pool;       /* NULL with one thread */
+	int n_threads;
+	uint32_t n_ctx, n_batch, n_past;
+	enum nf_kv_type kv_type;
+	size_t kv_elt;              /* bytes per cached value */
+	uint32_t kv_dim;            /* n_head_kv * head_dim */
+	void **kcache, **vcache;    /* per layer: n_ctx x kv_dim */
+	struct nf_ctx_layer_ffn *ffn;
+
+	/* scratch, n_batch token rows each */
+	float *x;       /* residual, n_embd */
+	float *xn;      /* normalised, n_embd */
+	float *q;       /* n_head * head_dim */
+	float *kn, *vn; /* kv_dim */
+	float *att;     /* attention output, n_embd */
+	float *tmp;     /* projection output, n_embd */
+	float *g, *u;   /* FFN gate/up (also one expert's), n_ff */
+	void *xq;       /* prepared activations, xq_row bytes per token */
+	size_t xq_row;
+	float *logits;  /* n_vocab */
+
+	/* attention, per thread */
+	float *scores;  /* n_threads x n_ctx */
+	void *qh;       /* n_threads x head_dim prepared query (F16 cache) */
+	size_t qh_row;
+
+	/* MoE */
+	float *router;      /* n_batch x n_expert */
+	int32_t *sel;       /* n_batch x n_expert_used */
+	float *selw;        /* n_batch x n_expert_used */
+	int32_t *tok_of;    /* gathered token rows for one expert */
+	int32_t *slot_of;   /* slot (b * n_expert_used + j) of each gathered row */
+	float *xg;          /* gathered expert inputs, n_batch x n_embd */
+	float *eg;          /* one expert's outputs, n_batch x n_embd */
+	float *eout;        /* n_batch x n_expert_used x n_embd: per-slot expert outputs */
+
+	struct nf_ffn_env env;
+};
+
+/* Runs fn over the context's threads (inline with one thread). */
+void nf_ctx_run(struct nf_ctx *c, nf_pool_fn fn, void *arg);
+
+/*
+ * The products mm[0..n_mm) (at most 4) of the same input: nb rows of x, ldx
+ * floats apart, each weight's row length long. Activations are prepared
+ * once per distinct dot type into c->xq (in parallel over tokens), then the
+ * rows of every matrix are split over the threads.
+ */
+void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const float *x,
+		   size_t ldx, size_t nb);
+
+/* Expert e's matrix of a stacked 3-D weight, as a 2-D view. */
+struct nf_weight nf_weight_expert(const struct nf_weight *w, uint32_t e);
+
+/* Runs fn(arg, b0, b1) on slices [b0, b1) of n items over the threads. */
+void nf_ctx_parallel(struct nf_ctx *c, size_t n, void (*fn)(void *arg, size_t b0, size_t b1),
+		     void *arg);
+
+/* Attention block of layer il on c->x for nb tokens from position pos0;
+ * adds its output to c->x. */
+void nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0);
+
+/* Built-in FFNs (compute/ffn.c). */
+int nf_ffn_dense(struct nf_ctx *c, const struct nf_ffn_io *io);
+int nf_ffn_moe(struct nf_ctx *c, const struct nf_ffn_io *io);
+
+/* Row range [r0, r1) of n rows for thread ith of nth, in multiples of align. */
+static inline void nf_split(size_t n, size_t align, int ith, int nth, size_t *r0, size_t *r1)
+{
+	size_t units = (n + align - 1) / align;
+	size_t a = units * (size_t)ith / (size_t)nth, b = units * (size_t)(ith + 1) / (size_t)nth;
+	*r0 = a * align < n ? a * align : n;
+	*r1 = b * align < n ? b * align : n;
+}
+
+#endif

@@ -1,0 +1,237 @@
+/*
+ * nflash/model.h - a LLaMA-family transformer on GGUF weights.
+ *
+ * Two objects, as in llama.cpp:
+ *  - struct nf_model: hyperparameters and weights of one GGUF file, read
+ *    in place from a read-only mapping. Immutable after load; many
+ *    contexts may share one model.
+ *  - struct nf_ctx: everything one sequence needs to run: KV cache (F32 or
+ *    F16), scratch for a batch of up to n_batch tokens, the thread pool and
+ *    the kernel table. All of it is allocated by nf_ctx_open(); running the
+ *    model never allocates.
+ *
+ *	struct nf_model *m;
+ *	struct nf_diag d = {0};
+ *	if (nf_model_load("tiny.gguf", NULL, &m, &d) < 0) die(d.msg);
+ *	struct nf_ctx_params cp = nf_ctx_defaults();
+ *	cp.n_threads = 2;
+ *	struct nf_ctx *c;
+ *	nf_ctx_open(m, &cp, &c, &d);
+ *	nf_ctx_eval(c, prompt, n_prompt);               // prefill, batched (gemm)
+ *	const float *logits = nf_ctx_logits(c);          // last position
+ *	int32_t next = nf_sampler_argmax(logits, nf_model_hparams(m)->n_vocab);
+ *	nf_ctx_eval(c, &next, 1);                        // decode (gemv)
+ *	nf_ctx_close(c); nf_model_free(m);
+ *
+ * Each layer is attention then FFN, and the FFN is reached only through
+ * struct nf_ffn_ops, so the pipeline can replace a layer's dense FFN with a
+ * sparse or streamed one (nf_ctx_set_ffn) without touching attention.
+ *
+ * Thread-safety: a model is read-only and may be shared. A context is used
+ * by one thread at a time (it drives its own pool).
+ */
+#ifndef NFLASH_MODEL_H
+#define NFLASH_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nflash/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct nf_gguf;
+struct nf_kernels;
+struct nf_pool;
+
+enum nf_ffn_act {
+	NF_FFN_SILU,   /* SwiGLU: silu(gate) * up */
+	NF_FFN_RELU,   /* ReGLU: relu(gate) * up */
+	NF_FFN_DRELU,  /* relu(gate) * relu(up) (TurboSparse, Bamboo) */
+};
+
+/* "silu", "relu", "drelu". */
+const char *nf_ffn_act_name(enum nf_ffn_act a);
+
+struct nf_model_hparams {
+	char arch[32];          /* general.architecture ("llama") */
+	uint32_t n_vocab;
+	uint32_t n_embd;
+	uint32_t n_layer;
+	uint32_t n_head;
+	uint32_t n_head_kv;     /* query head h reads KV head h / (n_head / n_head_kv) */
+	uint32_t head_dim;      /* n_embd / n_head */
+	uint32_t n_rot;         /* rope.dimension_count; equals head_dim */
+	uint32_t n_ff;          /* per expert for MoE */
+	uint32_t n_ctx_train;   /* context_length */
+	uint32_t n_expert;      /* 0: dense FFN */
+	uint32_t n_expert_used;
+	float rope_freq_base;
+	float rope_freq_scale; /* 1 / rope.scaling.factor */
+	float rms_eps;
+	enum nf_ffn_act act;
+	const char *act_source; /* which metadata decided act (static string) */
+	bool powerinfer;        /* PWRI file: predictors and ffn_down_t */
+	float sparse_threshold; /* powerinfer.sparse_threshold (0 when absent) */
+	int32_t bos_id, eos_id; /* -1 when absent */
+};
+
+/*
+ * A weight matrix as the kernels see it: nrows rows of n values of dtype,
+ * row_bytes apart, starting at data. For the 3-D expert tensors, expert e's
+ * matrix starts at data + e * expert_bytes.
+ */
+struct nf_weight {
+	const char *name;      /* the GGUF tensor name (owned by the reader) */
+	const void *data;
+	uint32_t dtype;        /* enum nf_dtype */
+	int kt;                /* enum nf_ktype */
+	uint32_t n;            /* row length (input dimension) */
+	uint32_t nrows;        /* output dimension */
+	size_t row_bytes;
+	uint32_t n_expert;     /* 1 for 2-D tensors */
+	size_t expert_bytes;
+};
+
+/* One layer's weights. Unused matrices have data == NULL. */
+struct nf_layer_weights {
+	const float *attn_norm;          /* n_embd */
+	struct nf_weight wq, wk, wv, wo;
+	const float *ffn_norm;           /* n_embd */
+	/* dense FFN: down is [n_embd rows x n_ff], or, in PowerInfer files,
+	 * down_t is [n_ff rows x n_embd] (row j = down column j) */
+	struct nf_weight gate, up, down, down_t;
+	/* MoE: router [n_expert x n_embd] (F32), experts stacked in 3-D */
+	struct nf_weight router, gate_exps, up_exps, down_exps;
+	/* PowerInfer predictor (parsed, unused by the dense path) */
+	struct nf_weight fc1, fc2;
+};
+
+struct nf_model;
+
+/* Load options; NULL means defaults. */
+struct nf_model_opts {
+	bool prefault;  /* touch every weight page at load (default true) */
+};
+
+/*
+ * nf_model_load - open the GGUF at path (mapped read-only), read the
+ * hyperparameters from its metadata and bind every tensor the architecture
+ * needs, checking names, shapes and types. Returns 0 and *out (free with
+ * nf_model_free), or: NF_ENOTFOUND (a required key or tensor is missing),
+ * NF_EFORMAT (bad shape or value), NF_EUNSUPPORTED (architecture, tensor type,
+ * rope scaling type or activation not handled), or the reader's errors;
+ * diag names the file and the key/tensor.
+ */
+int nf_model_load(const char *path, const struct nf_model_opts *opts, struct nf_model **out,
+		  struct nf_diag *diag);
+/* Accepts NULL. */
+void nf_model_free(struct nf_model *m);
+
+const struct nf_model_hparams *nf_model_hparams(const struct nf_model *m);
+const struct nf_layer_weights *nf_model_layer(const struct nf_model *m, uint32_t il);
+/* The GGUF reader (for the tokenizer's vocabulary and other metadata). */
+const struct nf_gguf *nf_model_gguf(const struct nf_model *m);
+/* Total bytes of weight data bound by the model. */
+uint64_t nf_model_weight_bytes(const struct nf_model *m);
+
+/*
+ * nf_model_hparams_read - the hyperparameter part of nf_model_load, for
+ * tools that only report (documented in docs/MODEL.md).
+ */
+int nf_model_hparams_read(const struct nf_gguf *g, struct nf_model_hparams *hp,
+			  struct nf_diag *diag);
+
+/* ---- context --------------------------------------------------------- */
+
+enum nf_kv_type { NF_KV_F32, NF_KV_F16 };
+
+struct nf_ctx_params {
+	uint32_t n_ctx;       /* 0: the model's context_length */
+	uint32_t n_batch;     /* max tokens per forward step (prefill); default 512 */
+	int n_threads;        /* default 0: all CPUs of the node */
+	enum nf_kv_type kv_type;
+	const struct nf_kernels *kernels; /* NULL: nf_kernels_get() */
+};
+
+struct nf_ctx_params nf_ctx_defaults(void);
+
+struct nf_ctx;
+
+/*
+ * nf_ctx_open - allocate KV cache, scratch and pool for model m (which must
+ * outlive the context). Returns 0, NF_EUSAGE for bad params (n_batch 0,
+ * n_threads < 0), -ENOMEM, or the pool's error. Close with nf_ctx_close().
+ */
+int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct nf_ctx **out,
+		struct nf_diag *diag);
+/* Accepts NULL. */
+void nf_ctx_close(struct nf_ctx *c);
+
+/*
+ * nf_ctx_eval - run n tokens at positions n_past .. n_past+n-1, appending
+ * their keys and values to the cache, in chunks of up to n_batch tokens
+ * (matrix-matrix products; a single token uses matrix-vector products).
+ * Afterwards nf_ctx_logits() holds the logits of the last token.
+ * Returns 0, NF_EUSAGE if an id is outside the vocabulary or n is 0, NF_EBUDGET
+ * if the context would overflow n_ctx (nothing is run), or an FFN
+ * implementation's error.
+ */
+int nf_ctx_eval(struct nf_ctx *c, const int32_t *ids, size_t n);
+
+/* n_vocab logits of the last evaluated token (valid until the next eval). */
+const float *nf_ctx_logits(const struct nf_ctx *c);
+/* Tokens in the KV cache. */
+uint32_t nf_ctx_n_past(const struct nf_ctx *c);
+uint32_t nf_ctx_n_ctx(const struct nf_ctx *c);
+int nf_ctx_n_threads(const struct nf_ctx *c);
+const struct nf_kernels *nf_ctx_kernels(const struct nf_ctx *c);
+/* Forget the cache: the next eval starts at position 0. */
+void nf_ctx_reset(struct nf_ctx *c);
+
+/* ---- the FFN seam ------------------------------------------------------ */
+
+/* One FFN call: nb tokens, each n_embd floats, rows n_embd apart. */
+struct nf_ffn_io {
+	uint32_t layer;
+	size_t nb;
+	const float *resid; /* residual stream entering the FFN block (predictors read this) */
+	const float *x;     /* ffn_norm(resid): the FFN input */
+	float *out;         /* FFN output, written (not accumulated) */
+};
+
+/* What an FFN implementation may use while it runs: the context's pool
+ * and kernels, and the model's weights. */
+struct nf_ffn_env {
+	const struct nf_model *model;
+	const struct nf_kernels *k;
+	struct nf_pool *pool;
+};
+
+/*
+ * An FFN implementation. forward() must not allocate; it writes io->out for
+ * all nb tokens and returns 0 or a negative code (which aborts the eval).
+ */
+struct nf_ffn_ops {
+	const char *name;
+	int (*forward)(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io);
+};
+
+/*
+ * nf_ctx_set_ffn - replace layer il's FFN (ops NULL restores the built-in
+ * dense or MoE FFN). self is passed to ops->forward and is owned by the
+ * caller. Returns 0 or NF_EUSAGE for a bad layer.
+ */
+int nf_ctx_set_ffn(struct nf_ctx *c, uint32_t il, const struct nf_ffn_ops *ops, void *self);
+
+/* The built-in FFN of layer il (dense SwiGLU/ReGLU/dReLU or MoE), run on
+ * the context's scratch; a replacement may call it for layers it skips. */
+int nf_ctx_ffn_builtin(struct nf_ctx *c, const struct nf_ffn_io *io);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NFLASH_MODEL_H */
