@@ -80,6 +80,8 @@ struct nf_ctx {
 	float *eout;        /* n_batch x n_expert_used x n_embd: per-slot expert outputs */
 
 	struct nf_ffn_env env;
+	uint64_t bytes;     /* allocated by nf_ctx_open (KV cache and scratch) */
+	uint64_t bytes_kv;  /* of which the KV cache */
 };
 
 /* Runs fn over the context's threads (inline with one thread). */

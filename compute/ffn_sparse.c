@@ -1,0 +1,723 @@
+/*
+ * ffn_sparse.c - the sparse FFN engine (nflash/sparse.h): predictor, exact
+ * two-phase and dense modes over 32-neuron groups, from the model's
+ * in-memory weights or from the segmented cache.
+ *
+ * Invariants:
+ *  1. Arithmetic follows ggml/PowerInfer: gate/up inputs rounded to their
+ *     weight's dot type (act_prepare); the activation of a neuron fed to a
+ *     float down row is rounded to that row's dot type (fp16 for F16); for
+ *     a quantized down (ROW from ffn_down_t, or QCOL) the activations of a
+ *     group are quantized together as one Q8_0 block, and neuron i's
+ *     coefficient is d * q[i] (PowerInfer's axpy_q4_0_q8_0; QCOL: ggml's
+ *     integer dot). Inactive neurons have activation 0 in that block.
+ *  2. A group is computed by one thread, start to end (gate, up, act,
+ *     down), only once all its active neurons' bytes are in memory: the Q8_0
+ *     block of a group depends on exactly that group, so no barrier per
+ *     matrix exists. Each thread adds into its own partial output; the
+ *     partials are summed in thread order when the layer's groups are done.
+ *  3. Everything is allocated in nf_sparse_open(); forward() never
+ *     allocates.
+ *  4. Groups are taken through one atomic counter over the ready list, so
+ *     any thread may take any ready group; with a cache, a thread with
+ *     nothing to do reaps completions (the cache serialises that) and
+ *     appends the groups they complete.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nflash/cache.h"
+#include "nflash/dtype.h"
+#include "nflash/kernels.h"
+#include "nflash/model.h"
+#include "nflash/pool.h"
+#include "nflash/sparse.h"
+
+#define GROUP 32u
+
+enum down_form { DOWN_ROW, DOWN_QCOL };
+
+/* Where one layer's neuron bytes live when served from memory. */
+struct layer_tab {
+	bool sparse;                 /* false: built-in FFN (MoE) */
+	const char *gate, *up, *down;
+	size_t gate_stride, up_stride, down_stride;
+	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16 */
+	void *owned;                 /* transposed / repacked down (ours) */
+	const struct nf_weight *fc1, *fc2;
+};
+
+struct group_state {
+	uint32_t mask;               /* neurons to compute (bit i: neuron 32g + i) */
+	atomic_uint pending;         /* bundles not yet in memory */
+};
+
+struct nf_sparse {
+	struct nf_ctx *ctx;
+	const struct nf_model *m;
+	const struct nf_kernels *k;
+	enum nf_sparse_mode mode;
+	float threshold;
+	bool measure_recall;
+	struct nf_cache *cache;
+	uint32_t E, F, n_groups, n_layer;
+	enum nf_ffn_act act;
+	bool has_gate;
+	uint32_t dt_gu, dt_down;     /* dtypes */
+	int kt_gu, kt_down;
+	enum down_form form;
+	uint32_t down_off_bundle;    /* cache bundles: byte offset of the down row */
+	uint32_t up_off_bundle;
+	struct layer_tab *tabs;
+	struct nf_ffn_ops ops;
+	uint64_t bytes;
+
+	/* per call scratch */
+	void *xq;                    /* x prepared for gate/up */
+	void *hq;                    /* predictor input prepared */
+	float *h1;                   /* fc1 output (rank) */
+	float *score;                /* fc2 output, then gate values for recall (n_ff) */
+	uint32_t rank;
+	struct group_state *groups;  /* n_groups */
+	uint32_t *ready;             /* group ids in the order they became ready */
+	atomic_uint n_ready, next;   /* appended / taken */
+	atomic_uint n_done;
+	uint32_t n_active_groups;
+	const void **ptrs;           /* cache: bundle address per neuron (n_ff) */
+	uint32_t *req;               /* cache: neuron ids requested (n_ff) */
+	atomic_int err;
+
+	/* per thread */
+	int nth;
+	float *partial;              /* nth x E */
+	size_t act_stride;           /* bytes of per-thread activation scratch */
+	char *tscratch;              /* nth x act_stride */
+
+	struct nf_sparse_stats st;
+	const float *cur_x;          /* token being computed */
+	uint32_t cur_layer;
+};
+
+/* ---- names ------------------------------------------------------------------ */
+
+static const char *const mode_names[] = {
+	[NF_SPARSE_AUTO] = "auto", [NF_SPARSE_PREDICTOR] = "predictor",
+	[NF_SPARSE_EXACT] = "exact", [NF_SPARSE_DENSE] = "dense", [NF_SPARSE_OFF] = "off",
+};
+
+const char *nf_sparse_mode_name(enum nf_sparse_mode m)
+{
+	return (unsigned)m <= NF_SPARSE_OFF ? mode_names[m] : "?";
+}
+
+int nf_sparse_mode_parse(const char *name)
+{
+	for (int i = 0; i <= NF_SPARSE_OFF; i++)
+		if (!strcmp(name, mode_names[i]))
+			return i;
+	return -1;
+}
+
+void nf_sparse_params_init(struct nf_sparse_params *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->mode = NF_SPARSE_AUTO;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- group compute ----------------------------------------------------------- */
+
+/* Addresses of neuron j's gate row, up row and down part. */
+static void neuron_addr(const struct nf_sparse *s, uint32_t layer, uint32_t j, const char **g,
+			const char **u, const char **d)
+{
+	if (s->cache) {
+		const char *p = s->ptrs[j];
+		*g = p;
+		*u = p + s->up_off_bundle;
+		*d = p + s->down_off_bundle;
+		return;
+	}
+	const struct layer_tab *t = &s->tabs[layer];
+	*g = t->gate ? t->gate + (size_t)j * t->gate_stride : NULL;
+	*u = t->up + (size_t)j * t->up_stride;
+	*d = t->down + (size_t)j * t->down_stride;
+}
+
+static float act1(enum nf_ffn_act act, float g, float u, bool has_gate)
+{
+	if (!has_gate)
+		return act == NF_FFN_SILU ? u / (1.0f + expf(-u)) : (u > 0.0f ? u : 0.0f);
+	switch (act) {
+	case NF_FFN_RELU:
+		return (g > 0.0f ? g : 0.0f) * u;
+	case NF_FFN_DRELU:
+		return (g > 0.0f ? g : 0.0f) * (u > 0.0f ? u : 0.0f);
+	default:
+		return g / (1.0f + expf(-g)) * u;
+	}
+}
+
+/* Computes group gi of the current (layer, token) into out (E floats). */
+static void group_compute(struct nf_sparse *s, uint32_t gi, float *out, char *scratch)
+{
+	const struct nf_kernels *k = s->k;
+	uint32_t layer = s->cur_layer, E = s->E;
+	uint32_t mask = s->groups[gi].mask;
+	float a[GROUP];
+	const char *dp[GROUP];
+	memset(a, 0, sizeof(a));
+	for (uint32_t i = 0; i < GROUP; i++) {
+		dp[i] = NULL;
+		if (!(mask & (1u << i)))
+			continue;
+		uint32_t j = gi * GROUP + i;
+		const char *g, *u, *d;
+		neuron_addr(s, layer, j, &g, &u, &d);
+		float gv = 0.0f, uv;
+		if (s->has_gate) {
+			k->gemv[s->kt_gu](E, 1, g, 0, s->xq, &gv);
+			if (s->mode == NF_SPARSE_EXACT && !(gv > 0.0f))
+				continue;
+		}
+		k->gemv[s->kt_gu](E, 1, u, 0, s->xq, &uv);
+		if (s->mode == NF_SPARSE_EXACT && s->act == NF_FFN_DRELU && !(uv > 0.0f))
+			continue;
+		a[i] = act1(s->act, gv, uv, s->has_gate);
+		dp[i] = d;
+	}
+
+	if (s->form == DOWN_QCOL) {
+		struct nf_block_q8_0 blk;
+		nf_quantize_row_q8_0(a, &blk, GROUP);
+		float dx = nf_fp16_to_fp32(blk.d);
+		if (dx == 0.0f)
+			return;
+		int32_t *acc = (int32_t *)scratch;
+		memset(acc, 0, E * sizeof(int32_t));
+		for (uint32_t i = 0; i < GROUP; i++) {
+			if (!dp[i] || blk.qs[i] == 0)
+				continue;
+			int32_t q = blk.qs[i];
+			if (s->dt_down == NF_DTYPE_Q8_0) {
+				const int8_t *c = (const int8_t *)dp[i];
+				for (uint32_t r = 0; r < E; r++)
+					acc[r] += q * c[r];
+			} else {
+				const uint8_t *c = (const uint8_t *)dp[i];
+				for (uint32_t r = 0; r < E; r += 2) {
+					acc[r] += q * ((int32_t)(c[r / 2] & 0x0f) - 8);
+					acc[r + 1] += q * ((int32_t)(c[r / 2] >> 4) - 8);
+				}
+			}
+		}
+		const uint16_t *sc = s->tabs[layer].scales + (size_t)gi * E;
+		for (uint32_t r = 0; r < E; r++)
+			out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc[r];
+		return;
+	}
+
+	if (s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0) {
+		/* PowerInfer: the activation vector quantized to Q8_0; neuron i
+		 * contributes d * q[i] times its dequantized down row. */
+		struct nf_block_q8_0 blk;
+		nf_quantize_row_q8_0(a, &blk, GROUP);
+		float d = nf_fp16_to_fp32(blk.d);
+		for (uint32_t i = 0; i < GROUP; i++)
+			if (dp[i] && blk.qs[i] != 0)
+				k->axpy[s->kt_down](E, d * (float)blk.qs[i], dp[i], out);
+		return;
+	}
+	/* Float down rows: round the activations to the row's dot type. */
+	float ar[GROUP];
+	k->act_prepare[s->kt_down](a, scratch, GROUP);
+	nf_dequantize_row(nf_ktype_dot_dtype(s->kt_down), scratch, ar, GROUP);
+	for (uint32_t i = 0; i < GROUP; i++)
+		if (dp[i] && ar[i] != 0.0f)
+			k->axpy[s->kt_down](E, ar[i], dp[i], out);
+}
+
+/* ---- the ready list ------------------------------------------------------------ */
+
+static void ready_push(struct nf_sparse *s, uint32_t gi)
+{
+	uint32_t at = atomic_fetch_add(&s->n_ready, 1);
+	__atomic_store_n(&s->ready[at], gi, __ATOMIC_RELEASE);
+}
+
+/* Cache completion: bundles of neurons[0..n) are in memory (or failed). */
+static void on_ready(void *user, const uint32_t *neurons, uint32_t n, int result)
+{
+	struct nf_sparse *s = user;
+	if (result < 0) {
+		int expect = 0;
+		atomic_compare_exchange_strong(&s->err, &expect, result);
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t gi = neurons[k] / GROUP;
+		if (atomic_fetch_sub(&s->groups[gi].pending, 1) == 1)
+			ready_push(s, gi);
+	}
+}
+
+static void worker(void *arg, int ith, int nth)
+{
+	(void)nth;
+	struct nf_sparse *s = arg;
+	float *out = s->partial + (size_t)ith * s->E;
+	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
+	memset(out, 0, s->E * sizeof(float));
+	for (;;) {
+		if (atomic_load(&s->err))
+			return;
+		uint32_t taken = atomic_load(&s->next);
+		if (taken >= s->n_active_groups)
+			return;
+		if (taken < atomic_load(&s->n_ready)) {
+			if (!atomic_compare_exchange_weak(&s->next, &taken, taken + 1))
+				continue;
+			/* the slot may be claimed before its id is stored */
+			uint32_t gi;
+			while ((gi = __atomic_load_n(&s->ready[taken], __ATOMIC_ACQUIRE)) == UINT32_MAX)
+				;
+			group_compute(s, gi, out, scratch);
+			continue;
+		}
+		/* Nothing ready: reap completions (serialised by the cache). */
+		double t0 = ith == 0 ? now_s() : 0.0;
+		int rc = nf_cache_reap(s->cache, on_ready, s);
+		if (ith == 0)
+			s->st.t_wait += now_s() - t0;
+		if (rc < 0) {
+			int expect = 0;
+			atomic_compare_exchange_strong(&s->err, &expect, rc);
+			return;
+		}
+	}
+}
+
+static void run_workers(struct nf_sparse *s, const struct nf_ffn_env *env)
+{
+	if (env->pool)
+		nf_pool_run(env->pool, worker, s);
+	else
+		worker(s, 0, 1);
+}
+
+/* ---- one token ------------------------------------------------------------------- */
+
+static void predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid)
+{
+	const struct nf_kernels *k = s->k;
+	k->act_prepare[t->fc1->kt](resid, s->hq, s->E);
+	k->gemv[t->fc1->kt](t->fc1->n, t->fc1->nrows, t->fc1->data, t->fc1->row_bytes, s->hq, s->h1);
+	for (uint32_t i = 0; i < s->rank; i++)
+		s->h1[i] = s->h1[i] > 0.0f ? s->h1[i] : 0.0f;
+	k->act_prepare[t->fc2->kt](s->h1, s->hq, s->rank);
+	k->gemv[t->fc2->kt](t->fc2->n, t->fc2->nrows, t->fc2->data, t->fc2->row_bytes, s->hq, s->score);
+}
+
+/* Gate values of every neuron (in memory) for recall. */
+static void measure_recall(struct nf_sparse *s, uint32_t layer)
+{
+	const struct layer_tab *t = &s->tabs[layer];
+	if (s->cache || !t->gate)
+		return;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++)
+		for (uint32_t i = 0; i < GROUP; i++) {
+			uint32_t j = gi * GROUP + i;
+			float gv;
+			s->k->gemv[s->kt_gu](s->E, 1, t->gate + (size_t)j * t->gate_stride, 0, s->xq, &gv);
+			if (gv > 0.0f) {
+				s->st.recall_fired++;
+				s->st.recall_hit += (s->groups[gi].mask >> i) & 1u;
+			}
+		}
+}
+
+static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
+			 const float *x, const float *resid, float *out)
+{
+	const struct layer_tab *t = &s->tabs[layer];
+	s->cur_layer = layer;
+	s->cur_x = x;
+	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
+	if (s->mode == NF_SPARSE_PREDICTOR)
+		predict(s, t, resid);
+
+	uint64_t active = 0;
+	s->n_active_groups = 0;
+	atomic_store(&s->n_ready, 0);
+	atomic_store(&s->next, 0);
+	atomic_store(&s->err, 0);
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		uint32_t m = 0;
+		if (s->mode == NF_SPARSE_PREDICTOR) {
+			for (uint32_t i = 0; i < GROUP; i++)
+				if (s->score[gi * GROUP + i] >= s->threshold)
+					m |= 1u << i;
+		} else {
+			m = UINT32_MAX;
+		}
+		s->groups[gi].mask = m;
+		active += (uint64_t)__builtin_popcount(m);
+		if (m)
+			s->n_active_groups++;
+	}
+	for (uint32_t i = 0; i < s->n_active_groups; i++)
+		s->ready[i] = UINT32_MAX;
+	if (s->measure_recall && s->mode == NF_SPARSE_PREDICTOR)
+		measure_recall(s, layer);
+
+	if (!s->cache) {
+		for (uint32_t gi = 0; gi < s->n_groups; gi++)
+			if (s->groups[gi].mask)
+				ready_push(s, gi);
+		s->st.groups_ready_now += s->n_active_groups;
+	} else {
+		uint32_t n = 0;
+		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+			uint32_t m = s->groups[gi].mask;
+			atomic_store(&s->groups[gi].pending, (unsigned)__builtin_popcount(m) + 1u);
+			for (uint32_t i = 0; i < GROUP; i++)
+				if (m & (1u << i))
+					s->req[n++] = gi * GROUP + i;
+		}
+		int rc = nf_cache_request(s->cache, layer, 0, s->req, n, s->ptrs, on_ready, s);
+		/* drop the guard count: groups whose bundles were all hits are ready now */
+		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+			if (!s->groups[gi].mask)
+				continue;
+			if (atomic_fetch_sub(&s->groups[gi].pending, 1) == 1) {
+				ready_push(s, gi);
+				s->st.groups_ready_now++;
+			} else {
+				s->st.groups_ready_later++;
+			}
+		}
+		if (rc < 0)
+			return rc;
+	}
+
+	run_workers(s, env);
+	int err = atomic_load(&s->err);
+	if (s->cache) {
+		/* every read of this layer must have landed before its slots are reused */
+		int rc = nf_cache_release(s->cache);
+		if (!err && rc < 0)
+			err = rc;
+	}
+	if (err < 0)
+		return err;
+	memcpy(out, s->partial, s->E * sizeof(float));
+	for (int t2 = 1; t2 < s->nth; t2++) {
+		const float *p = s->partial + (size_t)t2 * s->E;
+		for (uint32_t r = 0; r < s->E; r++)
+			out[r] += p[r];
+	}
+	s->st.ffn_calls++;
+	s->st.neurons_total += s->F;
+	s->st.neurons_active += active;
+	return 0;
+}
+
+static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	struct nf_sparse *s = self;
+	if (!s->tabs[io->layer].sparse)
+		return nf_ctx_ffn_builtin(s->ctx, io);
+	double t0 = now_s();
+	int rc = 0;
+	for (size_t b = 0; b < io->nb && rc == 0; b++)
+		rc = token_forward(s, env, io->layer, io->x + b * s->E, io->resid + b * s->E,
+				   io->out + b * s->E);
+	s->st.t_ffn += now_s() - t0;
+	return rc;
+}
+
+/* ---- set-up ------------------------------------------------------------------------ */
+
+static void *zalloc(struct nf_sparse *s, size_t n)
+{
+	void *p = calloc(1, n ? n : 1);
+	if (p)
+		s->bytes += n;
+	return p;
+}
+
+/* Repack a regular down matrix [E rows x F] into per-neuron parts. */
+static int tab_down_regular(struct nf_sparse *s, struct layer_tab *t, const struct nf_weight *w)
+{
+	uint32_t E = s->E, F = s->F;
+	if (w->dtype == NF_DTYPE_F32 || w->dtype == NF_DTYPE_F16 || w->dtype == NF_DTYPE_BF16) {
+		size_t esz = w->dtype == NF_DTYPE_F32 ? 4 : 2;
+		char *o = zalloc(s, (size_t)F * E * esz);
+		if (!o)
+			return -ENOMEM;
+		for (uint32_t r = 0; r < E; r++) {
+			const char *row = (const char *)w->data + (size_t)r * w->row_bytes;
+			for (uint32_t j = 0; j < F; j++)
+				memcpy(o + ((size_t)j * E + r) * esz, row + (size_t)j * esz, esz);
+		}
+		t->owned = o;
+		t->down = o;
+		t->down_stride = (size_t)E * esz;
+		return 0;
+	}
+	/* quantized: QCOL columns and fp16 scales d[b][r] */
+	bool q8 = w->dtype == NF_DTYPE_Q8_0;
+	size_t col = q8 ? E : E / 2;
+	char *o = zalloc(s, (size_t)F * col + (size_t)(F / GROUP) * E * sizeof(uint16_t));
+	if (!o)
+		return -ENOMEM;
+	uint16_t *sc = (uint16_t *)(o + (size_t)F * col);
+	for (uint32_t r = 0; r < E; r++) {
+		const char *row = (const char *)w->data + (size_t)r * w->row_bytes;
+		for (uint32_t b = 0; b < F / GROUP; b++) {
+			int8_t q[GROUP];
+			if (q8) {
+				const struct nf_block_q8_0 *blk = (const struct nf_block_q8_0 *)row + b;
+				sc[(size_t)b * E + r] = blk->d;
+				memcpy(q, blk->qs, GROUP);
+			} else {
+				const struct nf_block_q4_0 *blk = (const struct nf_block_q4_0 *)row + b;
+				sc[(size_t)b * E + r] = blk->d;
+				for (uint32_t i = 0; i < GROUP / 2; i++) {
+					q[i] = (int8_t)((blk->qs[i] & 0x0f) - 8);
+					q[i + GROUP / 2] = (int8_t)((blk->qs[i] >> 4) - 8);
+				}
+			}
+			for (uint32_t i = 0; i < GROUP; i++) {
+				char *c = o + (size_t)(b * GROUP + i) * col;
+				if (q8) {
+					c[r] = (char)q[i];
+				} else {
+					uint8_t nib = (uint8_t)(q[i] + 8);
+					uint8_t *byte = (uint8_t *)c + r / 2;
+					*byte = (r & 1) ? (uint8_t)((*byte & 0x0f) | (nib << 4))
+							: (uint8_t)((*byte & 0xf0) | nib);
+				}
+			}
+		}
+	}
+	t->owned = o;
+	t->down = o;
+	t->down_stride = col;
+	t->scales = sc;
+	return 0;
+}
+
+static enum nf_sparse_mode resolve_mode(const struct nf_model_hparams *hp, bool has_pred,
+					enum nf_sparse_mode m)
+{
+	if (m != NF_SPARSE_AUTO)
+		return m;
+	if (has_pred)
+		return NF_SPARSE_PREDICTOR;
+	return hp->act == NF_FFN_SILU ? NF_SPARSE_DENSE : NF_SPARSE_EXACT;
+}
+
+int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct nf_sparse **out,
+		   struct nf_diag *diag)
+{
+	const struct nf_model *m = nf_ctx_model(ctx);
+	const struct nf_model_hparams *hp = nf_model_hparams(m);
+	int rc = -ENOMEM;
+	struct nf_sparse *s = calloc(1, sizeof(*s));
+	if (!s)
+		return nf_diag_fail(diag, -ENOMEM, "sparse engine: out of memory");
+	s->bytes = sizeof(*s);
+	s->ctx = ctx;
+	s->m = m;
+	s->k = nf_ctx_kernels(ctx);
+	s->E = hp->n_embd;
+	s->F = hp->n_ff;
+	s->n_layer = hp->n_layer;
+	s->act = hp->act;
+	s->cache = p->cache;
+	s->nth = nf_ctx_n_threads(ctx) > 0 ? nf_ctx_n_threads(ctx) : 1;
+	s->ops = (struct nf_ffn_ops){ .name = "sparse", .forward = sparse_forward };
+
+	bool has_pred = !hp->n_expert;
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		has_pred &= nf_model_layer(m, il)->fc1.data != NULL;
+	s->mode = resolve_mode(hp, has_pred, p->mode);
+	s->threshold = p->threshold_set ? p->threshold : hp->sparse_threshold;
+	s->measure_recall = p->measure_recall;
+	if (s->mode == NF_SPARSE_OFF) {
+		*out = s;
+		return 0;
+	}
+	if (hp->n_expert) {
+		rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
+				  "--sparse-mode %s: mixture-of-experts FFNs are not sparse yet (use --sparse-mode off)",
+				  nf_sparse_mode_name(s->mode));
+		goto fail;
+	}
+	if (s->mode == NF_SPARSE_PREDICTOR && !has_pred) {
+		rc = nf_diag_fail(diag, NF_EUSAGE,
+				  "--sparse-mode predictor: the model has no predictor (blk.N.fc1/fc2)");
+		goto fail;
+	}
+	if (s->mode == NF_SPARSE_EXACT && hp->act == NF_FFN_SILU) {
+		rc = nf_diag_fail(diag, NF_EUSAGE,
+				  "--sparse-mode exact: needs a ReLU or dReLU model; this one is %s",
+				  nf_ffn_act_name(hp->act));
+		goto fail;
+	}
+	if (s->F % GROUP || s->E % GROUP) {
+		rc = nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: n_ff %u and n_embd %u must be multiples of 32",
+				  s->F, s->E);
+		goto fail;
+	}
+	s->n_groups = s->F / GROUP;
+
+	const struct nf_layer_weights *L0 = nf_model_layer(m, 0);
+	s->has_gate = L0->gate.data != NULL;
+	s->dt_gu = L0->up.dtype;
+	const struct nf_weight *dw = L0->down_t.data ? &L0->down_t : &L0->down;
+	s->dt_down = dw->dtype;
+	bool quant_down = s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0;
+	s->form = (!L0->down_t.data && quant_down) ? DOWN_QCOL : DOWN_ROW;
+	s->kt_gu = nf_ktype_of(s->dt_gu);
+	s->kt_down = nf_ktype_of(s->dt_down);
+	if (s->kt_gu < 0 || s->kt_down < 0 || (s->has_gate && L0->gate.dtype != s->dt_gu)) {
+		rc = nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: weight types %s/%s have no bundle form",
+				  nf_dtype_name(s->dt_gu), nf_dtype_name(s->dt_down));
+		goto fail;
+	}
+
+	if (!(s->tabs = zalloc(s, hp->n_layer * sizeof(*s->tabs))))
+		goto nomem;
+	for (uint32_t il = 0; il < hp->n_layer; il++) {
+		const struct nf_layer_weights *L = nf_model_layer(m, il);
+		struct layer_tab *t = &s->tabs[il];
+		t->sparse = true;
+		t->gate = L->gate.data;
+		t->gate_stride = L->gate.row_bytes;
+		t->up = L->up.data;
+		t->up_stride = L->up.row_bytes;
+		t->fc1 = L->fc1.data ? &L->fc1 : NULL;
+		t->fc2 = L->fc2.data ? &L->fc2 : NULL;
+		if (L->up.dtype != s->dt_gu || (L->down_t.data ? L->down_t.dtype : L->down.dtype) != s->dt_down) {
+			rc = nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: layer %u has other weight types than layer 0", il);
+			goto fail;
+		}
+		if (L->down_t.data) {
+			t->down = L->down_t.data;
+			t->down_stride = L->down_t.row_bytes;
+		} else if (!s->cache || s->form == DOWN_QCOL) {
+			if ((rc = tab_down_regular(s, t, &L->down)) < 0)
+				goto nomem;
+		}
+		if (t->fc2 && t->fc2->nrows != s->F) {
+			rc = nf_diag_fail(diag, NF_EFORMAT, "blk.%u.fc2: %u outputs, n_ff is %u", il, t->fc2->nrows, s->F);
+			goto fail;
+		}
+		if (t->fc1)
+			s->rank = t->fc1->nrows > s->rank ? t->fc1->nrows : s->rank;
+	}
+	if (s->cache) {
+		struct nf_cache_geom g;
+		nf_cache_geometry(s->cache, &g);
+		if (g.dim != s->E || g.n_neurons != s->F || g.dtype != s->dt_gu || g.down_dtype != s->dt_down ||
+		    g.has_gate != s->has_gate || s->form != DOWN_ROW) {
+			rc = nf_diag_fail(diag, NF_EUSAGE,
+					  "sparse FFN: the store's bundles (dim %u, %u neurons, %s) do not match the model "
+					  "(n_embd %u, n_ff %u, %s)",
+					  g.dim, g.n_neurons, nf_dtype_name(g.dtype), s->E, s->F, nf_dtype_name(s->dt_gu));
+			goto fail;
+		}
+		s->up_off_bundle = g.has_gate ? g.row_bytes : 0;
+		s->down_off_bundle = g.down_off;
+	}
+
+	size_t xq = nf_act_size(s->kt_gu, s->E);
+	size_t hq = 0;
+	if (s->rank) {
+		const struct nf_layer_weights *L = nf_model_layer(m, 0);
+		size_t a = nf_act_size(L->fc1.kt, s->E), b = nf_act_size(L->fc2.kt, s->rank);
+		hq = a > b ? a : b;
+	}
+	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
+	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
+	    !(s->h1 = zalloc(s, (s->rank + 1) * sizeof(float))) ||
+	    !(s->score = zalloc(s, s->F * sizeof(float))) ||
+	    !(s->groups = zalloc(s, s->n_groups * sizeof(*s->groups))) ||
+	    !(s->ready = zalloc(s, s->n_groups * sizeof(uint32_t))) ||
+	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
+	    !(s->req = zalloc(s, s->F * sizeof(uint32_t))) ||
+	    !(s->partial = zalloc(s, (size_t)s->nth * s->E * sizeof(float))) ||
+	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)))
+		goto nomem;
+
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		nf_ctx_set_ffn(ctx, il, &s->ops, s);
+	*out = s;
+	return 0;
+nomem:
+	if (rc == -ENOMEM || rc == 0)
+		rc = nf_diag_fail(diag, -ENOMEM, "sparse engine: out of memory");
+fail:
+	nf_sparse_close(s);
+	return rc;
+}
+
+void nf_sparse_close(struct nf_sparse *s)
+{
+	if (!s)
+		return;
+	if (s->tabs) {
+		for (uint32_t il = 0; il < s->n_layer; il++) {
+			nf_ctx_set_ffn(s->ctx, il, NULL, NULL);
+			free(s->tabs[il].owned);
+		}
+	}
+	free(s->tabs);
+	free(s->xq);
+	free(s->hq);
+	free(s->h1);
+	free(s->score);
+	free(s->groups);
+	free(s->ready);
+	free(s->ptrs);
+	free(s->req);
+	free(s->partial);
+	free(s->tscratch);
+	free(s);
+}
+
+enum nf_sparse_mode nf_sparse_mode_of(const struct nf_sparse *s)
+{
+	return s->mode;
+}
+
+float nf_sparse_threshold(const struct nf_sparse *s)
+{
+	return s->threshold;
+}
+
+uint64_t nf_sparse_bytes(const struct nf_sparse *s)
+{
+	return s->bytes;
+}
+
+void nf_sparse_stats_get(const struct nf_sparse *s, struct nf_sparse_stats *out)
+{
+	*out = s->st;
+}
+
+void nf_sparse_stats_reset(struct nf_sparse *s)
+{
+	memset(&s->st, 0, sizeof(s->st));
+}
