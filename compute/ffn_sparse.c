@@ -14,8 +14,11 @@
  *  2. A group is computed by one thread, start to end (gate, up, act,
  *     down), only once all its active neurons' bytes are in memory: the Q8_0
  *     block of a group depends on exactly that group, so no barrier per
- *     matrix exists. Each thread adds into its own partial output; the
- *     partials are summed in thread order when the layer's groups are done.
+ *     matrix exists. Each group writes its own down contribution; when the
+ *     layer's groups are done they are summed in group order (rows split
+ *     over the threads), so the output does not depend on the thread count
+ *     nor on the order reads completed: store-backed equals in-memory bit
+ *     for bit.
  *  3. Everything is allocated in nf_sparse_open(); forward() never
  *     allocates.
  *  4. Groups are taken through one atomic counter over the ready list, so
@@ -65,6 +68,7 @@ struct nf_sparse {
 	bool measure_recall;
 	struct nf_cache *cache;
 	uint32_t E, F, n_groups, n_layer;
+	uint32_t last_mask;          /* neurons of the last group that exist */
 	enum nf_ffn_act act;
 	bool has_gate;
 	uint32_t dt_gu, dt_down;     /* dtypes */
@@ -93,12 +97,13 @@ struct nf_sparse {
 
 	/* per thread */
 	int nth;
-	float *partial;              /* nth x E */
+	float *gout;                 /* n_groups x E: each group's down contribution */
 	size_t act_stride;           /* bytes of per-thread activation scratch */
 	char *tscratch;              /* nth x act_stride */
 
 	struct nf_sparse_stats st;
 	const float *cur_x;          /* token being computed */
+	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
 };
 
@@ -274,9 +279,7 @@ static void worker(void *arg, int ith, int nth)
 {
 	(void)nth;
 	struct nf_sparse *s = arg;
-	float *out = s->partial + (size_t)ith * s->E;
 	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
-	memset(out, 0, s->E * sizeof(float));
 	for (;;) {
 		if (atomic_load(&s->err))
 			return;
@@ -290,6 +293,8 @@ static void worker(void *arg, int ith, int nth)
 			uint32_t gi;
 			while ((gi = __atomic_load_n(&s->ready[taken], __ATOMIC_ACQUIRE)) == UINT32_MAX)
 				;
+			float *out = s->gout + (size_t)gi * s->E;
+			memset(out, 0, s->E * sizeof(float));
 			group_compute(s, gi, out, scratch);
 			continue;
 		}
@@ -306,12 +311,31 @@ static void worker(void *arg, int ith, int nth)
 	}
 }
 
-static void run_workers(struct nf_sparse *s, const struct nf_ffn_env *env)
+static void run_workers(struct nf_sparse *s, const struct nf_ffn_env *env, nf_pool_fn fn)
 {
 	if (env->pool)
-		nf_pool_run(env->pool, worker, s);
+		nf_pool_run(env->pool, fn, s);
 	else
-		worker(s, 0, 1);
+		fn(s, 0, 1);
+}
+
+/* out = sum of the active groups' contributions in group order, each
+ * thread a slice of the rows: the same sums whatever the thread count or
+ * the order in which groups became ready. */
+static void reduce_worker(void *arg, int ith, int nth)
+{
+	struct nf_sparse *s = arg;
+	size_t E = s->E, r0 = E * (size_t)ith / (size_t)nth, r1 = E * (size_t)(ith + 1) / (size_t)nth;
+	float *out = s->cur_out;
+	for (size_t r = r0; r < r1; r++)
+		out[r] = 0.0f;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		if (!s->groups[gi].mask)
+			continue;
+		const float *g = s->gout + (size_t)gi * E;
+		for (size_t r = r0; r < r1; r++)
+			out[r] += g[r];
+	}
 }
 
 /* ---- one token ------------------------------------------------------------------- */
@@ -334,7 +358,7 @@ static void measure_recall(struct nf_sparse *s, uint32_t layer)
 	if (s->cache || !t->gate)
 		return;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++)
-		for (uint32_t i = 0; i < GROUP; i++) {
+		for (uint32_t i = 0; i < GROUP && gi * GROUP + i < s->F; i++) {
 			uint32_t j = gi * GROUP + i;
 			float gv;
 			s->k->gemv[s->kt_gu](s->E, 1, t->gate + (size_t)j * t->gate_stride, 0, s->xq, &gv);
@@ -361,13 +385,13 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	atomic_store(&s->next, 0);
 	atomic_store(&s->err, 0);
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-		uint32_t m = 0;
+		uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
 		if (s->mode == NF_SPARSE_PREDICTOR) {
 			for (uint32_t i = 0; i < GROUP; i++)
-				if (s->score[gi * GROUP + i] >= s->threshold)
+				if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
 					m |= 1u << i;
 		} else {
-			m = UINT32_MAX;
+			m = valid;
 		}
 		s->groups[gi].mask = m;
 		active += (uint64_t)__builtin_popcount(m);
@@ -409,7 +433,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 			return rc;
 	}
 
-	run_workers(s, env);
+	run_workers(s, env, worker);
 	int err = atomic_load(&s->err);
 	if (s->cache) {
 		/* every read of this layer must have landed before its slots are reused */
@@ -419,12 +443,8 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	}
 	if (err < 0)
 		return err;
-	memcpy(out, s->partial, s->E * sizeof(float));
-	for (int t2 = 1; t2 < s->nth; t2++) {
-		const float *p = s->partial + (size_t)t2 * s->E;
-		for (uint32_t r = 0; r < s->E; r++)
-			out[r] += p[r];
-	}
+	s->cur_out = out;
+	run_workers(s, env, reduce_worker);
 	s->st.ffn_calls++;
 	s->st.neurons_total += s->F;
 	s->st.neurons_active += active;
@@ -575,12 +595,8 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 				  nf_ffn_act_name(hp->act));
 		goto fail;
 	}
-	if (s->F % GROUP || s->E % GROUP) {
-		rc = nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: n_ff %u and n_embd %u must be multiples of 32",
-				  s->F, s->E);
-		goto fail;
-	}
-	s->n_groups = s->F / GROUP;
+	s->n_groups = (s->F + GROUP - 1) / GROUP;
+	s->last_mask = s->F % GROUP ? (1u << (s->F % GROUP)) - 1u : UINT32_MAX;
 
 	const struct nf_layer_weights *L0 = nf_model_layer(m, 0);
 	s->has_gate = L0->gate.data != NULL;
@@ -589,6 +605,11 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	s->dt_down = dw->dtype;
 	bool quant_down = s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0;
 	s->form = (!L0->down_t.data && quant_down) ? DOWN_QCOL : DOWN_ROW;
+	if (quant_down && s->F % GROUP) {
+		rc = nf_diag_fail(diag, NF_EFORMAT, "sparse FFN: quantized down with n_ff %u not a multiple of 32",
+				  s->F);
+		goto fail;
+	}
 	s->kt_gu = nf_ktype_of(s->dt_gu);
 	s->kt_down = nf_ktype_of(s->dt_down);
 	if (s->kt_gu < 0 || s->kt_down < 0 || (s->has_gate && L0->gate.dtype != s->dt_gu)) {
@@ -657,7 +678,7 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	    !(s->ready = zalloc(s, s->n_groups * sizeof(uint32_t))) ||
 	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
 	    !(s->req = zalloc(s, s->F * sizeof(uint32_t))) ||
-	    !(s->partial = zalloc(s, (size_t)s->nth * s->E * sizeof(float))) ||
+	    !(s->gout = zalloc(s, (size_t)s->n_groups * s->E * sizeof(float))) ||
 	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)))
 		goto nomem;
 
@@ -692,7 +713,7 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->ready);
 	free(s->ptrs);
 	free(s->req);
-	free(s->partial);
+	free(s->gout);
 	free(s->tscratch);
 	free(s);
 }
@@ -720,4 +741,9 @@ void nf_sparse_stats_get(const struct nf_sparse *s, struct nf_sparse_stats *out)
 void nf_sparse_stats_reset(struct nf_sparse *s)
 {
 	memset(&s->st, 0, sizeof(s->st));
+}
+void nf_sparse_ffn_ops(const struct nf_sparse *s, const struct nf_ffn_ops **ops, void **self)
+{
+	*ops = &s->ops;
+	*self = (void *)s;
 }

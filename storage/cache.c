@@ -112,6 +112,7 @@ void nf_cache_opts_default(struct nf_cache_opts *o)
 
 static int geom_of(const struct nf_store_object *obj, struct nf_cache_geom *g)
 {
+	memset(g, 0, sizeof(*g));
 	g->dim = obj->dim;
 	g->n_neurons = obj->n_bundles;
 	g->dtype = obj->dtype;

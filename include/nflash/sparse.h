@@ -20,8 +20,9 @@
  * activation vector). Workers of the context's pool take groups as they
  * become ready (all in memory: at once; from a cache: when their last
  * pending bundle lands), compute gate/up, the activation and the down
- * contribution of the group as one unit, into a per-thread partial output;
- * the partials are summed when every group of the layer is done.
+ * contribution of the group as one unit, into that group's output row; the
+ * rows are summed in group order when every group of the layer is done, so
+ * the result does not depend on thread count or read completion order.
  *
  *	struct nf_sparse_params sp;
  *	nf_sparse_params_init(&sp);
@@ -114,6 +115,11 @@ enum nf_sparse_mode nf_sparse_mode_of(const struct nf_sparse *s);
 float nf_sparse_threshold(const struct nf_sparse *s);
 /* Bytes the engine allocated (tables, per-thread scratch). */
 uint64_t nf_sparse_bytes(const struct nf_sparse *s);
+
+/* The FFN ops the engine installed and their self, for callers that wrap
+ * them (tests comparing against a reference, tracing). */
+struct nf_ffn_ops;
+void nf_sparse_ffn_ops(const struct nf_sparse *s, const struct nf_ffn_ops **ops, void **self);
 
 void nf_sparse_stats_get(const struct nf_sparse *s, struct nf_sparse_stats *out);
 void nf_sparse_stats_reset(struct nf_sparse *s);
