@@ -102,6 +102,9 @@ struct nf_sparse {
 	char *tscratch;              /* nth x act_stride */
 
 	struct nf_sparse_stats st;
+	uint32_t hot_after;
+	uint64_t tokens, next_hot;
+	double t_req, t_last_ready;  /* this layer: request time, last completion */
 	const float *cur_x;          /* token being computed */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
@@ -268,6 +271,8 @@ static void on_ready(void *user, const uint32_t *neurons, uint32_t n, int result
 		int expect = 0;
 		atomic_compare_exchange_strong(&s->err, &expect, result);
 	}
+	if (s->cache)
+		s->t_last_ready = now_s();
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t gi = neurons[k] / GROUP;
 		if (atomic_fetch_sub(&s->groups[gi].pending, 1) == 1)
@@ -373,6 +378,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 			 const float *x, const float *resid, float *out)
 {
 	const struct layer_tab *t = &s->tabs[layer];
+	uint64_t later0 = s->st.groups_ready_later;
 	s->cur_layer = layer;
 	s->cur_x = x;
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
@@ -417,6 +423,8 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 				if (m & (1u << i))
 					s->req[n++] = gi * GROUP + i;
 		}
+		s->t_req = now_s();
+		s->t_last_ready = 0.0;
 		int rc = nf_cache_request(s->cache, layer, 0, s->req, n, s->ptrs, on_ready, s);
 		/* drop the guard count: groups whose bundles were all hits are ready now */
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
@@ -440,6 +448,8 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 		int rc = nf_cache_release(s->cache);
 		if (!err && rc < 0)
 			err = rc;
+		if (s->st.groups_ready_later > later0 && s->t_last_ready > s->t_req)
+			s->st.t_io += s->t_last_ready - s->t_req;
 	}
 	if (err < 0)
 		return err;
@@ -456,8 +466,20 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 	struct nf_sparse *s = self;
 	if (!s->tabs[io->layer].sparse)
 		return nf_ctx_ffn_builtin(s->ctx, io);
-	double t0 = now_s();
 	int rc = 0;
+	if (s->cache && s->hot_after && io->layer == 0) {
+		/* between tokens: no slot of any layer is in use */
+		if (s->tokens >= s->next_hot) {
+			double th = now_s();
+			if ((rc = nf_cache_hot_load(s->cache)) < 0)
+				return rc;
+			s->st.hot_loads++;
+			s->st.t_hot += now_s() - th;
+			s->next_hot = s->tokens + 16ull * s->hot_after;
+		}
+		s->tokens += io->nb;
+	}
+	double t0 = now_s();
 	for (size_t b = 0; b < io->nb && rc == 0; b++)
 		rc = token_forward(s, env, io->layer, io->x + b * s->E, io->resid + b * s->E,
 				   io->out + b * s->E);
@@ -574,6 +596,8 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	s->mode = resolve_mode(hp, has_pred, p->mode);
 	s->threshold = p->threshold_set ? p->threshold : hp->sparse_threshold;
 	s->measure_recall = p->measure_recall;
+	s->hot_after = p->hot_after;
+	s->next_hot = p->hot_after;
 	if (s->mode == NF_SPARSE_OFF) {
 		*out = s;
 		return 0;

@@ -634,7 +634,7 @@ int nf_cache_hot_load(struct nf_cache *c)
 	}
 	struct hot_pick *pk = malloc(N * sizeof(*pk));
 	uint64_t *sl = malloc(N * sizeof(uint64_t));
-	uint32_t *slots = malloc(N * sizeof(uint32_t));
+	uint32_t *slots = malloc((size_t)c->n_hot * sizeof(uint32_t)); /* store slots, all runs */
 	int rc = 0, res = 0;
 	if (!pk || !sl || !slots) {
 		rc = -ENOMEM;
@@ -656,7 +656,9 @@ int nf_cache_hot_load(struct nf_cache *c)
 		for (uint32_t i = 0; i < take; i++)
 			sl[i] = (uint64_t)f->obj->perm[pk[i].neuron] << 32 | pk[i].neuron;
 		qsort(sl, take, sizeof(uint64_t), cmp_u64);
-		/* a neuron in a cold slot leaves it: one copy only (invariant 2) */
+		/* runs of adjacent store slots, each one request, all submitted
+		 * before waiting; a neuron leaving a cold slot frees it
+		 * (invariant 2) */
 		uint32_t i = 0;
 		while (i < take) {
 			uint32_t len = 1;
@@ -665,25 +667,20 @@ int nf_cache_hot_load(struct nf_cache *c)
 			for (uint32_t q = 0; q < len; q++) {
 				uint32_t j = (uint32_t)sl[i + q];
 				uint32_t l = f->loc[j];
-				if (l != NO_SLOT && !(l & HOT_BIT) && !c->cold_meta[l].pinned)
+				if (l != NO_SLOT && !(l & HOT_BIT))
 					c->cold_meta[l].ffn = NO_SLOT;
-				slots[q] = (uint32_t)(sl[i + q] >> 32);
+				slots[next + q] = (uint32_t)(sl[i + q] >> 32);
 				struct slot_meta *m = &c->hot_meta[next + q];
 				m->ffn = fi;
 				m->neuron = j;
 				f->loc[j] = (next + q) | HOT_BIT;
 			}
-			rc = nf_io_ctx_read_bundles(c->io, f->obj, slots, len, c->hot + (uint64_t)next * stride,
-						    hot_done, &res);
+			while ((rc = nf_io_ctx_read_bundles(c->io, f->obj, slots + next, len,
+							    c->hot + (uint64_t)next * stride, hot_done, &res)) == -EAGAIN)
+				if ((rc = nf_io_ctx_wait(c->io, 1, -1)) < 0)
+					break;
 			if (rc < 0)
 				goto out;
-			/* runs are read in order; wait per run keeps the slot list reusable */
-			if ((rc = nf_io_ctx_wait(c->io, 0, -1)) < 0)
-				goto out;
-			if (res < 0) {
-				rc = res;
-				goto out;
-			}
 			c->st.hot_loads++;
 			c->st.hot_bytes += (uint64_t)len * stride;
 			c->st.bytes_read += (uint64_t)len * stride;
@@ -691,9 +688,12 @@ int nf_cache_hot_load(struct nf_cache *c)
 			i += len;
 		}
 	}
-	rc = 0;
+	if ((rc = nf_io_ctx_wait(c->io, 0, -1)) < 0)
+		goto out;
+	rc = res;
 out:
 	if (rc < 0) {
+		nf_io_ctx_wait(c->io, 0, -1);
 		for (uint32_t i = 0; i < c->n_hot; i++) {
 			struct slot_meta *m = &c->hot_meta[i];
 			if (m->ffn != NO_SLOT)
@@ -704,7 +704,7 @@ out:
 	free(pk);
 	free(sl);
 	free(slots);
-	return rc;
+	return rc < 0 ? rc : 0;
 }
 
 /* ---- pinned -------------------------------------------------------------------------- */

@@ -5,9 +5,11 @@
  * Invariants: every error names the flag or the file; the load time covers
  * parsing, mapping and prefaulting the weights and allocating the context.
  */
+#include <math.h>
 #include <string.h>
 
 #include "nflash/error.h"
+#include "nflash/store.h"
 #include "cli.h"
 #include "model_cli.h"
 
@@ -68,6 +70,20 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 		}
 	} else if (!strcmp(f, "--stats")) {
 		mc->stats = true;
+	} else if (!strcmp(f, "--ffn-store")) {
+		if (!(mc->ffn_store = nf_cli_value(argc, argv, i)))
+			return NF_EUSAGE;
+	} else if (!strcmp(f, "--io")) {
+		if (!(mc->io_backend = nf_cli_value(argc, argv, i)))
+			return NF_EUSAGE;
+		int b = nf_io_backend_parse(mc->io_backend);
+		if (b < 0 || b == NF_IO_FAULT) {
+			nf_cli_err("%s: expected auto, aio, uring or sync, got '%s'", f, mc->io_backend);
+			return NF_EUSAGE;
+		}
+	} else if (!strcmp(f, "--qd")) {
+		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 1, 4096, &mc->qd) < 0)
+			return NF_EUSAGE;
 	} else {
 		return 0;
 	}
@@ -88,7 +104,11 @@ void nf_model_cli_help(FILE *f)
 		"  --sparse-threshold X  predictor threshold (default: powerinfer.sparse_threshold, or 0)\n"
 		"  --memory-budget SIZE  limit on what the engine holds (K/M/G suffixes); the KV cache\n"
 		"                        for -c counts against it\n"
-		"  --stats               per-token and total FFN statistics on stderr\n");
+		"  --stats               per-token and total FFN statistics on stderr\n"
+		"  --ffn-store FILE      read the FFN neuron bundles from this store through the\n"
+		"                        segmented cache (O_DIRECT) instead of the GGUF's weights\n"
+		"  --io aio|uring|sync   I/O backend for --ffn-store (default auto)\n"
+		"  --qd N                reads in flight for --ffn-store (default 32)\n");
 }
 
 /* Bytes the process holds before the model: program, libraries, thread
@@ -114,6 +134,79 @@ static double mib(uint64_t b)
 	return (double)b / (1024.0 * 1024.0);
 }
 
+/* Bytes of the FFN weights (gate, up, down) the model maps. */
+static uint64_t ffn_weight_bytes(const struct nf_model *m)
+{
+	const struct nf_model_hparams *hp = nf_model_hparams(m);
+	uint64_t b = 0;
+	for (uint32_t il = 0; il < hp->n_layer; il++) {
+		const struct nf_layer_weights *L = nf_model_layer(m, il);
+		const struct nf_weight *w[] = { &L->gate, &L->up, &L->down, &L->down_t };
+		for (size_t i = 0; i < 4; i++)
+			if (w[i]->data)
+				b += (uint64_t)w[i]->nrows * w[i]->row_bytes * w[i]->n_expert;
+	}
+	return b;
+}
+
+/*
+ * The store and its cache: the arena gets what the budget leaves after the
+ * dense weights (*weights, reduced to them here), the KV cache and scratch
+ * (an estimate: the engine's tables are small and counted after).
+ */
+static int open_cache(struct nf_model_cli *mc, const struct nf_sparse_params *sp, uint64_t *weights)
+{
+	struct nf_diag d = { 0 };
+	int rc = nf_store_open(mc->ffn_store, NULL, &mc->store, &d);
+	if (rc < 0) {
+		nf_cli_err("--ffn-store %s", nf_diag_msg(&d, rc));
+		return NF_EXIT_FAIL;
+	}
+	*weights -= ffn_weight_bytes(mc->model);
+	const struct nf_model_hparams *hp = nf_model_hparams(mc->model);
+	uint64_t min = nf_cache_min_bytes(mc->store);
+	/* the sparse engine's tables (per-group outputs, per-neuron arrays,
+	 * per-thread scratch) and the cache's metadata, rounded up */
+	uint64_t groups = (hp->n_ff + 31) / 32;
+	uint64_t engine = groups * hp->n_embd * 4 + (uint64_t)hp->n_ff * 72 +
+			  (uint64_t)hp->n_layer * hp->n_ff * 8 + 64ull * (hp->n_embd * 4 + 256) + (1u << 20);
+	uint64_t fixed = *weights + nf_ctx_bytes(mc->ctx) + engine;
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.io.quiet = false;
+	if (mc->io_backend)
+		o.io.backend = (enum nf_io_backend)nf_io_backend_parse(mc->io_backend);
+	if (mc->qd)
+		o.io.qd = (unsigned)mc->qd;
+	if (mc->budget) {
+		if (mc->budget < fixed + min) {
+			nf_cli_err("--memory-budget %.1f MiB is too small for %s with --ffn-store %s: at least %.1f MiB "
+				   "needed (%.1f MiB dense weights + %.1f MiB KV cache and scratch + %.1f MiB engine "
+				   "tables + %.1f MiB: one layer's neurons in the cache)",
+				   mib(mc->budget), mc->path, mc->ffn_store, mib(fixed + min), mib(*weights),
+				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
+			return NF_EXIT_FAIL;
+		}
+		o.arena_bytes = mc->budget - fixed;
+	} else {
+		/* no budget: room for every bundle of the store */
+		uint64_t all = 0;
+		for (uint32_t i = 0; i < nf_store_object_count(mc->store); i++) {
+			const struct nf_store_object *ob = nf_store_object_get(mc->store, i);
+			if (ob->kind == NF_STORE_KIND_FFN)
+				all += (uint64_t)ob->n_bundles * ob->stride;
+		}
+		o.arena_bytes = all * 2 + min;
+	}
+	(void)sp;
+	rc = nf_cache_open(mc->store, &o, &mc->cache, &d);
+	if (rc < 0) {
+		nf_cli_err("--ffn-store %s: %s", mc->ffn_store, nf_diag_msg(&d, rc));
+		return NF_EXIT_FAIL;
+	}
+	return NF_EXIT_OK;
+}
+
 /* The sparse engine and the budget check, after the context is open. */
 static int open_engine(struct nf_model_cli *mc)
 {
@@ -131,16 +224,49 @@ static int open_engine(struct nf_model_cli *mc)
 	}
 	sp.threshold_set = mc->threshold_set;
 	sp.threshold = (float)mc->threshold;
-	sp.measure_recall = mc->stats;
+	sp.measure_recall = mc->stats && !mc->ffn_store;
+	uint64_t weights = nf_model_weight_bytes(mc->model);
+	mc->overhead = NF_CLI_OVERHEAD;
+	if (mc->ffn_store) {
+		if (sp.mode == NF_SPARSE_OFF) {
+			if (hp->n_expert) {
+				nf_cli_err("--ffn-store: mixture-of-experts FFNs are not served from a store yet");
+				return NF_EXIT_USAGE;
+			}
+			sp.mode = NF_SPARSE_DENSE;
+		}
+		int rc = open_cache(mc, &sp, &weights);
+		if (rc != NF_EXIT_OK)
+			return rc;
+		sp.cache = mc->cache;
+		sp.hot_after = 4;
+	}
 	int rc = nf_sparse_open(mc->ctx, &sp, &mc->sparse, &d);
 	if (rc < 0) {
 		nf_cli_err("%s: %s", mc->path, nf_diag_msg(&d, rc));
 		return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
 	}
-	uint64_t weights = nf_model_weight_bytes(mc->model);
 	mc->reserved = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse);
-	mc->overhead = NF_CLI_OVERHEAD;
-	if (mc->budget) {
+	if (mc->ffn_store) {
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(mc->cache, &cl);
+		fprintf(stderr,
+			"nflash: memory: dense weights %.1f MiB (pinned), neuron cache %.1f MiB (hot %.1f MiB / %u "
+			"slots, cold %.1f MiB / %u slots%s%s), reserved %.1f MiB (KV cache %.1f MiB for -c %u, "
+			"scratch and tables %.1f MiB); fixed overhead %.1f MiB\n",
+			mib(weights), mib(cl.arena), mib(cl.hot), cl.hot_slots, mib(cl.cold), cl.cold_slots,
+			cl.hugepages ? ", hugepages" : "", cl.numa ? ", NUMA-placed" : "", mib(mc->reserved),
+			mib(nf_ctx_bytes_kv(mc->ctx)), nf_ctx_n_ctx(mc->ctx),
+			mib(mc->reserved - nf_ctx_bytes_kv(mc->ctx)), mib(mc->overhead));
+		weights += cl.arena;
+		if (mc->budget && weights + mc->reserved > mc->budget) {
+			nf_cli_err("--memory-budget %.1f MiB: the engine's tables came to %.1f MiB, more than "
+				   "estimated; at least %.1f MiB needed",
+				   mib(mc->budget), mib(mc->reserved), mib(weights + mc->reserved));
+			return NF_EXIT_FAIL;
+		}
+	}
+	if (mc->budget && !mc->ffn_store) {
 		uint64_t need = weights + mc->reserved;
 		fprintf(stderr,
 			"nflash: memory budget %.1f MiB: weights in memory %.1f MiB (pinned), reserved %.1f MiB "
@@ -162,15 +288,28 @@ static int open_engine(struct nf_model_cli *mc)
 	return NF_EXIT_OK;
 }
 
-static void stats_line(FILE *f, const char *label, const struct nf_sparse_stats *d, double t)
+static void stats_line(FILE *f, const char *label, const struct nf_sparse_stats *d,
+		       const struct nf_cache_stats *c, double t)
 {
 	double act = d->neurons_total ? 100.0 * (double)d->neurons_active / (double)d->neurons_total : 0.0;
 	double wait = t > 0 ? 100.0 * d->t_wait / t : 0.0;
-	fprintf(f,
-		"nflash: %s: %.2f ms, FFN %.2f ms (wait %.2f ms, %.1f%%), active %.1f%% of %llu neurons, "
-		"read 0 B in 0 requests (mean 0 B), hit rate memory 100.0%%",
-		label, t * 1e3, d->t_ffn * 1e3, d->t_wait * 1e3, wait, act,
-		(unsigned long long)d->neurons_total);
+	double overlap = d->t_io > 0 ? 100.0 * (1.0 - d->t_wait / d->t_io) : 100.0;
+	fprintf(f, "nflash: %s: %.2f ms, FFN %.2f ms (compute %.2f ms, I/O wait %.2f ms = %.1f%%, overlap %.0f%%), "
+		"active %.1f%% of %llu neurons",
+		label, t * 1e3, d->t_ffn * 1e3, (d->t_ffn - d->t_wait) * 1e3, d->t_wait * 1e3, wait,
+		overlap < 0 ? 0 : overlap, act, (unsigned long long)d->neurons_total);
+	if (c) {
+		double lk = c->lookups ? (double)c->lookups : 1.0;
+		fprintf(f, ", read %.1f KiB in %llu requests (mean %.1f KiB), hits hot %.1f%% cold %.1f%% miss %.1f%%",
+			(double)c->bytes_read / 1024.0, (unsigned long long)c->requests,
+			c->requests ? (double)(c->bytes_read - c->hot_bytes) / (double)c->requests / 1024.0 : 0.0,
+			100.0 * (double)c->hits_hot / lk, 100.0 * (double)c->hits_cold / lk,
+			100.0 * (double)c->misses / lk);
+	} else {
+		fprintf(f, ", read 0 B (weights in memory: every neuron a hit)");
+	}
+	if (d->hot_loads)
+		fprintf(f, ", hot segment refilled in %.2f ms", d->t_hot * 1e3);
 	if (d->recall_fired)
 		fprintf(f, ", predictor recall %.1f%%", 100.0 * (double)d->recall_hit / (double)d->recall_fired);
 	fprintf(f, "\n");
@@ -186,8 +325,26 @@ static void stats_delta(const struct nf_sparse_stats *a, const struct nf_sparse_
 	d->groups_ready_later = a->groups_ready_later - b->groups_ready_later;
 	d->t_ffn = a->t_ffn - b->t_ffn;
 	d->t_wait = a->t_wait - b->t_wait;
+	d->t_io = a->t_io - b->t_io;
+	d->hot_loads = a->hot_loads - b->hot_loads;
+	d->t_hot = a->t_hot - b->t_hot;
 	d->recall_fired = a->recall_fired - b->recall_fired;
 	d->recall_hit = a->recall_hit - b->recall_hit;
+}
+
+static void cache_delta(const struct nf_cache_stats *a, const struct nf_cache_stats *b,
+			struct nf_cache_stats *d)
+{
+	d->lookups = a->lookups - b->lookups;
+	d->hits_hot = a->hits_hot - b->hits_hot;
+	d->hits_cold = a->hits_cold - b->hits_cold;
+	d->misses = a->misses - b->misses;
+	d->requests = a->requests - b->requests;
+	d->bytes_read = a->bytes_read - b->bytes_read;
+	d->hot_loads = a->hot_loads - b->hot_loads;
+	d->hot_bytes = a->hot_bytes - b->hot_bytes;
+	d->evictions = a->evictions - b->evictions;
+	d->errors = a->errors - b->errors;
 }
 
 void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label)
@@ -195,10 +352,16 @@ void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label
 	if (!mc->stats || !mc->sparse)
 		return;
 	struct nf_sparse_stats now, d;
+	struct nf_cache_stats cnow, cd;
 	nf_sparse_stats_get(mc->sparse, &now);
 	stats_delta(&now, &mc->last, &d);
+	if (mc->cache) {
+		nf_cache_stats_get(mc->cache, &cnow);
+		cache_delta(&cnow, &mc->clast, &cd);
+		mc->clast = cnow;
+	}
 	double t = nf_cli_now();
-	stats_line(f, label, &d, t - mc->t_last);
+	stats_line(f, label, &d, mc->cache ? &cd : NULL, t - mc->t_last);
 	mc->last = now;
 	mc->t_last = t;
 }
@@ -208,8 +371,11 @@ void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 	if (!mc->stats || !mc->sparse)
 		return;
 	struct nf_sparse_stats now;
+	struct nf_cache_stats c;
 	nf_sparse_stats_get(mc->sparse, &now);
-	stats_line(f, "total", &now, t_total);
+	if (mc->cache)
+		nf_cache_stats_get(mc->cache, &c);
+	stats_line(f, "total", &now, mc->cache ? &c : NULL, t_total);
 	fprintf(f, "nflash: peak resident %.1f MiB (VmHWM)", mib(nf_model_cli_vm_hwm()));
 	if (mc->budget)
 		fprintf(f, ", budget %.1f MiB + fixed overhead %.1f MiB", mib(mc->budget), mib(mc->overhead));
@@ -219,22 +385,38 @@ void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double t_total)
 {
 	struct nf_sparse_stats st = { 0 };
+	struct nf_cache_stats c = { 0 };
 	if (mc->sparse)
 		nf_sparse_stats_get(mc->sparse, &st);
+	if (mc->cache)
+		nf_cache_stats_get(mc->cache, &c);
+	double lk = c.lookups ? (double)c.lookups : 1.0;
 	nf_json_obj_begin(j, "stats");
 	nf_json_str(j, "sparse_mode", mc->sparse ? nf_sparse_mode_name(nf_sparse_mode_of(mc->sparse)) : "off");
-	nf_json_u64(j, "bytes_read", 0);
-	nf_json_u64(j, "requests", 0);
-	nf_json_dbl(j, "mean_request_bytes", 0.0);
-	nf_json_dbl(j, "hit_rate", 1.0);
+	nf_json_str(j, "ffn_source", mc->cache ? "store" : "memory");
+	nf_json_u64(j, "bytes_read", c.bytes_read);
+	nf_json_u64(j, "requests", c.requests);
+	nf_json_dbl(j, "mean_request_bytes",
+		    c.requests ? (double)(c.bytes_read - c.hot_bytes) / (double)c.requests : 0.0);
+	nf_json_dbl(j, "hit_rate", mc->cache ? (double)(c.hits_hot + c.hits_cold) / lk : 1.0);
 	nf_json_obj_begin(j, "hit_rate_segments");
-	nf_json_dbl(j, "memory", 1.0);
+	if (mc->cache) {
+		nf_json_dbl(j, "hot", (double)c.hits_hot / lk);
+		nf_json_dbl(j, "cold", (double)c.hits_cold / lk);
+	} else {
+		nf_json_dbl(j, "memory", 1.0);
+	}
 	nf_json_obj_end(j);
+	nf_json_u64(j, "lookups", c.lookups);
+	nf_json_u64(j, "misses", c.misses);
+	nf_json_u64(j, "evictions", c.evictions);
+	nf_json_u64(j, "hot_loads", st.hot_loads);
+	nf_json_dbl(j, "hot_load_ms", st.t_hot * 1e3);
 	nf_json_dbl(j, "ffn_ms", st.t_ffn * 1e3);
 	nf_json_dbl(j, "compute_ms", (st.t_ffn - st.t_wait) * 1e3);
 	nf_json_dbl(j, "io_wait_ms", st.t_wait * 1e3);
 	nf_json_dbl(j, "io_wait_share", t_total > 0 ? st.t_wait / t_total : 0.0);
-	nf_json_dbl(j, "overlap_pct", 100.0);
+	nf_json_dbl(j, "overlap_pct", st.t_io > 0 ? fmax(0.0, 100.0 * (1.0 - st.t_wait / st.t_io)) : 100.0);
 	nf_json_u64(j, "neurons_total", st.neurons_total);
 	nf_json_u64(j, "neurons_active", st.neurons_active);
 	if (st.recall_fired)
@@ -254,7 +436,9 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	}
 	struct nf_diag d = { 0 };
 	double t0 = nf_cli_now();
-	int rc = nf_model_load(mc->path, NULL, &mc->model, &d);
+	/* FFNs from a store: the GGUF's FFN pages are never touched */
+	struct nf_model_opts mo = { .prefault = !mc->ffn_store };
+	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;
@@ -286,6 +470,10 @@ void nf_model_cli_close(struct nf_model_cli *mc)
 {
 	nf_sparse_close(mc->sparse);
 	mc->sparse = NULL;
+	nf_cache_close(mc->cache);
+	mc->cache = NULL;
+	nf_store_close(mc->store);
+	mc->store = NULL;
 	nf_ctx_close(mc->ctx);
 	nf_model_free(mc->model);
 	mc->ctx = NULL;

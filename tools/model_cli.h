@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "nflash/model.h"
+#include "nflash/cache.h"
 #include "nflash/sparse.h"
 
 struct nf_json;
@@ -26,14 +27,20 @@ struct nf_model_cli {
 	double threshold;
 	uint64_t budget;        /* --memory-budget, 0: none */
 	bool stats;             /* --stats */
+	const char *ffn_store;  /* --ffn-store: FFN bundles from this store */
+	const char *io_backend; /* --io */
+	long qd;                /* --qd */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
 	struct nf_ctx *ctx;
 	struct nf_sparse *sparse;
+	struct nf_store *store;
+	struct nf_cache *cache;
 	double load_s;
 	uint64_t reserved;      /* KV cache + scratch + engine tables */
 	uint64_t overhead;      /* fixed overhead beside the budget */
 	struct nf_sparse_stats last; /* at the previous per-token report */
+	struct nf_cache_stats clast;
 	double t_last;
 };
 

@@ -76,6 +76,9 @@ struct nf_sparse_params {
 	/* Measure predictor recall (computes every gate: costs a dense gate
 	 * pass per layer; in-memory only). */
 	bool measure_recall;
+	/* With a cache: fill its hot segment from the online counts after this
+	 * many tokens, and again every 16 times as many (0: never). */
+	uint32_t hot_after;
 };
 
 void nf_sparse_params_init(struct nf_sparse_params *p);
@@ -90,6 +93,9 @@ struct nf_sparse_stats {
 	uint64_t groups_ready_later;  /* groups that waited for a read */
 	double t_ffn;             /* wall time inside the sparse FFN */
 	double t_wait;            /* of which the caller waited for reads with nothing to compute */
+	double t_io;              /* per layer with misses: first submit to last completion, summed */
+	uint64_t hot_loads;       /* hot segment refills */
+	double t_hot;             /* spent refilling it (not in t_ffn) */
 	/* recall: of the neurons that fire (gate > 0), how many were predicted */
 	uint64_t recall_fired, recall_hit;
 };
