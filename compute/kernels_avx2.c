@@ -182,7 +182,7 @@ static float row_q8_0_c(const struct nf_block_q8_0 *w, const struct nf_block_q8_
 
 /* Scratch per pass: activation scales and, for Q4_0, lane corrections. */
 #define QGEMV(T, WBLOCK, ROW, CORR)                                                        \
-	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
+	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,   \
 			     const void *xq, float *y)                                     \
 	{                                                                                  \
 		const struct nf_block_q8_0 *x = xq;                                        \

@@ -413,6 +413,192 @@ QTILE(q8, Q8_GBYTES)
 QDRIVERS(q4, struct nf_block_q4_0, q4x, Q4_GROUP, Q4_GBYTES, Q4_CHUNK, Q4_TILE_R)
 QDRIVERS(q8, struct nf_block_q8_0, q8x, Q8_GROUP, Q8_GBYTES, Q8_CHUNK, Q8_TILE_R)
 
+/* ---- quantized products in llama.cpp's order ------------------------------------
+ *
+ * The VNNI kernels above sum lanes and blocks in their own order. With
+ * activations rounded to Q8_0 at every layer a one-ulp difference flips a
+ * rounding downstream and changes greedy continuations, so the table uses
+ * these instead, which follow llama.cpp's x86 order exactly (kernels_ref.c):
+ * per block 8 int32 lanes of 4 consecutive products, per (row, token) one
+ * 8-lane chain acc = fma(d_w * d_x, lanes, acc) over the blocks in order,
+ * then hsum8. To fill 512-bit registers a vector holds two weight rows
+ * (lanes 0-7 row A, 8-15 row B) against the same activation block, so each
+ * row's chain stays sequential. VPDPBUSD takes unsigned weights (Q4_0
+ * nibbles as they are, Q8_0 + 128) and a precomputed correction of -8 or
+ * -128 times each lane's activation sum. Rows of more than XR_MAX_BLOCKS
+ * blocks go to the reference, which sums in the same order.
+ */
+#define XR_MAX_BLOCKS 1024   /* rows up to 32768 values: 68 KiB of packed x per token */
+#define XR_ROW_BLOCK 64
+#define XR_PREFETCH 512     /* bytes ahead in each weight row */
+
+struct xr {
+	__m256i x;     /* the block's 32 activation bytes */
+	__m256i corr;  /* -8 or -128 times each 4-byte lane's sum */
+};
+
+static void xr_pack(const struct nf_block_q8_0 *x, size_t nb, int shift, struct xr *out, float *dx)
+{
+	const __m256i ones = _mm256_set1_epi8(1);
+	for (size_t i = 0; i < nb; i++) {
+		__m256i v = _mm256_loadu_si256((const __m256i *)x[i].qs);
+		__m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, v);
+		out[i].x = v;
+		out[i].corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, shift));
+		dx[i] = _cvtsh_ss(x[i].d);
+	}
+}
+
+INLINE float xr_hsum8(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+/* Rows A and B of block i as unsigned bytes (A in the low 256 bits). */
+INLINE __m512i xr_w_q4_0(const char *a, const char *b, size_t i)
+{
+	__m128i qa = _mm_loadu_si128((const __m128i *)(a + i * sizeof(struct nf_block_q4_0) + 2));
+	__m128i qb = _mm_loadu_si128((const __m128i *)(b + i * sizeof(struct nf_block_q4_0) + 2));
+	__m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(qa, qa)),
+				       _mm256_set_m128i(qb, qb), 1);
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	return _mm512_mask_blend_epi8(0xFFFF0000FFFF0000ull, _mm512_and_si512(v, m4),
+				      _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+}
+
+INLINE __m512i xr_w_q8_0(const char *a, const char *b, size_t i)
+{
+	__m256i qa = _mm256_loadu_si256((const __m256i *)(a + i * sizeof(struct nf_block_q8_0) + 2));
+	__m256i qb = _mm256_loadu_si256((const __m256i *)(b + i * sizeof(struct nf_block_q8_0) + 2));
+	return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1),
+				_mm512_set1_epi8((char)0x80));
+}
+
+/* Scales of rows A and B at block i: [dA x8 | dB x8]. */
+INLINE __m512 xr_dw(const char *a, const char *b, size_t i, size_t bsz)
+{
+	__m256 da = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(a + i * bsz)));
+	__m256 db = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(b + i * bsz)));
+	return _mm512_insertf32x8(_mm512_castps256_ps512(da), db, 1);
+}
+
+/* P row pairs x B tokens over nb blocks: out[(2p + h) * B + t], h = 0 (A) or 1 (B). */
+#define XR_TILE(T, BSZ)                                                                       \
+	INLINE void xr_tile_##T(const int P, const int B, size_t nb, const char *const *wr,   \
+				const struct xr *const *xb, const float *const *dxb, float *out) \
+	{                                                                                     \
+		__m512 acc[2][4];                                                             \
+		for (int p = 0; p < P; p++)                                                   \
+			for (int t = 0; t < B; t++)                                           \
+				acc[p][t] = _mm512_setzero_ps();                              \
+		for (size_t i = 0; i < nb; i++) {                                             \
+			__m512i w[2];                                                         \
+			__m512 dw[2];                                                         \
+			_Pragma("GCC unroll 2") for (int p = 0; p < P; p++) {                 \
+				_mm_prefetch(wr[2 * p] + i * BSZ + XR_PREFETCH, _MM_HINT_T0); \
+				_mm_prefetch(wr[2 * p + 1] + i * BSZ + XR_PREFETCH, _MM_HINT_T0); \
+				w[p] = xr_w_##T(wr[2 * p], wr[2 * p + 1], i);                 \
+				dw[p] = xr_dw(wr[2 * p], wr[2 * p + 1], i, BSZ);              \
+			}                                                                     \
+			_Pragma("GCC unroll 4") for (int t = 0; t < B; t++) {                 \
+				const struct xr *x = xb[t] + i;                               \
+				__m512i xv = _mm512_broadcast_i64x4(x->x);                    \
+				__m512i cv = _mm512_broadcast_i64x4(x->corr);                 \
+				__m512 dx = _mm512_set1_ps(dxb[t][i]);                        \
+				_Pragma("GCC unroll 2") for (int p = 0; p < P; p++) {         \
+					__m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, w[p], xv)); \
+					acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), s, acc[p][t]); \
+				}                                                             \
+			}                                                                     \
+		}                                                                             \
+		for (int p = 0; p < P; p++)                                                   \
+			for (int t = 0; t < B; t++) {                                         \
+				out[(2 * p) * B + t] = xr_hsum8(_mm512_castps512_ps256(acc[p][t])); \
+				out[(2 * p + 1) * B + t] = xr_hsum8(_mm512_extractf32x8_ps(acc[p][t], 1)); \
+			}                                                                     \
+	}
+
+XR_TILE(q4_0, sizeof(struct nf_block_q4_0))
+XR_TILE(q8_0, sizeof(struct nf_block_q8_0))
+
+/* Rows r0..r1 of W against the B packed tokens, into y[t * ldy + r]. */
+#define XR_ROWS(T)                                                                            \
+	static void xr_rows_##T(size_t nb, const char *w, size_t row_bytes, size_t r0, size_t r1, \
+				int B, const struct xr *const *xb, const float *const *dxb,   \
+				float *y, size_t ldy)                                         \
+	{                                                                                     \
+		const char *wr[4];                                                            \
+		float out[16];                                                                \
+		size_t r = r0;                                                                \
+		for (; r + 4 <= r1; r += 4) {                                                 \
+			for (int k = 0; k < 4; k++)                                           \
+				wr[k] = w + (r + k) * row_bytes;                              \
+			if (B == 4)                                                           \
+				xr_tile_##T(2, 4, nb, wr, xb, dxb, out);                      \
+			else if (B == 1) {                                                    \
+				xr_tile_##T(1, 1, nb, wr, xb, dxb, out);                      \
+				xr_tile_##T(1, 1, nb, wr + 2, xb, dxb, out + 2);              \
+			}                                                                     \
+			else                                                                  \
+				for (int t = 0; t < B; t++) {                                 \
+					float o[4];                                           \
+					xr_tile_##T(2, 1, nb, wr, xb + t, dxb + t, o);        \
+					for (int k = 0; k < 4; k++)                           \
+						out[k * B + t] = o[k];                        \
+				}                                                             \
+			for (int k = 0; k < 4; k++)                                           \
+				for (int t = 0; t < B; t++)                                   \
+					y[(size_t)t * ldy + r + k] = out[k * B + t];          \
+		}                                                                             \
+		for (; r < r1; r++) {                                                         \
+			wr[0] = wr[1] = w + r * row_bytes;                                    \
+			for (int t = 0; t < B; t++) {                                         \
+				float o[2];                                                   \
+				xr_tile_##T(1, 1, nb, wr, xb + t, dxb + t, o);                \
+				y[(size_t)t * ldy + r] = o[0];                                \
+			}                                                                     \
+		}                                                                             \
+	}                                                                                     \
+	static void xr_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
+				size_t nbat, const void *xq, size_t xq_stride, float *y,      \
+				size_t ldy)                                                   \
+	{                                                                                     \
+		size_t nb = n / NF_QK;                                                        \
+		if (nb > XR_MAX_BLOCKS) {                                                     \
+			nf_kernels_table_ref.gemm[XR_KT_##T](n, nrows, w, row_bytes, nbat,    \
+							     xq, xq_stride, y, ldy);          \
+			return;                                                               \
+		}                                                                             \
+		struct xr xp[4][XR_MAX_BLOCKS];                                               \
+		float dx[4][XR_MAX_BLOCKS];                                                   \
+		const char *xc = xq;                                                          \
+		for (size_t r0 = 0; r0 < nrows; r0 += XR_ROW_BLOCK) {                         \
+			size_t r1 = r0 + XR_ROW_BLOCK < nrows ? r0 + XR_ROW_BLOCK : nrows;    \
+			for (size_t b0 = 0; b0 < nbat; b0 += 4) {                             \
+				int bn = nbat - b0 < 4 ? (int)(nbat - b0) : 4;                \
+				const struct xr *xb[4];                                       \
+				const float *dxb[4];                                          \
+				for (int j = 0; j < bn; j++) {                                \
+					xr_pack((const void *)(xc + (b0 + j) * xq_stride), nb, \
+						XR_SHIFT_##T, xp[j], dx[j]);                  \
+					xb[j] = xp[j];                                        \
+					dxb[j] = dx[j];                                       \
+				}                                                             \
+				xr_rows_##T(nb, w, row_bytes, r0, r1, bn, xb, dxb, y + b0 * ldy, ldy); \
+			}                                                                     \
+		}                                                                             \
+	}
+
+#define XR_KT_q4_0 NF_KT_Q4_0
+#define XR_KT_q8_0 NF_KT_Q8_0
+#define XR_SHIFT_q4_0 3
+#define XR_SHIFT_q8_0 7
+XR_ROWS(q4_0)
+XR_ROWS(q8_0)
+
 /* ---- float weights -------------------------------------------------------------- */
 
 INLINE __m512 ld16_f32(const void *p, size_t i) { return _mm512_loadu_ps((const float *)p + i); }
@@ -473,13 +659,13 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 			s += el_##T(w, i) * el_##T(x, i);                                     \
 		return s;                                                                     \
 	}                                                                                     \
-	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+	static __attribute__((unused)) void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			     const void *xq, float *y)                                        \
 	{                                                                                     \
 		for (size_t r = 0; r < nrows; r++)                                            \
 			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);              \
 	}                                                                                     \
-	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+	static __attribute__((unused)) void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
 	{                                                                                     \
 		const char *wc = w, *xc = xq;                                                 \
@@ -514,6 +700,94 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 
 FKERNELS(f32, 4)
 FKERNELS(f16, 2)
+
+/*
+ * F16 in llama.cpp's order (llamafile's tinyBLAS, kernels_ref.c): per (row,
+ * token) one 16-lane fma chain over the row in steps of 16, then
+ * _mm512_reduce_add_ps. Rows that are not a multiple of 16 long go to the
+ * reference, which follows ggml's vec_dot_f16 for them.
+ */
+INLINE void h16_tile(const int R, const int B, size_t n, const char *const *wr,
+		     const char *const *xb, float *out)
+{
+	__m512 acc[4][4];
+	for (int r = 0; r < R; r++)
+		for (int b = 0; b < B; b++)
+			acc[r][b] = _mm512_setzero_ps();
+	for (size_t i = 0; i < n; i += 16) {
+		__m512 w[4], x[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			w[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wr[r] + 2 * i)));
+#pragma GCC unroll 4
+		for (int b = 0; b < B; b++)
+			x[b] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(xb[b] + 2 * i)));
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+			for (int b = 0; b < B; b++)
+				acc[r][b] = _mm512_fmadd_ps(w[r], x[b], acc[r][b]);
+	}
+	for (int r = 0; r < R; r++)
+		for (int b = 0; b < B; b++)
+			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
+}
+
+static void h16_gemm(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
+		     const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	const char *wc = w, *xc = xq;
+	if (n % 16) {
+		nf_kernels_table_ref.gemm[NF_KT_F16](n, nrows, w, row_bytes, nbat, xq, xq_stride, y, ldy);
+		return;
+	}
+	for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {
+		size_t r1 = r0 + GEMM_ROW_BLOCK < nrows ? r0 + GEMM_ROW_BLOCK : nrows;
+		for (size_t b0 = 0; b0 < nbat; b0 += 4) {
+			size_t bn = nbat - b0 < 4 ? nbat - b0 : 4;
+			const char *xb[4], *wr[4];
+			float out[16];
+			for (size_t j = 0; j < bn; j++)
+				xb[j] = xc + (b0 + j) * xq_stride;
+			size_t r = r0;
+			for (; r + 4 <= r1 && bn == 4; r += 4) {
+				for (int k = 0; k < 4; k++)
+					wr[k] = wc + (r + k) * row_bytes;
+				h16_tile(4, 4, n, wr, xb, out);
+				for (int k = 0; k < 4; k++)
+					for (int j = 0; j < 4; j++)
+						y[(b0 + j) * ldy + r + k] = out[k * 4 + j];
+			}
+			for (; r < r1; r++) {
+				wr[0] = wc + r * row_bytes;
+				for (size_t j = 0; j < bn; j++) {
+					h16_tile(1, 1, n, wr, xb + j, out);
+					y[(b0 + j) * ldy + r] = out[0];
+				}
+			}
+		}
+	}
+}
+
+static void h16_gemv(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq,
+		     float *y)
+{
+	if (n % 16) {
+		nf_kernels_table_ref.gemv[NF_KT_F16](n, nrows, w, row_bytes, xq, y);
+		return;
+	}
+	const char *wc = w, *xb[1] = { xq }, *wr[4];
+	size_t r = 0;
+	for (; r + 4 <= nrows; r += 4) {
+		for (int k = 0; k < 4; k++)
+			wr[k] = wc + (r + k) * row_bytes;
+		h16_tile(4, 1, n, wr, xb, y + r);
+	}
+	for (; r < nrows; r++) {
+		wr[0] = wc + r * row_bytes;
+		h16_tile(1, 1, n, wr, xb, y + r);
+	}
+}
 FKERNELS(bf16, 2)
 
 /* ---- quantized axpy ------------------------------------------------------------- */
@@ -564,14 +838,15 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
 	},
 	.gemv = {
-		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
-		/* The VNNI kernels above sum in another order than llama.cpp;
-		 * until they follow it, the AVX2 ones (which do) run here. */
+		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = h16_gemv, [NF_KT_BF16] = gemv_bf16,
+		/* llama.cpp's summation order (see xr_ above), not gemv_q8/q4;
+		 * for one token AVX2's single sequential row stream reads DRAM
+		 * faster here than two interleaved rows */
 		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
 	},
 	.gemm = {
-		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
-		[NF_KT_Q8_0] = nf_kavx2_gemm_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemm_q4_0,
+		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = h16_gemm, [NF_KT_BF16] = gemm_bf16,
+		[NF_KT_Q8_0] = xr_gemm_q8_0, [NF_KT_Q4_0] = xr_gemm_q4_0,
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,

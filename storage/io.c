@@ -8,7 +8,8 @@
  *     to the context's alignment; misaligned requests are refused before
  *     anything is queued, so a backend never sees one.
  *  2. At most qd segments are in the backend at once; the rest wait in a
- *     FIFO and are submitted in batches as completions free room.
+ *     FIFO and are submitted in batches as completions free room (reads
+ *     queued by callbacks go out after the whole batch of completions).
  *  3. A request's callback runs exactly once, after all its segments
  *     finished, from nf_io_ctx_wait(); its result is the first error of its
  *     segments, else the verification result, else 0.
@@ -70,6 +71,7 @@ struct nf_io_ctx {
 	struct nf_io_seg **batch;        /* qd entries */
 	struct nf_io_stats stats;
 	uint64_t completed;              /* requests completed since open */
+	bool in_batch;                   /* running a batch of completions */
 	/* completion-thread mode */
 	bool threaded, thr_started, thr_stop;
 	pthread_t thr;
@@ -514,10 +516,12 @@ static int start(struct nf_io_ctx *io, struct nf_io_req *r, enum req_kind kind,
 	r->cb = cb;
 	r->cookie = cookie;
 	io->pending_reqs++;
-	int rc = kick(io);
-	/* A submit failure is reported through the callbacks (the request is
+	/* Inside a completion batch the reads queued by callbacks go out
+	 * together after it: one io_submit for the batch, not one per read. A
+	 * submit failure is reported through the callbacks (the request is
 	 * queued); only pre-queue failures are returned. */
-	(void)rc;
+	if (!io->in_batch)
+		kick(io);
 	return 0;
 }
 
@@ -811,8 +815,10 @@ static void *completion_main(void *arg)
 		pthread_mutex_lock(&io->mu);
 		if (n < 0 && n != -EINTR && !io->err)
 			io->err = n;
+		io->in_batch = true;
 		for (int i = 0; i < n; i++)
 			complete_seg(io, done[i]);
+		io->in_batch = false;
 		kick(io);
 		if (io->err)
 			cancel_queued(io);
@@ -851,8 +857,10 @@ int nf_io_ctx_wait(struct nf_io_ctx *io, unsigned int min_requests, int timeout_
 				io->err = n;
 			return n;
 		}
+		io->in_batch = true;
 		for (int i = 0; i < n; i++)
 			completed += complete_seg(io, done[i]);
+		io->in_batch = false;
 	}
 	return io->err ? io->err : completed;
 }

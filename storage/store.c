@@ -15,11 +15,13 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "nflash/bundle.h"
 #include "nflash/crc32c.h"
 #include "nflash/dtype.h"
 #include "nflash/store.h"
@@ -46,7 +48,16 @@ void nf_store_obj_encode(const struct nf_store_object *o, struct nf_store_obj_di
 	e->kind = htole32(o->kind);
 	e->dtype = htole32(o->dtype);
 	e->n_dims = htole32(o->n_dims);
-	e->flags = htole32(o->has_gate ? NF_STORE_OBJ_GATE : 0);
+	uint32_t flags = o->has_gate ? NF_STORE_OBJ_GATE : 0;
+	if (o->kind == NF_STORE_KIND_FFN) {
+		if (o->down_form == NF_DOWN_QCOL)
+			flags |= NF_STORE_OBJ_QCOL;
+		if (o->down_dtype != o->dtype)
+			flags |= NF_STORE_OBJ_DOWN_DTYPE;
+		if (o->down_transposed)
+			flags |= NF_STORE_OBJ_DOWN_T;
+	}
+	e->flags = htole32(flags);
 	for (int i = 0; i < NF_STORE_MAX_DIMS; i++)
 		e->shape[i] = htole64(o->shape[i]);
 	e->offset = htole64(o->offset);
@@ -61,7 +72,32 @@ void nf_store_obj_encode(const struct nf_store_object *o, struct nf_store_obj_di
 		e->stride = htole32(o->stride);
 		e->extent_bundles = htole32(o->extent_bundles);
 		e->n_extents = htole32(o->n_extents);
+		if (flags & NF_STORE_OBJ_DOWN_DTYPE)
+			e->down_dtype = htole32(o->down_dtype);
 	}
+}
+
+const char *nf_store_kind_name(uint32_t kind)
+{
+	switch (kind) {
+	case NF_STORE_KIND_DENSE: return "dense";
+	case NF_STORE_KIND_FFN: return "ffn";
+	case NF_STORE_KIND_BLOB: return "blob";
+	}
+	return "unknown";
+}
+
+/* Bytes of the down part of a bundle for (form, down dtype, dim), 0 if that
+ * combination has no bundle form (nflash/bundle.h). */
+static uint64_t down_part_bytes(uint32_t form, uint32_t down_dtype, uint32_t dim)
+{
+	if (form == NF_DOWN_ROW)
+		return nf_dtype_row_size(down_dtype, dim);
+	if (down_dtype == NF_DTYPE_Q8_0)
+		return dim;
+	if (down_dtype == NF_DTYPE_Q4_0 && dim % 2 == 0)
+		return dim / 2;
+	return 0;
 }
 
 static int read_full(struct nf_store *s, int fd, void *buf, size_t len, uint64_t off)
@@ -190,8 +226,12 @@ static int obj_decode(struct nf_store *s, uint32_t i, const struct nf_store_sb_d
 	o->crc = le32toh(e.crc);
 	uint32_t bs = sb->block_size;
 
-	if (o->kind != NF_STORE_KIND_DENSE && o->kind != NF_STORE_KIND_FFN)
+	if (o->kind != NF_STORE_KIND_DENSE && o->kind != NF_STORE_KIND_FFN &&
+	    o->kind != NF_STORE_KIND_BLOB)
 		return OBJFAIL(NF_EFORMAT, "unknown kind %u", o->kind);
+	if (o->kind == NF_STORE_KIND_BLOB && !(sb->incompat & NF_STORE_INCOMPAT_BLOB))
+		return OBJFAIL(NF_EFORMAT, "blob object without the incompat flag %#llx",
+			       (unsigned long long)NF_STORE_INCOMPAT_BLOB);
 	if (!nf_dtype_valid(o->dtype))
 		return OBJFAIL(NF_EUNSUPPORTED, "unknown dtype %u", o->dtype);
 	if (o->n_dims < 1 || o->n_dims > NF_STORE_MAX_DIMS)
@@ -208,6 +248,12 @@ static int obj_decode(struct nf_store *s, uint32_t i, const struct nf_store_sb_d
 			       (unsigned long long)sb->data_start,
 			       (unsigned long long)sb->table_offset);
 
+	if (o->kind == NF_STORE_KIND_BLOB) {
+		if (o->n_dims != 1 || o->shape[0] != o->length || o->dtype != 0 || o->length == 0)
+			return OBJFAIL(NF_EFORMAT, "blob: shape {%llu} must be {length %llu}, dtype 0",
+				       (unsigned long long)o->shape[0], (unsigned long long)o->length);
+		return 0;
+	}
 	if (o->kind == NF_STORE_KIND_DENSE) {
 		uint64_t row = nf_dtype_row_size(o->dtype, o->shape[0]);
 		if (row == 0)
@@ -244,9 +290,25 @@ static int obj_decode(struct nf_store *s, uint32_t i, const struct nf_store_sb_d
 			       o->n_bundles, rows);
 	if (o->n_bundles == 0)
 		return OBJFAIL(NF_EFORMAT, "n_bundles is %u", 0);
-	if (o->bundle_bytes != rows * row)
+	o->down_form = flags & NF_STORE_OBJ_QCOL ? NF_DOWN_QCOL : NF_DOWN_ROW;
+	o->down_dtype = flags & NF_STORE_OBJ_DOWN_DTYPE ? le32toh(e.down_dtype) : o->dtype;
+	o->down_transposed = flags & NF_STORE_OBJ_DOWN_T;
+	if ((flags & (NF_STORE_OBJ_QCOL | NF_STORE_OBJ_DOWN_DTYPE)) &&
+	    !(sb->incompat & NF_STORE_INCOMPAT_DOWN_FORMS))
+		return OBJFAIL(NF_EFORMAT, "down form flags %#x without the incompat flag %#llx",
+			       flags, (unsigned long long)NF_STORE_INCOMPAT_DOWN_FORMS);
+	if (!nf_dtype_valid(o->down_dtype))
+		return OBJFAIL(NF_EUNSUPPORTED, "unknown down_dtype %u", o->down_dtype);
+	uint64_t down = down_part_bytes(o->down_form, o->down_dtype, o->dim);
+	if (down == 0 || (o->down_form == NF_DOWN_QCOL && o->n_bundles % NF_QK))
+		return OBJFAIL(NF_EFORMAT, "no %s down part of %s for dim %u and %u bundles",
+			       o->down_form == NF_DOWN_QCOL ? "qcol" : "row",
+			       nf_dtype_name(o->down_dtype), o->dim, o->n_bundles);
+	o->down_off = (uint32_t)((rows - 1) * row);
+	o->down_bytes = (uint32_t)down;
+	if (o->bundle_bytes != (rows - 1) * row + down)
 		return OBJFAIL(NF_EFORMAT, "bundle_bytes %u, expected %u", o->bundle_bytes,
-			       (unsigned)(rows * row));
+			       (unsigned)((rows - 1) * row + down));
 	if (o->stride < o->bundle_bytes || o->stride % bs)
 		return OBJFAIL(NF_EFORMAT,
 			       "stride %u is not a multiple of the block size %u holding %u bytes",
@@ -502,6 +564,31 @@ const struct nf_store_object *nf_store_ffn_find(const struct nf_store *s, uint32
 			return o;
 	}
 	return NULL;
+}
+
+void nf_store_ffn_layout(const struct nf_store_object *obj, struct nf_bundle_layout *out)
+{
+	*out = (struct nf_bundle_layout){
+		.dtype = obj->dtype, .dim = obj->dim, .n_neurons = obj->n_bundles,
+		.has_gate = obj->has_gate, .row_bytes = obj->row_bytes,
+		.down_form = obj->down_form, .down_dtype = obj->down_dtype,
+		.down_off = obj->down_off, .down_bytes = obj->down_bytes,
+		.bundle_bytes = obj->bundle_bytes, .stride = obj->stride,
+	};
+}
+
+const struct nf_store_object *nf_store_ffn_scales(const struct nf_store *s,
+						  const struct nf_store_object *obj)
+{
+	char name[NF_STORE_NAME_MAX + 16];
+	if (obj->kind != NF_STORE_KIND_FFN || obj->down_form != NF_DOWN_QCOL)
+		return NULL;
+	snprintf(name, sizeof(name), "%s.down_scales", obj->name);
+	const struct nf_store_object *sc = nf_store_object_find(s, name);
+	if (!sc || sc->kind != NF_STORE_KIND_DENSE || sc->dtype != NF_DTYPE_F16 ||
+	    sc->n_dims != 2 || sc->shape[0] != obj->dim || sc->shape[1] != obj->n_bundles / NF_QK)
+		return NULL;
+	return sc;
 }
 
 uint64_t nf_store_object_buf_size(const struct nf_store_object *obj, uint32_t block_size)

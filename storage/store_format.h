@@ -33,12 +33,17 @@
 #define NF_STORE_MAX_DIMS      4
 
 /* Feature flags. Readers refuse unknown incompat bits and ignore unknown
- * compat bits. None are defined in version 1. */
+ * compat bits (docs/FORMAT.md items 16-18). */
+#define NF_STORE_INCOMPAT_DOWN_FORMS (1ULL << 0) /* FFN objects use NF_STORE_OBJ_QCOL / _DOWN_DTYPE */
+#define NF_STORE_INCOMPAT_BLOB       (1ULL << 1) /* objects of kind NF_STORE_KIND_BLOB */
 #define NF_STORE_COMPAT_KNOWN   0ULL
-#define NF_STORE_INCOMPAT_KNOWN 0ULL
+#define NF_STORE_INCOMPAT_KNOWN (NF_STORE_INCOMPAT_DOWN_FORMS | NF_STORE_INCOMPAT_BLOB)
 
 /* Object entry flags. */
-#define NF_STORE_OBJ_GATE 1u   /* FFN bundles hold a gate row */
+#define NF_STORE_OBJ_GATE       1u   /* FFN bundles hold a gate row */
+#define NF_STORE_OBJ_QCOL       2u   /* FFN down part in QCOL form (nflash/bundle.h) */
+#define NF_STORE_OBJ_DOWN_DTYPE 4u   /* FFN: down_dtype holds the down part's type */
+#define NF_STORE_OBJ_DOWN_T     8u   /* FFN: the source down matrix was transposed (ffn_down_t) */
 
 struct nf_store_sb_disk {
 	uint64_t magic;          /* NF_STORE_MAGIC */
@@ -82,7 +87,7 @@ struct nf_store_obj_disk {
 	uint32_t stride;                  /* FFN: bytes from one bundle to the next, multiple of B */
 	uint32_t extent_bundles;          /* FFN: bundles per extent (the last may hold fewer) */
 	uint32_t n_extents;               /* FFN */
-	uint32_t reserved0;
+	uint32_t down_dtype;              /* FFN with NF_STORE_OBJ_DOWN_DTYPE, else 0 */
 	uint64_t aux_offset;              /* FFN: u32 extent_crc[n_extents], u32 perm[n_bundles] */
 	uint64_t aux_length;              /* FFN: 4 * (n_extents + n_bundles) */
 	uint8_t reserved[72];             /* zero */

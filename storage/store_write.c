@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nflash/bundle.h"
 #include "nflash/crc32c.h"
 #include "nflash/dtype.h"
 #include "nflash/store.h"
@@ -325,6 +326,10 @@ int nf_store_writer_add_ffn(struct nf_store_writer *w, const char *name, uint32_
 	x->dim = dim;
 	x->has_gate = has_gate;
 	x->row_bytes = (uint32_t)row;
+	x->down_form = NF_DOWN_ROW;
+	x->down_dtype = dtype;
+	x->down_off = (uint32_t)((rows - 1) * row);
+	x->down_bytes = (uint32_t)row;
 	x->bundle_bytes = (uint32_t)bundle;
 	x->stride = (uint32_t)stride;
 	x->extent_bundles = eb;
@@ -341,6 +346,52 @@ int nf_store_writer_add_ffn(struct nf_store_writer *w, const char *name, uint32_
 		o->perm[i] = i;
 	x->extent_crc = o->extent_crc;
 	x->perm = o->perm;
+	w->n++;
+	return 0;
+}
+
+int nf_store_writer_add_ffn_layout(struct nf_store_writer *w, const char *name, uint32_t layer,
+				   uint32_t expert, const struct nf_bundle_layout *L,
+				   bool down_transposed, uint32_t extent_bundles, struct nf_diag *d)
+{
+	uint64_t row = nf_dtype_row_size(L->dtype, L->dim);
+	if (L->row_bytes != row || L->down_off != (L->has_gate ? 2 : 1) * row ||
+	    L->bundle_bytes != (uint64_t)L->down_off + L->down_bytes ||
+	    L->stride != align_up(L->bundle_bytes, w->block_size) ||
+	    L->down_form > NF_DOWN_QCOL || !nf_dtype_valid(L->down_dtype) ||
+	    (L->down_form == NF_DOWN_QCOL && L->n_neurons % NF_QK))
+		return nf_diag_fail(d, NF_EUSAGE,
+				    "FFN '%s': bundle layout does not match the writer's block size %u",
+				    name, w->block_size);
+	int rc = nf_store_writer_add_ffn(w, name, layer, expert, L->dtype, L->dim, L->n_neurons,
+					 L->has_gate, extent_bundles, d);
+	if (rc < 0)
+		return rc;
+	struct nf_store_object *x = &w->objs[w->n - 1].o;
+	x->down_form = L->down_form;
+	x->down_dtype = L->down_dtype;
+	x->down_bytes = L->down_bytes;
+	x->down_transposed = down_transposed;
+	x->bundle_bytes = L->bundle_bytes;
+	x->stride = L->stride;
+	x->length = (uint64_t)x->n_bundles * x->stride;
+	return 0;
+}
+
+int nf_store_writer_add_blob(struct nf_store_writer *w, const char *name, uint64_t len,
+			     struct nf_diag *d)
+{
+	int rc = 0;
+	if (len == 0)
+		return nf_diag_fail(d, NF_EUSAGE, "blob '%s': empty", name);
+	struct wobj *o = new_obj(w, name, d, &rc);
+	if (!o)
+		return rc;
+	o->o.kind = NF_STORE_KIND_BLOB;
+	o->o.dtype = 0;
+	o->o.n_dims = 1;
+	o->o.shape[0] = len;
+	o->o.length = len;
 	w->n++;
 	return 0;
 }
@@ -375,7 +426,7 @@ static void advance_object(struct nf_store_writer *w)
 		uint64_t need = o->kind == NF_STORE_KIND_FFN ? o->n_bundles : o->length;
 		if (w->cur_done < need)
 			return;
-		if (o->kind == NF_STORE_KIND_DENSE)
+		if (o->kind != NF_STORE_KIND_FFN)
 			o->crc = w->run_crc;
 		w->cur++;
 		w->cur_done = 0;
@@ -450,7 +501,8 @@ static int current(struct nf_store_writer *w, uint32_t kind, struct nf_store_obj
 	if (!w->begun || w->finished || w->cur >= w->n)
 		return NF_EUSAGE;
 	struct nf_store_object *o = &w->objs[w->cur].o;
-	if (o->kind != kind)
+	/* Blobs are written as dense bytes. */
+	if (o->kind != kind && !(kind == NF_STORE_KIND_DENSE && o->kind == NF_STORE_KIND_BLOB))
 		return NF_EUSAGE;
 	if (w->cur_done == 0 && pad_to(w, o->offset) < 0)
 		return w->err;
@@ -497,10 +549,8 @@ static int put_bundle(struct nf_store_writer *w, const void *gate, const void *u
 		q += o->row_bytes;
 	}
 	memcpy(q, up, o->row_bytes);
-	q += o->row_bytes;
-	memcpy(q, down, o->row_bytes);
-	q += o->row_bytes;
-	memset(q, 0, o->stride - o->bundle_bytes);
+	memcpy(p + o->down_off, down, o->down_bytes);
+	memset(p + o->bundle_bytes, 0, o->stride - o->bundle_bytes);
 	uint32_t slot = (uint32_t)w->cur_done;
 	uint32_t e = slot / o->extent_bundles;
 	w->run_crc = nf_crc32c(w->run_crc, p, o->stride);
@@ -529,8 +579,7 @@ int nf_store_writer_write_bundles(struct nf_store_writer *w, const void *bundles
 		if (rc < 0)
 			return rc;
 		uint32_t r = o->row_bytes;
-		rc = put_bundle(w, o->has_gate ? p : NULL, p + (o->has_gate ? r : 0),
-				p + (o->has_gate ? 2 * r : r));
+		rc = put_bundle(w, o->has_gate ? p : NULL, p + (o->has_gate ? r : 0), p + o->down_off);
 		if (rc < 0)
 			return rc;
 		p += o->stride;
@@ -636,7 +685,15 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
 	}
 	/* Superblocks last: generation 0 in slot 0, 1 in slot 1, same table. */
 	memset(w->stage, 0, NF_STORE_SB_AREA);
-	uint64_t created = now_ns(CLOCK_REALTIME);
+	uint64_t created = now_ns(CLOCK_REALTIME), incompat = 0;
+	for (uint32_t i = 0; i < w->n; i++) {
+		const struct nf_store_object *o = &w->objs[i].o;
+		if (o->kind == NF_STORE_KIND_BLOB)
+			incompat |= NF_STORE_INCOMPAT_BLOB;
+		if (o->kind == NF_STORE_KIND_FFN &&
+		    (o->down_form != NF_DOWN_ROW || o->down_dtype != o->dtype))
+			incompat |= NF_STORE_INCOMPAT_DOWN_FORMS;
+	}
 	uint64_t id0 = mix64(created ^ ((uint64_t)getpid() << 20)), id1 = mix64(id0 ^ w->file_size);
 	for (int slot = 0; slot < 2; slot++) {
 		struct nf_store_sb_disk sb;
@@ -646,7 +703,7 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
 		sb.sb_size = htole32(sizeof(sb));
 		sb.generation = htole64((uint64_t)slot);
 		sb.compat = 0;
-		sb.incompat = 0;
+		sb.incompat = htole64(incompat);
 		sb.block_size = htole32(w->block_size);
 		sb.n_objects = htole32(w->n);
 		sb.file_size = htole64(w->file_size);

@@ -8,6 +8,7 @@
  * at -n tokens, at EOS (unless --ignore-eos) or when the context is full,
  * and says which.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -15,6 +16,7 @@
 #include "nflash/error.h"
 #include "nflash/kernels.h"
 #include "nflash/sampler.h"
+#include "nflash/tokenizer.h"
 #include "cli.h"
 #include "model_cli.h"
 
@@ -145,6 +147,39 @@ static int gen_parse(int argc, char **argv, struct nf_model_cli *mc, struct gen_
 	return 0;
 }
 
+/*
+ * Copy n bytes of src to dst (3 * n + 1 bytes) with every byte that is not
+ * part of a well-formed UTF-8 sequence replaced by U+FFFD, so --json stays
+ * valid when a model emits partial or random bytes.
+ */
+static void utf8_clean(char *dst, const char *src, size_t n)
+{
+	const unsigned char *s = (const unsigned char *)src;
+	size_t i = 0;
+	while (i < n) {
+		unsigned c = s[i];
+		size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 :
+			     (c & 0xf8) == 0xf0 ? 4 : 0;
+		bool ok = len > 0 && i + len <= n && !(c == 0xc0 || c == 0xc1 || c > 0xf4);
+		for (size_t k = 1; ok && k < len; k++)
+			ok = (s[i + k] & 0xc0) == 0x80;
+		if (ok && len == 3)
+			ok = !(c == 0xe0 && s[i + 1] < 0xa0) && !(c == 0xed && s[i + 1] >= 0xa0);
+		if (ok && len == 4)
+			ok = !(c == 0xf0 && s[i + 1] < 0x90) && !(c == 0xf4 && s[i + 1] >= 0x90);
+		if (ok) {
+			memcpy(dst, s + i, len);
+			dst += len;
+			i += len;
+		} else {
+			memcpy(dst, "\xef\xbf\xbd", 3);
+			dst += 3;
+			i++;
+		}
+	}
+	*dst = 0;
+}
+
 enum gen_stop { STOP_LENGTH, STOP_EOS, STOP_CONTEXT };
 static const char *const stop_names[] = { "length", "eos", "context" };
 
@@ -154,7 +189,10 @@ int nf_cmd_generate(int argc, char **argv)
 	nf_model_cli_init(&mc);
 	struct gen_opts o = { .n_predict = 128, .sp = nf_sampler_defaults() };
 	struct nf_sampler *smp = NULL;
+	struct nf_tok *tok = NULL;
 	int32_t *out_ids = NULL;
+	char *text = NULL;
+	size_t text_len = 0, text_cap = 0;
 	int ret = NF_EXIT_USAGE;
 
 	int pr = gen_parse(argc, argv, &mc, &o);
@@ -162,15 +200,36 @@ int nf_cmd_generate(int argc, char **argv)
 		ret = pr > 0 ? NF_EXIT_OK : NF_EXIT_USAGE;
 		goto done;
 	}
-	if (o.prompt) {
-		nf_cli_err("-p: this build has no tokenizer yet; give the prompt as --ids");
-		goto done;
-	}
 	if (!o.seed_set)
 		o.sp.seed = (uint64_t)time(NULL);
 	if ((ret = nf_model_cli_open(&mc)) != NF_EXIT_OK)
 		goto done;
 	const struct nf_model_hparams *hp = nf_model_hparams(mc.model);
+	struct nf_diag td = { 0 };
+	int trc = nf_tok_open(nf_model_gguf(mc.model), &tok, &td);
+	if (trc < 0 && o.prompt) {
+		nf_cli_err("-p needs the model's vocabulary: %s", nf_diag_msg(&td, trc));
+		ret = NF_EXIT_FAIL;
+		goto done;
+	}
+	if (trc < 0 && !o.print_ids && !o.json)
+		nf_cli_warn("%s; printing token ids", nf_diag_msg(&td, trc));
+	if (o.prompt) {
+		size_t len = strlen(o.prompt), n = 0;
+		unsigned fl = NF_TOK_ADD_SPECIAL | NF_TOK_PARSE_SPECIAL;
+		trc = nf_tok_encode(tok, o.prompt, len, fl, NULL, 0, &n);
+		if (trc == -ENOSPC || (trc == 0 && n > 0)) {
+			o.ids = malloc((n ? n : 1) * sizeof(*o.ids));
+			trc = o.ids ? nf_tok_encode(tok, o.prompt, len, fl, o.ids, n, &o.n_ids) : -ENOMEM;
+		}
+		if (trc < 0 || o.n_ids == 0) {
+			nf_cli_err("-p: cannot tokenize the prompt: %s",
+				   trc < 0 ? nf_strerror(trc) : "it gives no tokens");
+			ret = trc == -ENOMEM ? NF_EXIT_FAIL : NF_EXIT_USAGE;
+			goto done;
+		}
+	}
+	bool as_text = tok && !o.print_ids;
 	ret = NF_EXIT_USAGE;
 	for (size_t i = 0; i < o.n_ids; i++)
 		if (o.ids[i] < 0 || (uint32_t)o.ids[i] >= hp->n_vocab) {
@@ -198,6 +257,11 @@ int nf_cmd_generate(int argc, char **argv)
 	for (size_t i = 0; i < o.n_ids; i++)
 		nf_sampler_accept(smp, o.ids[i]);
 
+	bool stream = !o.json;
+	if (stream && as_text && o.prompt) {
+		fputs(o.prompt, stdout);
+		fflush(stdout);
+	}
 	double t0 = nf_cli_now();
 	rc = nf_ctx_eval(mc.ctx, o.ids, o.n_ids);
 	double t_prompt = nf_cli_now() - t0, t_eval = 0, t_sample = 0;
@@ -208,21 +272,41 @@ int nf_cmd_generate(int argc, char **argv)
 	nf_model_cli_stats_step(&mc, stderr, "prompt");
 	size_t n_gen = 0, n_evals = 0;
 	enum gen_stop stop = STOP_LENGTH;
-	bool stream = !o.json;
 	while (n_gen < max_gen) {
 		double ts = nf_cli_now();
 		int32_t id = nf_sampler_sample(smp, nf_ctx_logits(mc.ctx));
 		nf_sampler_accept(smp, id);
 		t_sample += nf_cli_now() - ts;
-		if (id == hp->eos_id && !o.ignore_eos) {
+		bool eog = tok ? nf_tok_is_eog(tok, id) : id == hp->eos_id;
+		if (eog && !o.ignore_eos) {
 			stop = STOP_EOS;
 			break;
 		}
 		out_ids[n_gen++] = id;
-		if (stream) {
+		if (as_text) {
+			char piece[256];
+			int pl = nf_tok_piece(tok, id, false, piece, sizeof(piece));
+			pl = pl < 0 ? 0 : pl > (int)sizeof(piece) ? (int)sizeof(piece) : pl;
+			if (text_len + (size_t)pl + 1 > text_cap) {
+				size_t cap = (text_cap + (size_t)pl + 1) * 2;
+				char *t = realloc(text, cap);
+				if (!t) {
+					nf_cli_err("generate: out of memory");
+					goto done;
+				}
+				text = t;
+				text_cap = cap;
+			}
+			memcpy(text + text_len, piece, (size_t)pl);
+			text_len += (size_t)pl;
+			text[text_len] = 0;
+			if (stream)
+				fwrite(piece, 1, (size_t)pl, stdout);
+		} else if (stream) {
 			printf(n_gen > 1 ? " %d" : "%d", id);
-			fflush(stdout);
 		}
+		if (stream)
+			fflush(stdout);
 		if (n_gen == max_gen)
 			break;
 		if (nf_ctx_n_past(mc.ctx) >= n_ctx) {
@@ -255,6 +339,13 @@ int nf_cmd_generate(int argc, char **argv)
 		for (size_t i = 0; i < n_gen; i++)
 			nf_json_i64(&j, NULL, out_ids[i]);
 		nf_json_arr_end(&j);
+		if (as_text) {
+			char *clean = malloc(3 * text_len + 1);
+			if (clean)
+				utf8_clean(clean, text ? text : "", text_len);
+			nf_json_str(&j, "text", clean ? clean : "");
+			free(clean);
+		}
 		nf_json_u64(&j, "prompt_tokens", o.n_ids);
 		nf_json_u64(&j, "gen_tokens", n_gen);
 		nf_json_str(&j, "stop", stop_names[stop]);
@@ -294,6 +385,8 @@ int nf_cmd_generate(int argc, char **argv)
 done:
 	free(o.ids);
 	free(out_ids);
+	free(text);
+	nf_tok_close(tok);
 	nf_sampler_close(smp);
 	nf_model_cli_close(&mc);
 	return ret;

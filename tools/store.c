@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nflash/bundle.h"
 #include "nflash/dtype.h"
 #include "nflash/io.h"
 #include "nflash/store.h"
@@ -255,8 +256,8 @@ static int cmd_inspect(int argc, char **argv)
 			const struct nf_store_object *o = nf_store_object_get(s, i);
 			nf_json_obj_begin(&j, NULL);
 			nf_json_str(&j, "name", o->name);
-			nf_json_str(&j, "kind", o->kind == NF_STORE_KIND_FFN ? "ffn" : "dense");
-			nf_json_str(&j, "dtype", nf_dtype_name(o->dtype));
+			nf_json_str(&j, "kind", nf_store_kind_name(o->kind));
+			nf_json_str(&j, "dtype", (o->kind == NF_STORE_KIND_BLOB ? "-" : nf_dtype_name(o->dtype)));
 			nf_json_arr_begin(&j, "shape");
 			for (uint32_t k = 0; k < o->n_dims; k++)
 				nf_json_u64(&j, NULL, o->shape[k]);
@@ -269,6 +270,8 @@ static int cmd_inspect(int argc, char **argv)
 				nf_json_u64(&j, "bundles", o->n_bundles);
 				nf_json_bool(&j, "gate", o->has_gate);
 				nf_json_u64(&j, "bundle_bytes", o->bundle_bytes);
+				nf_json_str(&j, "down_form", o->down_form == NF_DOWN_QCOL ? "qcol" : "row");
+				nf_json_str(&j, "down_dtype", nf_dtype_name(o->down_dtype));
 				nf_json_u64(&j, "stride", o->stride);
 				nf_json_u64(&j, "extent_bundles", o->extent_bundles);
 				nf_json_u64(&j, "extents", o->n_extents);
@@ -297,7 +300,7 @@ static int cmd_inspect(int argc, char **argv)
 			char sh[96];
 			shape_str(o, sh, sizeof(sh));
 			printf("%-32s %-5s %-5s %-20s %12llu %12llu", o->name,
-			       o->kind == NF_STORE_KIND_FFN ? "ffn" : "dense", nf_dtype_name(o->dtype), sh,
+			       nf_store_kind_name(o->kind), (o->kind == NF_STORE_KIND_BLOB ? "-" : nf_dtype_name(o->dtype)), sh,
 			       (unsigned long long)o->offset, (unsigned long long)o->length);
 			if (o->kind == NF_STORE_KIND_FFN)
 				printf("  %u x %u B (%u used%s), %u per extent",
@@ -362,7 +365,7 @@ static void verify_done(void *cookie, int result)
 	struct verify *v = sl->v;
 	sl->busy = false;
 	if (result == NF_ECHECKSUM) {
-		if (sl->obj->kind == NF_STORE_KIND_DENSE) {
+		if (sl->obj->kind != NF_STORE_KIND_FFN) {
 			add_bad(v, sl->obj, -1, result);
 			return;
 		}
@@ -446,7 +449,7 @@ static int cmd_verify(int argc, char **argv)
 	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
 		const struct nf_store_object *ob = nf_store_object_get(s, i);
 		uint64_t n = nf_store_object_buf_size(ob, nf_store_info(s)->block_size);
-		if (ob->kind == NF_STORE_KIND_DENSE && n > max_dense)
+		if (ob->kind != NF_STORE_KIND_FFN && n > max_dense)
 			max_dense = n;
 	}
 	for (int i = 0; i < VERIFY_SLOTS; i++) {
@@ -467,8 +470,8 @@ static int cmd_verify(int argc, char **argv)
 	for (uint32_t i = 0; i < nf_store_object_count(s) && !v.io_err; i++) {
 		const struct nf_store_object *ob = nf_store_object_get(s, i);
 		v.objects++;
-		if (ob->kind == NF_STORE_KIND_DENSE) {
-			/* Dense objects are checked whole, one at a time, in `big`. */
+		if (ob->kind != NF_STORE_KIND_FFN) {
+			/* Dense objects (and blobs) are checked whole, one at a time, in `big`. */
 			struct vslot *sl = free_slot(&v, io);
 			if (!sl)
 				break;

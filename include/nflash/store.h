@@ -54,7 +54,11 @@ extern "C" {
 enum nf_store_kind {
 	NF_STORE_KIND_DENSE = 1,
 	NF_STORE_KIND_FFN = 2,
+	NF_STORE_KIND_BLOB = 3,    /* opaque bytes, e.g. the GGUF metadata (docs/FORMAT.md 17) */
 };
+
+/* "dense", "ffn", "blob" or "unknown". */
+const char *nf_store_kind_name(uint32_t kind);
 
 #define NF_STORE_BLOCK_DEFAULT 4096u
 #define NF_STORE_BLOCK_MIN 512u
@@ -77,12 +81,20 @@ struct nf_store_object {
 	uint32_t dim;              /* values per gate/up row and down column */
 	bool has_gate;
 	uint32_t row_bytes;        /* bytes of one row of dim values */
-	uint32_t bundle_bytes;     /* payload: (has_gate ? 3 : 2) * row_bytes */
+	uint32_t bundle_bytes;     /* payload: down_off + down_bytes */
 	uint32_t stride;           /* bundle i starts at offset + i * stride */
 	uint32_t extent_bundles;   /* bundles per extent; the last may hold fewer */
 	uint32_t n_extents;
 	const uint32_t *extent_crc;/* [n_extents]: crc32c of each extent's bytes */
 	const uint32_t *perm;      /* [n_bundles]: neuron id -> bundle slot */
+	/* The down part of a bundle (nflash/bundle.h): ROW (a row of dim values
+	 * in down_dtype, which is dtype unless the store says otherwise) or QCOL
+	 * (quants only; scales in the dense object nf_store_ffn_scales()). */
+	uint32_t down_form;        /* enum nf_down_form */
+	uint32_t down_dtype;       /* enum nf_dtype */
+	uint32_t down_off;         /* byte offset of the down part in a bundle */
+	uint32_t down_bytes;
+	bool down_transposed;      /* the source was PowerInfer's ffn_down_t */
 };
 
 struct nf_store_info {
@@ -128,6 +140,15 @@ const struct nf_store_object *nf_store_object_get(const struct nf_store *s, uint
 const struct nf_store_object *nf_store_object_find(const struct nf_store *s, const char *name);
 const struct nf_store_object *nf_store_ffn_find(const struct nf_store *s, uint32_t layer,
 						uint32_t expert);
+
+struct nf_bundle_layout;
+/* The bundle layout of FFN object obj (for nf_bundle_pack and the sparse FFN). */
+void nf_store_ffn_layout(const struct nf_store_object *obj, struct nf_bundle_layout *out);
+/* The dense object holding the fp16 down scales of a QCOL FFN object: named
+ * "<ffn name>.down_scales", n_embd x n_ff/32 f16 (nflash/bundle.h); NULL
+ * when obj is not QCOL or the object is absent. */
+const struct nf_store_object *nf_store_ffn_scales(const struct nf_store *s,
+						  const struct nf_store_object *obj);
 
 /* Bytes a buffer needs to read the whole object (length rounded up to the block size). */
 uint64_t nf_store_object_buf_size(const struct nf_store_object *obj, uint32_t block_size);
@@ -175,6 +196,16 @@ int nf_store_writer_add_dense(struct nf_store_writer *w, const char *name, uint3
 int nf_store_writer_add_ffn(struct nf_store_writer *w, const char *name, uint32_t layer,
 			    uint32_t expert, uint32_t dtype, uint32_t dim, uint32_t n_bundles,
 			    bool has_gate, uint32_t extent_bundles, struct nf_diag *d);
+/* An FFN object with the bundle layout L (from nf_bundle_layout_make() with
+ * the writer's block size: L->stride must be bundle_bytes rounded up to
+ * it). down_transposed records that the source was ffn_down_t. Other
+ * forms than ROW with down_dtype == dtype set an incompat bit. */
+int nf_store_writer_add_ffn_layout(struct nf_store_writer *w, const char *name, uint32_t layer,
+				   uint32_t expert, const struct nf_bundle_layout *L,
+				   bool down_transposed, uint32_t extent_bundles, struct nf_diag *d);
+/* A blob of len bytes (> 0), written with nf_store_writer_write_dense(). */
+int nf_store_writer_add_blob(struct nf_store_writer *w, const char *name, uint64_t len,
+			     struct nf_diag *d);
 
 /* Fix the layout; after it, objects are written in declaration order. */
 int nf_store_writer_begin(struct nf_store_writer *w, struct nf_diag *d);
@@ -184,13 +215,14 @@ uint32_t nf_store_writer_object_count(const struct nf_store_writer *w);
 const struct nf_store_object *nf_store_writer_object(const struct nf_store_writer *w, uint32_t i);
 
 /*
- * Write the next bytes of the current dense object; len may be any size
+ * Write the next bytes of the current dense (or blob) object; len may be any size
  * up to what is left of it. Returns 0, NF_EUSAGE (current object is an FFN
  * or too many bytes) or the writer's sticky I/O error.
  */
 int nf_store_writer_write_dense(struct nf_store_writer *w, const void *data, size_t len);
-/* Write the next bundle of the current FFN object: row_bytes each; gate
- * must be NULL exactly when the FFN has no gate. */
+/* Write the next bundle of the current FFN object: row_bytes for gate and
+ * up, down_bytes for down; gate must be NULL exactly when the FFN has no
+ * gate. */
 int nf_store_writer_write_bundle(struct nf_store_writer *w, const void *gate, const void *up,
 				 const void *down);
 /* Write the next n bundles of the current FFN object, given laid out at the
