@@ -216,9 +216,16 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 #define TILE_B 4
 
 #define QGEMM(T, WBLOCK, UNPACK)                                                            \
-	static void tile_##T(size_t nb, const WBLOCK *const wr[TILE_R],                     \
-			     const struct nf_block_q8_0 *const xb[TILE_B], float out[TILE_R][TILE_B]) \
+	static void tile_##T(size_t n, const void *const wrows[TILE_R],                       \
+			     const void *const xrows[TILE_B], float out[TILE_R][TILE_B])              \
 	{                                                                                   \
+		const WBLOCK *wr[TILE_R];                                                   \
+		const struct nf_block_q8_0 *xb[TILE_B];                                     \
+		for (int r = 0; r < TILE_R; r++)                                            \
+			wr[r] = wrows[r];                                                     \
+		for (int b = 0; b < TILE_B; b++)                                            \
+			xb[b] = xrows[b];                                                     \
+		size_t nb = n / NF_QK;                                                      \
 		__m256 acc[TILE_R][TILE_B];                                                 \
 		for (int r = 0; r < TILE_R; r++)                                            \
 			for (int b = 0; b < TILE_B; b++)                                    \
@@ -244,26 +251,45 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 		for (int r = 0; r < TILE_R; r++)                                            \
 			for (int b = 0; b < TILE_B; b++)                                    \
 				out[r][b] = hsum8(acc[r][b]);                               \
-	}                                                                                   \
+	}
+
+static inline __m256i q8_load(const struct nf_block_q8_0 *b)
+{
+	return _mm256_loadu_si256((const __m256i *)b->qs);
+}
+
+static inline __m256i q4_load(const struct nf_block_q4_0 *b)
+{
+	return q4_unpack(b->qs);
+}
+
+QGEMM(q8_0, struct nf_block_q8_0, q8_load)
+QGEMM(q4_0, struct nf_block_q4_0, q4_load)
+
+/*
+ * gemm over TILE_R x TILE_B register tiles (tile_##T) inside blocks of
+ * GEMM_ROW_BLOCK weight rows that stay in cache while every activation tile
+ * passes; rows and activations left over go through gemv_##T. Exported as
+ * nf_kavx2_gemm_##T: the AVX-512 table reuses the quantized ones.
+ */
+#define GEMM_DRIVER(T)                                                                      \
 	void nf_kavx2_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,    \
 			       size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
 	{                                                                                   \
-		size_t nb = n / NF_QK;                                                      \
 		const char *wc = w, *xc = xq;                                               \
 		for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {                     \
 			size_t r1 = r0 + GEMM_ROW_BLOCK < nrows ? r0 + GEMM_ROW_BLOCK : nrows; \
 			size_t b = 0;                                                       \
 			for (; b + TILE_B <= nbat; b += TILE_B) {                           \
-				const struct nf_block_q8_0 *xb[TILE_B];                     \
+				const void *xb[TILE_B], *wr[TILE_R];                        \
+				float out[TILE_R][TILE_B];                                  \
 				for (int j = 0; j < TILE_B; j++)                            \
-					xb[j] = (const void *)(xc + (b + j) * xq_stride);   \
+					xb[j] = xc + (b + j) * xq_stride;                   \
 				size_t r = r0;                                              \
 				for (; r + TILE_R <= r1; r += TILE_R) {                     \
-					const WBLOCK *wr[TILE_R];                           \
-					float out[TILE_R][TILE_B];                          \
 					for (int k = 0; k < TILE_R; k++)                    \
-						wr[k] = (const void *)(wc + (r + k) * row_bytes); \
-					tile_##T(nb, wr, xb, out);                          \
+						wr[k] = wc + (r + k) * row_bytes;           \
+					tile_##T(n, wr, xb, out);                           \
 					for (int k = 0; k < TILE_R; k++)                    \
 						for (int j = 0; j < TILE_B; j++)            \
 							y[(b + j) * ldy + r + k] = out[k][j]; \
@@ -279,18 +305,8 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 		}                                                                           \
 	}
 
-static inline __m256i q8_load(const struct nf_block_q8_0 *b)
-{
-	return _mm256_loadu_si256((const __m256i *)b->qs);
-}
-
-static inline __m256i q4_load(const struct nf_block_q4_0 *b)
-{
-	return q4_unpack(b->qs);
-}
-
-QGEMM(q8_0, struct nf_block_q8_0, q8_load)
-QGEMM(q4_0, struct nf_block_q4_0, q4_load)
+GEMM_DRIVER(q8_0)
+GEMM_DRIVER(q4_0)
 #define gemm_q8_0 nf_kavx2_gemm_q8_0
 #define gemm_q4_0 nf_kavx2_gemm_q4_0
 
@@ -336,16 +352,6 @@ static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((
 		for (size_t r = 0; r < nrows; r++)                                           \
 			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);             \
 	}                                                                                    \
-	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,       \
-			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
-	{                                                                                    \
-		for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {                      \
-			size_t rn = nrows - r0 < GEMM_ROW_BLOCK ? nrows - r0 : GEMM_ROW_BLOCK; \
-			for (size_t b = 0; b < nbat; b++)                                    \
-				gemv_##T(n, rn, (const char *)w + r0 * row_bytes, row_bytes, \
-					 (const char *)xq + b * xq_stride, y + b * ldy + r0); \
-		}                                                                            \
-	}                                                                                    \
 	void nf_kavx2_axpy_##T(size_t n, float a, const void *wrow, float *y)               \
 	{                                                                                    \
 		__m256 av = _mm256_set1_ps(a);                                               \
@@ -354,6 +360,34 @@ static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((
 			_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, ld_##T(wrow, i), _mm256_loadu_ps(y + i))); \
 		for (; i < n; i++)                                                           \
 			y[i] = fmaf(a, el_##T(wrow, i), y[i]);                               \
+	}
+/* TILE_R weight rows x TILE_B activations, one 8-lane chain each */
+#define FTILE(T)                                                                             \
+	static void tile_##T(size_t n, const void *const wr[TILE_R], const void *const xb[TILE_B], \
+			     float out[TILE_R][TILE_B])                                      \
+	{                                                                                    \
+		__m256 acc[TILE_R][TILE_B];                                                  \
+		for (int r = 0; r < TILE_R; r++)                                             \
+			for (int b = 0; b < TILE_B; b++)                                     \
+				acc[r][b] = _mm256_setzero_ps();                             \
+		size_t i = 0;                                                                \
+		for (; i + 8 <= n; i += 8) {                                                 \
+			__m256 wv[TILE_R];                                                   \
+			_Pragma("GCC unroll 2") for (int r = 0; r < TILE_R; r++)             \
+				wv[r] = ld_##T(wr[r], i);                                    \
+			_Pragma("GCC unroll 4") for (int b = 0; b < TILE_B; b++) {           \
+				__m256 xv = ld_##T(xb[b], i);                                \
+				_Pragma("GCC unroll 2") for (int r = 0; r < TILE_R; r++)     \
+					acc[r][b] = _mm256_fmadd_ps(wv[r], xv, acc[r][b]);   \
+			}                                                                    \
+		}                                                                            \
+		for (int r = 0; r < TILE_R; r++)                                             \
+			for (int b = 0; b < TILE_B; b++) {                                   \
+				float s = hsum8(acc[r][b]);                                  \
+				for (size_t k = i; k < n; k++)                               \
+					s += el_##T(wr[r], k) * el_##T(xb[b], k);            \
+				out[r][b] = s;                                               \
+			}                                                                    \
 	}
 
 FDOT(f32)
@@ -372,6 +406,26 @@ static float fdot_f16(size_t n, const void *w, const void *x)
 }
 FDOT_OPS(f16)
 FDOT(bf16)
+FTILE(f32)
+FTILE(bf16)
+GEMM_DRIVER(f32)
+GEMM_DRIVER(bf16)
+
+/* F16 gemm row by row through fdot_f16, whose 16-lane order a tile of
+ * 8-lane chains would not keep (kernels_ref.c, nf_kref_dot_f16). */
+void nf_kavx2_gemm_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
+		       const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {
+		size_t rn = nrows - r0 < GEMM_ROW_BLOCK ? nrows - r0 : GEMM_ROW_BLOCK;
+		for (size_t b = 0; b < nbat; b++)
+			gemv_f16(n, rn, (const char *)w + r0 * row_bytes, row_bytes,
+				 (const char *)xq + b * xq_stride, y + b * ldy + r0);
+	}
+}
+#define gemm_f32 nf_kavx2_gemm_f32
+#define gemm_f16 nf_kavx2_gemm_f16
+#define gemm_bf16 nf_kavx2_gemm_bf16
 
 /* ---- quantized axpy ----------------------------------------------------------- */
 
@@ -448,6 +502,84 @@ void nf_kavx2_rmsnorm(float *out, const float *x, const float *w, size_t n, floa
 		out[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
 }
 
+/* ---- exp-based ops ----------------------------------------------------------- */
+
+/*
+ * expf on 8 lanes, within 2 ulp: n = round(x / ln 2), r = x - n ln 2 in two
+ * steps (Cody-Waite), a degree-6 polynomial on [-ln2/2, ln2/2], times 2^n.
+ * x is clamped to [-87.33, 88.02] so that 2^n stays a normal float: results
+ * past the clamp are the smallest normal or ~1.6e38 instead of a denormal,
+ * 0 or inf, which every caller here absorbs (1 + e, a sum, a quotient).
+ */
+static inline __m256 exp8(__m256 x)
+{
+	x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.02969f));
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+	__m256 p = _mm256_set1_ps(1.9875691500e-4f);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void nf_kavx2_silu_mul(float *g, const float *u, size_t n)
+{
+	const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 v = _mm256_loadu_ps(g + i);
+		__m256 sv = _mm256_div_ps(v, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, v))));
+		if (u)
+			sv = _mm256_mul_ps(sv, _mm256_loadu_ps(u + i));
+		_mm256_storeu_ps(g + i, sv);
+	}
+	if (i < n)
+		nf_kref_silu_mul(g + i, u ? u + i : NULL, n - i);
+}
+
+void nf_kavx2_softmax(float *x, size_t n)
+{
+	if (!n)
+		return;
+	size_t i = 0;
+	__m256 mv = _mm256_set1_ps(x[0]);
+	for (; i + 8 <= n; i += 8)
+		mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+	__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+	m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+	m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+	float max = _mm_cvtss_f32(m4);
+	for (; i < n; i++)
+		max = fmaxf(max, x[i]);
+	mv = _mm256_set1_ps(max);
+	__m256d s0 = _mm256_setzero_pd(), s1 = s0;
+	for (i = 0; i + 8 <= n; i += 8) {
+		__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+		_mm256_storeu_ps(x + i, e);
+		s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+		s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+	}
+	double lanes[4];
+	_mm256_storeu_pd(lanes, _mm256_add_pd(s0, s1));
+	double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+	for (; i < n; i++) {
+		x[i] = expf(x[i] - max);
+		sum += (double)x[i];
+	}
+	__m256 inv = _mm256_set1_ps((float)(1.0 / sum));
+	for (i = 0; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+	for (; i < n; i++)
+		x[i] *= _mm256_cvtss_f32(inv);
+}
+
 const struct nf_kernels nf_kernels_table_avx2 = {
 	.isa = "avx2",
 	.act_prepare = {
@@ -471,8 +603,8 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
 	},
 	.rmsnorm = nf_kavx2_rmsnorm,
-	.softmax = nf_kref_softmax,
-	.silu_mul = nf_kref_silu_mul,
+	.softmax = nf_kavx2_softmax,
+	.silu_mul = nf_kavx2_silu_mul,
 	.relu_mul = nf_kref_relu_mul,
 	.drelu_mul = nf_kref_drelu_mul,
 	.dot_f32 = nf_kavx2_dot_f32v,

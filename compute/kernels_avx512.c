@@ -615,7 +615,7 @@ INLINE float el_f32(const void *p, size_t i) { return ((const float *)p)[i]; }
 INLINE float el_f16(const void *p, size_t i) { return _cvtsh_ss(((const uint16_t *)p)[i]); }
 INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
-#define FKERNELS(T, ESIZE)                                                                    \
+#define FTILE512(T)                                                                           \
 	INLINE void ftile_##T(const int R, const int B, size_t n, const char *const *wr,     \
 			      const char *const *xb, float *out)                              \
 	{                                                                                     \
@@ -641,7 +641,9 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 					s += el_##T(wr[r], k) * el_##T(xb[b], k);             \
 				out[r * B + b] = s;                                           \
 			}                                                                     \
-	}                                                                                     \
+	}
+#define FKERNELS(T, ESIZE) FTILE512(T) FREST512(T)
+#define FREST512(T)                                                                           \
 	static float fdot_##T(size_t n, const void *w, const void *x)                         \
 	{                                                                                     \
 		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
@@ -659,13 +661,13 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 			s += el_##T(w, i) * el_##T(x, i);                                     \
 		return s;                                                                     \
 	}                                                                                     \
-	static __attribute__((unused)) void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			     const void *xq, float *y)                                        \
 	{                                                                                     \
 		for (size_t r = 0; r < nrows; r++)                                            \
 			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);              \
 	}                                                                                     \
-	static __attribute__((unused)) void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			     size_t nbat, const void *xq, size_t xq_stride, float *y, size_t ldy) \
 	{                                                                                     \
 		const char *wc = w, *xc = xq;                                                 \
@@ -699,48 +701,59 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 	}
 
 FKERNELS(f32, 4)
-FKERNELS(f16, 2)
+FKERNELS(bf16, 2)
+FTILE512(f16)
 
 /*
- * F16 in llama.cpp's order (llamafile's tinyBLAS, kernels_ref.c): per (row,
- * token) one 16-lane fma chain over the row in steps of 16, then
- * _mm512_reduce_add_ps. Rows that are not a multiple of 16 long go to the
- * reference, which follows ggml's vec_dot_f16 for them.
+ * F16 in llama.cpp's order (kernels_ref.c, nf_kref_dot_f16): for rows of a
+ * multiple of 16, one 16-lane fma chain per row, reduced as
+ * _mm512_reduce_add_ps; other lengths take the reference. gemv runs four
+ * rows' chains side by side so the fma latency does not bound it.
  */
-INLINE void h16_tile(const int R, const int B, size_t n, const char *const *wr,
-		     const char *const *xb, float *out)
+static void gemv_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq,
+		     float *y)
 {
-	__m512 acc[4][4];
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			acc[r][b] = _mm512_setzero_ps();
-	for (size_t i = 0; i < n; i += 16) {
-		__m512 w[4], x[4];
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++)
-			w[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wr[r] + 2 * i)));
-#pragma GCC unroll 4
-		for (int b = 0; b < B; b++)
-			x[b] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(xb[b] + 2 * i)));
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-			for (int b = 0; b < B; b++)
-				acc[r][b] = _mm512_fmadd_ps(w[r], x[b], acc[r][b]);
+	const char *wc = w;
+	size_t r = 0;
+	if (n % 16) {
+		for (; r < nrows; r++)
+			y[r] = nf_kref_dot_f16(n, wc + r * row_bytes, xq);
+		return;
 	}
-	for (int r = 0; r < R; r++)
-		for (int b = 0; b < B; b++)
-			out[r * B + b] = _mm512_reduce_add_ps(acc[r][b]);
+	for (; r + 4 <= nrows; r += 4) {
+		const char *w0 = wc + r * row_bytes, *w1 = w0 + row_bytes;
+		const char *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
+		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+		for (size_t i = 0; i < n; i += 16) {
+			__m512 xv = ld16_f16(xq, i);
+			a0 = _mm512_fmadd_ps(ld16_f16(w0, i), xv, a0);
+			a1 = _mm512_fmadd_ps(ld16_f16(w1, i), xv, a1);
+			a2 = _mm512_fmadd_ps(ld16_f16(w2, i), xv, a2);
+			a3 = _mm512_fmadd_ps(ld16_f16(w3, i), xv, a3);
+		}
+		y[r] = _mm512_reduce_add_ps(a0);
+		y[r + 1] = _mm512_reduce_add_ps(a1);
+		y[r + 2] = _mm512_reduce_add_ps(a2);
+		y[r + 3] = _mm512_reduce_add_ps(a3);
+	}
+	for (; r < nrows; r++) {
+		const char *w0 = wc + r * row_bytes;
+		__m512 a0 = _mm512_setzero_ps();
+		for (size_t i = 0; i < n; i += 16)
+			a0 = _mm512_fmadd_ps(ld16_f16(w0, i), ld16_f16(xq, i), a0);
+		y[r] = _mm512_reduce_add_ps(a0);
+	}
 }
 
-static void h16_gemm(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
+/* ftile_f16 keeps one 16-lane chain per (row, token): the same order. */
+static void gemm_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
 		     const void *xq, size_t xq_stride, float *y, size_t ldy)
 {
-	const char *wc = w, *xc = xq;
 	if (n % 16) {
 		nf_kernels_table_ref.gemm[NF_KT_F16](n, nrows, w, row_bytes, nbat, xq, xq_stride, y, ldy);
 		return;
 	}
+	const char *wc = w, *xc = xq;
 	for (size_t r0 = 0; r0 < nrows; r0 += GEMM_ROW_BLOCK) {
 		size_t r1 = r0 + GEMM_ROW_BLOCK < nrows ? r0 + GEMM_ROW_BLOCK : nrows;
 		for (size_t b0 = 0; b0 < nbat; b0 += 4) {
@@ -753,42 +766,17 @@ static void h16_gemm(size_t n, size_t nrows, const void *w, size_t row_bytes, si
 			for (; r + 4 <= r1 && bn == 4; r += 4) {
 				for (int k = 0; k < 4; k++)
 					wr[k] = wc + (r + k) * row_bytes;
-				h16_tile(4, 4, n, wr, xb, out);
+				ftile_f16(4, 4, n, wr, xb, out);
 				for (int k = 0; k < 4; k++)
 					for (int j = 0; j < 4; j++)
 						y[(b0 + j) * ldy + r + k] = out[k * 4 + j];
 			}
-			for (; r < r1; r++) {
-				wr[0] = wc + r * row_bytes;
-				for (size_t j = 0; j < bn; j++) {
-					h16_tile(1, 1, n, wr, xb + j, out);
-					y[(b0 + j) * ldy + r] = out[0];
-				}
-			}
+			for (; r < r1; r++)
+				for (size_t j = 0; j < bn; j++)
+					gemv_f16(n, 1, wc + r * row_bytes, row_bytes, xb[j], y + (b0 + j) * ldy + r);
 		}
 	}
 }
-
-static void h16_gemv(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq,
-		     float *y)
-{
-	if (n % 16) {
-		nf_kernels_table_ref.gemv[NF_KT_F16](n, nrows, w, row_bytes, xq, y);
-		return;
-	}
-	const char *wc = w, *xb[1] = { xq }, *wr[4];
-	size_t r = 0;
-	for (; r + 4 <= nrows; r += 4) {
-		for (int k = 0; k < 4; k++)
-			wr[k] = wc + (r + k) * row_bytes;
-		h16_tile(4, 1, n, wr, xb, y + r);
-	}
-	for (; r < nrows; r++) {
-		wr[0] = wc + r * row_bytes;
-		h16_tile(1, 1, n, wr, xb, y + r);
-	}
-}
-FKERNELS(bf16, 2)
 
 /* ---- quantized axpy ------------------------------------------------------------- */
 
@@ -838,14 +826,14 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
 	},
 	.gemv = {
-		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = h16_gemv, [NF_KT_BF16] = gemv_bf16,
+		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
 		/* llama.cpp's summation order (see xr_ above), not gemv_q8/q4;
 		 * for one token AVX2's single sequential row stream reads DRAM
 		 * faster here than two interleaved rows */
 		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
 	},
 	.gemm = {
-		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = h16_gemm, [NF_KT_BF16] = gemm_bf16,
+		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
 		[NF_KT_Q8_0] = xr_gemm_q8_0, [NF_KT_Q4_0] = xr_gemm_q4_0,
 	},
 	.axpy = {
@@ -854,8 +842,8 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_Q4_0] = axpy_q4,
 	},
 	.rmsnorm = nf_kavx2_rmsnorm,
-	.softmax = nf_kref_softmax,
-	.silu_mul = nf_kref_silu_mul,
+	.softmax = nf_kavx2_softmax,
+	.silu_mul = nf_kavx2_silu_mul,
 	.relu_mul = nf_kref_relu_mul,
 	.drelu_mul = nf_kref_drelu_mul,
 	.dot_f32 = nf_kavx2_dot_f32v,

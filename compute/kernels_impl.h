@@ -44,6 +44,8 @@ void nf_kavx2_axpy_q8_0(size_t n, float a, const void *wrow, float *y);
 void nf_kavx2_axpy_q4_0(size_t n, float a, const void *wrow, float *y);
 float nf_kavx2_dot_f32v(const float *a, const float *b, size_t n);
 void nf_kavx2_axpy_f32v(size_t n, float a, const float *x, float *y);
+void nf_kavx2_softmax(float *x, size_t n);
+void nf_kavx2_silu_mul(float *g, const float *u, size_t n);
 /* Quantized products in llama.cpp's summation order (kernels_ref.c); the
  * AVX-512 table uses them so every ISA rounds the same way. */
 void nf_kavx2_gemv_q8_0(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y);
