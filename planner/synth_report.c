@@ -47,9 +47,11 @@ struct hook {
 	const struct nf_gguf_tensor **fc1, **fc2;
 	uint32_t rank;
 	/* scratch */
-	float *g, *u, *z, *score;    /* n_ff, n_ff, rank, n_ff */
-	float *router;               /* n_expert */
-	void *xq;                    /* prepared activations, max over types */
+	/* MoE: router logits, routed experts, gathered rows, per-token masks */
+	float *R, *Xg, *Rg;          /* n_batch x n_expert, n_batch x n_embd (x2) */
+	uint64_t *used;              /* n_batch: bit e set if routed to expert e */
+	uint32_t *tok;               /* n_batch: token of each gathered row */
+	uint8_t *FB, *PB;            /* n_batch x n_neurons */
 	/* dense layers run batched: n_batch rows of each */
 	float *G, *U, *Z, *S;        /* gate, up, fc1 output, scores */
 	void *xqb;                   /* n_batch prepared rows */
@@ -70,23 +72,6 @@ static struct mat mat_of_tensor(const struct nf_gguf_tensor *t, uint32_t e)
 	return (struct mat){ .data = (const uint8_t *)t->data + (size_t)e * rb * t->ne[1],
 			     .kt = nf_ktype_of(t->type), .n = (uint32_t)t->ne[0],
 			     .nrows = (uint32_t)t->ne[1], .row_bytes = rb };
-}
-
-struct mv_job {
-	const struct nf_kernels *k;
-	const struct mat *w;
-	const void *xq;
-	float *y;
-};
-
-static void mv_worker(void *arg, int ith, int nth)
-{
-	struct mv_job *j = arg;
-	uint32_t r0 = (uint32_t)((uint64_t)j->w->nrows * ith / nth);
-	uint32_t r1 = (uint32_t)((uint64_t)j->w->nrows * (ith + 1) / nth);
-	if (r1 > r0)
-		j->k->gemv[j->w->kt](j->w->n, r1 - r0, j->w->data + (size_t)r0 * j->w->row_bytes,
-				     j->w->row_bytes, j->xq, j->y + r0);
 }
 
 struct mm_job {
@@ -154,93 +139,92 @@ static void observe_dense(const struct nf_ffn_env *env, struct hook *h,
 	}
 }
 
-/* y = W x, with x rounded to W's dot type as the runtime does. */
-static void matvec(const struct nf_ffn_env *env, struct hook *h, const struct mat *w,
-		   const float *x, float *y)
+/* MoE layer: route every token as the runtime does (top n_expert_used
+ * router logits, i.e. of the softmax, ties to the lower expert id), then
+ * run each expert once on the tokens routed to it. */
+static void observe_moe(const struct nf_ffn_env *env, struct hook *h,
+			const struct nf_layer_weights *L, const struct nf_ffn_io *io)
 {
-	struct mv_job j = { .k = env->k, .w = w, .xq = h->xq, .y = y };
-	env->k->act_prepare[w->kt](x, h->xq, w->n);
-	if (env->pool)
-		nf_pool_run(env->pool, mv_worker, &j);
-	else
-		mv_worker(&j, 0, 1);
-}
-
-/* Fire and predict for one token's FFN input of expert e (0 when dense);
- * writes into fired/pred at offset e * n_ff. */
-static void observe(const struct nf_ffn_env *env, struct hook *h, uint32_t il, uint32_t e,
-		    const struct nf_layer_weights *L, const float *x, const float *resid)
-{
-	const uint32_t ff = h->hp->n_ff;
-	bool moe = h->hp->n_expert > 0;
-	struct mat gate = mat_of_weight(moe ? &L->gate_exps : &L->gate, e);
-	matvec(env, h, &gate, x, h->g);
-	bool drelu = h->hp->act == NF_FFN_DRELU;
-	if (drelu) {
-		struct mat up = mat_of_weight(moe ? &L->up_exps : &L->up, e);
-		matvec(env, h, &up, x, h->u);
+	const struct nf_model_hparams *hp = h->hp;
+	const uint32_t ff = hp->n_ff, E = hp->n_embd, X = hp->n_expert, U = hp->n_expert_used;
+	const bool drelu = hp->act == NF_FFN_DRELU;
+	const size_t nb = io->nb, nn = h->n_neurons;
+	struct mat router = mat_of_weight(&L->router, 0);
+	matmul(env, h, &router, io->x, E, nb, h->R);
+	memset(h->FB, 0, nb * nn);
+	memset(h->PB, 0, nb * nn);
+	for (size_t b = 0; b < nb; b++) {
+		const float *r = h->R + b * X;
+		uint64_t used = 0;
+		for (uint32_t s = 0; s < U; s++) {
+			int best = -1;
+			for (uint32_t e = 0; e < X; e++)
+				if (!(used >> e & 1) && (best < 0 || r[e] > r[best]))
+					best = (int)e;
+			used |= 1ull << best;
+		}
+		h->used[b] = used;
 	}
-	uint8_t *f = h->fired + (size_t)e * ff, *p = h->pred + (size_t)e * ff;
-	for (uint32_t j = 0; j < ff; j++)
-		f[j] = h->g[j] > 0 && (!drelu || h->u[j] > 0);
-	if (!h->predictor)
-		return;
-	struct mat fc1 = mat_of_tensor(h->fc1[il], e), fc2 = mat_of_tensor(h->fc2[il], e);
-	matvec(env, h, &fc1, resid, h->z);
-	for (uint32_t k = 0; k < h->rank; k++)
-		h->z[k] = h->z[k] > 0 ? h->z[k] : 0;
-	matvec(env, h, &fc2, h->z, h->score);
-	for (uint32_t j = 0; j < ff; j++)
-		p[j] = h->score[j] >= h->threshold;
+	for (uint32_t e = 0; e < X; e++) {
+		size_t m = 0;
+		for (size_t b = 0; b < nb; b++) {
+			if (!(h->used[b] >> e & 1))
+				continue;
+			memcpy(h->Xg + m * E, io->x + b * E, E * sizeof(float));
+			memcpy(h->Rg + m * E, io->resid + b * E, E * sizeof(float));
+			h->tok[m++] = (uint32_t)b;
+		}
+		if (!m)
+			continue;
+		struct mat gate = mat_of_weight(&L->gate_exps, e), up = mat_of_weight(&L->up_exps, e);
+		matmul(env, h, &gate, h->Xg, E, m, h->G);
+		if (drelu)
+			matmul(env, h, &up, h->Xg, E, m, h->U);
+		if (h->predictor) {
+			struct mat fc1 = mat_of_tensor(h->fc1[io->layer], e);
+			struct mat fc2 = mat_of_tensor(h->fc2[io->layer], e);
+			matmul(env, h, &fc1, h->Rg, E, m, h->Z);
+			for (size_t i = 0; i < m * h->rank; i++)
+				h->Z[i] = h->Z[i] > 0 ? h->Z[i] : 0;
+			matmul(env, h, &fc2, h->Z, h->rank, m, h->S);
+		}
+		for (size_t i = 0; i < m; i++) {
+			const float *g = h->G + i * ff, *u = h->U + i * ff, *s = h->S + i * ff;
+			uint8_t *f = h->FB + h->tok[i] * nn + (size_t)e * ff;
+			uint8_t *p = h->PB + h->tok[i] * nn + (size_t)e * ff;
+			for (uint32_t j = 0; j < ff; j++) {
+				f[j] = g[j] > 0 && (!drelu || u[j] > 0);
+				if (h->predictor)
+					p[j] = s[j] >= h->threshold;
+			}
+		}
+	}
+	for (size_t b = 0; b < nb; b++)
+		nf_synth_stats_add(h->stats, io->layer, h->FB + b * nn,
+				   h->predictor ? h->PB + b * nn : NULL, U * ff);
 }
 
 static int hook_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	struct hook *h = self;
-	const struct nf_model_hparams *hp = h->hp;
 	const struct nf_layer_weights *L = nf_model_layer(h->m, io->layer);
-	const uint32_t E = hp->n_embd, ff = hp->n_ff;
-	if (!hp->n_expert) {
+	if (h->hp->n_expert)
+		observe_moe(env, h, L, io);
+	else
 		observe_dense(env, h, L, io);
-		return nf_ctx_ffn_builtin(h->ctx, io);
-	}
-	for (size_t b = 0; b < io->nb; b++) {
-		const float *x = io->x + b * E, *resid = io->resid + b * E;
-		memset(h->fired, 0, h->n_neurons);
-		memset(h->pred, 0, h->n_neurons);
-		uint32_t computed = ff;
-		{
-			/* Route as the runtime does: top n_expert_used router logits
-			 * (softmax is monotonic), ties to the lower expert id. */
-			struct mat r = mat_of_weight(&L->router, 0);
-			matvec(env, h, &r, x, h->router);
-			uint64_t used = 0;
-			for (uint32_t s = 0; s < hp->n_expert_used; s++) {
-				int best = -1;
-				for (uint32_t e = 0; e < hp->n_expert; e++)
-					if (!(used >> e & 1) && (best < 0 || h->router[e] > h->router[best]))
-						best = (int)e;
-				used |= 1ull << best;
-				observe(env, h, io->layer, (uint32_t)best, L, x, resid);
-			}
-			computed = hp->n_expert_used * ff;
-		}
-		nf_synth_stats_add(h->stats, io->layer, h->fired, h->predictor ? h->pred : NULL,
-				   computed);
-	}
 	return nf_ctx_ffn_builtin(h->ctx, io);
 }
-
 static void hook_free(struct hook *h)
 {
 	free(h->fc1);
 	free(h->fc2);
-	free(h->g);
-	free(h->u);
-	free(h->z);
-	free(h->score);
-	free(h->router);
-	free(h->xq);
+	free(h->R);
+	free(h->Xg);
+	free(h->Rg);
+	free(h->used);
+	free(h->tok);
+	free(h->FB);
+	free(h->PB);
 	free(h->fired);
 	free(h->pred);
 	free(h->G);
@@ -331,31 +315,28 @@ int nf_synth_report_run(const char *path, const struct nf_synth_report_opts *o,
 		if (nf_act_size(kt, maxn) > xq_bytes)
 			xq_bytes = nf_act_size(kt, maxn);
 	rc = -ENOMEM;
-	h.g = malloc(hp->n_ff * sizeof(float));
-	h.u = malloc(hp->n_ff * sizeof(float));
-	h.z = malloc((h.rank + 1) * sizeof(float));
-	h.score = malloc(hp->n_ff * sizeof(float));
-	h.router = malloc((hp->n_expert + 1) * sizeof(float));
-	h.xq = malloc(xq_bytes);
+	size_t nb = window, X = hp->n_expert;
 	h.xq_row = (xq_bytes + 63) / 64 * 64;
-	if (!hp->n_expert) {
-		size_t nb = window;
-		h.G = malloc(nb * hp->n_ff * sizeof(float));
-		h.U = malloc(hp->act == NF_FFN_DRELU ? nb * hp->n_ff * sizeof(float) : 1);
-		h.Z = malloc(nb * (h.rank + 1) * sizeof(float));
-		h.S = malloc(h.predictor ? nb * hp->n_ff * sizeof(float) : 1);
-		h.xqb = malloc(nb * h.xq_row);
-		if (!h.G || !h.U || !h.Z || !h.S || !h.xqb) {
-			nf_diag_fail(d, rc, "out of memory for the report's batch");
-			goto cleanup;
-		}
-	}
+	h.G = malloc(nb * hp->n_ff * sizeof(float));
+	h.U = malloc(hp->act == NF_FFN_DRELU ? nb * hp->n_ff * sizeof(float) : 1);
+	h.Z = malloc(nb * (h.rank + 1) * sizeof(float));
+	h.S = malloc(h.predictor ? nb * hp->n_ff * sizeof(float) : 1);
+	h.xqb = malloc(nb * h.xq_row);
 	h.fired = malloc(h.n_neurons);
 	h.pred = malloc(h.n_neurons);
+	if (X) {
+		h.R = malloc(nb * X * sizeof(float));
+		h.Xg = malloc(nb * hp->n_embd * sizeof(float));
+		h.Rg = malloc(nb * hp->n_embd * sizeof(float));
+		h.used = malloc(nb * sizeof(uint64_t));
+		h.tok = malloc(nb * sizeof(uint32_t));
+		h.FB = malloc(nb * h.n_neurons);
+		h.PB = malloc(nb * h.n_neurons);
+	}
 	ids = malloc((size_t)o->n_tokens * sizeof(int32_t));
 	out->layers = calloc(hp->n_layer, sizeof(*out->layers));
-	if (!h.g || !h.u || !h.z || !h.score || !h.router || !h.xq || !h.fired || !h.pred ||
-	    !ids || !out->layers) {
+	if (!h.G || !h.U || !h.Z || !h.S || !h.xqb || !h.fired || !h.pred || !ids ||
+	    !out->layers || (X && (!h.R || !h.Xg || !h.Rg || !h.used || !h.tok || !h.FB || !h.PB))) {
 		nf_diag_fail(d, rc, "out of memory for the report");
 		goto cleanup;
 	}

@@ -109,6 +109,11 @@ static void quant_q4_0(const float *x, struct nf_block_q4_0 *y, size_t n)
 		const float *v = x + b * NF_QK;
 		uint32_t m = block_amax_bits(v);
 		float max = 0;
+		if (m == 0) {   /* all zeros: d = 0 / -8 = -0, every q = 8 */
+			y[b].d = 0x8000;
+			memset(y[b].qs, 0x88, sizeof(y[b].qs));
+			continue;
+		}
 		/* the first value of largest magnitude, sign included */
 		for (int j = 0; j < NF_QK; j++) {
 			uint32_t u;
@@ -137,6 +142,11 @@ static void quant_q8_0(const float *x, struct nf_block_q8_0 *y, size_t n)
 		const float *v = x + b * NF_QK;
 		uint32_t m = block_amax_bits(v);
 		float amax;
+		if (m == 0) {
+			y[b].d = 0;
+			memset(y[b].qs, 0, sizeof(y[b].qs));
+			continue;
+		}
 		memcpy(&amax, &m, 4);
 		float d = amax / 127.0f;
 		float id = d != 0 ? 1.0f / d : 0.0f;
@@ -593,11 +603,14 @@ static void grid_encode(const struct gen *g, const struct tdesc *t, uint64_t row
 	grid_row(g, t, row, k);
 	for (uint64_t b = 0; b < n / NF_QK; b++) {
 		const int8_t *v = k + b * NF_QK;
-		bool any = false, plus = false;
-		for (int i = 0; i < NF_QK; i++) {
-			any |= v[i] != 0;
-			plus |= v[i] == K + 1;
-		}
+		nf_vi8 lo, hi;
+		memcpy(&lo, v, 16);
+		memcpy(&hi, v + 16, 16);
+		nf_vi8 o = lo | hi, e = (lo == (int8_t)(K + 1)) | (hi == (int8_t)(K + 1));
+		uint64_t ou[2], eu[2];
+		memcpy(ou, &o, 16);
+		memcpy(eu, &e, 16);
+		bool any = (ou[0] | ou[1]) != 0, plus = (eu[0] | eu[1]) != 0;
 		if (t->type == NF_DTYPE_Q4_0) {
 			struct nf_block_q4_0 *y = (struct nf_block_q4_0 *)dst + b;
 			/* d = -delta when the block's extreme is +8: q = 8 - k */

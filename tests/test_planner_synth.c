@@ -300,7 +300,24 @@ Test(planner_synth, construction_invariants)
 			}
 			free(w);
 		}
+		/* ggml's own quantizer reproduces the down matrix's bytes from its
+		 * values (the grid construction makes Q4_0 exact along rows). */
 		char nm[64];
+		snprintf(nm, sizeof(nm), "blk.%u.ffn_down.weight", l);
+		const struct nf_gguf_tensor *dt = nf_gguf_find_tensor(g, nm);
+		float *dv = load_f32(g, nm, &rows, &cols);
+		size_t rb = nf_dtype_row_size(dt->type, cols);
+		uint8_t *q = malloc(rb);
+		for (uint64_t r = 0; r < rows; r++) {
+			nf_quantize_row(dt->type, dv + r * cols, q, cols);
+			if (memcmp(q, (const uint8_t *)dt->data + r * rb, rb)) {
+				cr_expect(0, "%s row %llu: requantized bytes differ", nm,
+					  (unsigned long long)r);
+				break;
+			}
+		}
+		free(q);
+		free(dv);
 		snprintf(nm, sizeof(nm), "blk.%u.ffn_gate.weight", l);
 		float *w = load_f32(g, nm, &rows, &cols);
 		for (uint64_t j = 0; j < rows; j++)
