@@ -623,12 +623,43 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	s->last_mask = s->F % GROUP ? (1u << (s->F % GROUP)) - 1u : UINT32_MAX;
 
 	const struct nf_layer_weights *L0 = nf_model_layer(m, 0);
-	s->has_gate = L0->gate.data != NULL;
-	s->dt_gu = L0->up.dtype;
-	const struct nf_weight *dw = L0->down_t.data ? &L0->down_t : &L0->down;
-	s->dt_down = dw->dtype;
-	bool quant_down = s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0;
-	s->form = (!L0->down_t.data && quant_down) ? DOWN_QCOL : DOWN_ROW;
+	bool quant_down;
+	if (s->cache) {
+		/* the bundles' geometry comes from the store */
+		struct nf_cache_geom g;
+		nf_cache_geometry(s->cache, &g);
+		if (g.dim != s->E || g.n_neurons != s->F || g.n_layer < hp->n_layer) {
+			rc = nf_diag_fail(diag, NF_EUSAGE,
+					  "sparse FFN: the store's bundles (dim %u, %u neurons, %u layers) do not match the "
+					  "model (n_embd %u, n_ff %u, %u layers)",
+					  g.dim, g.n_neurons, g.n_layer, s->E, s->F, hp->n_layer);
+			goto fail;
+		}
+		s->has_gate = g.has_gate;
+		s->dt_gu = g.dtype;
+		s->dt_down = g.down_dtype;
+		s->form = g.down_form == NF_CACHE_DOWN_QCOL ? DOWN_QCOL : DOWN_ROW;
+		s->up_off_bundle = g.has_gate ? g.row_bytes : 0;
+		s->down_off_bundle = g.down_off;
+		if (L0->up.data && (L0->up.dtype != s->dt_gu || (L0->gate.data != NULL) != s->has_gate)) {
+			rc = nf_diag_fail(diag, NF_EUSAGE, "sparse FFN: the store's bundles are %s, the model's FFN %s",
+					  nf_dtype_name(s->dt_gu), nf_dtype_name(L0->up.dtype));
+			goto fail;
+		}
+	} else {
+		s->has_gate = L0->gate.data != NULL;
+		s->dt_gu = L0->up.dtype;
+		const struct nf_weight *dw = L0->down_t.data ? &L0->down_t : &L0->down;
+		s->dt_down = dw->dtype;
+		bool q = s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0;
+		s->form = (!L0->down_t.data && q) ? DOWN_QCOL : DOWN_ROW;
+		if (!L0->up.data) {
+			rc = nf_diag_fail(diag, NF_EUSAGE,
+					  "sparse FFN: the model's FFN weights are not in memory (a store): give a cache");
+			goto fail;
+		}
+	}
+	quant_down = s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0;
 	if (quant_down && s->F % GROUP) {
 		rc = nf_diag_fail(diag, NF_EFORMAT, "sparse FFN: quantized down with n_ff %u not a multiple of 32",
 				  s->F);
@@ -636,7 +667,7 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	}
 	s->kt_gu = nf_ktype_of(s->dt_gu);
 	s->kt_down = nf_ktype_of(s->dt_down);
-	if (s->kt_gu < 0 || s->kt_down < 0 || (s->has_gate && L0->gate.dtype != s->dt_gu)) {
+	if (s->kt_gu < 0 || s->kt_down < 0 || (!s->cache && s->has_gate && L0->gate.dtype != s->dt_gu)) {
 		rc = nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: weight types %s/%s have no bundle form",
 				  nf_dtype_name(s->dt_gu), nf_dtype_name(s->dt_down));
 		goto fail;
@@ -648,12 +679,28 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		const struct nf_layer_weights *L = nf_model_layer(m, il);
 		struct layer_tab *t = &s->tabs[il];
 		t->sparse = true;
+		t->fc1 = L->fc1.data ? &L->fc1 : NULL;
+		t->fc2 = L->fc2.data ? &L->fc2 : NULL;
+		if (t->fc2 && t->fc2->nrows != s->F) {
+			rc = nf_diag_fail(diag, NF_EFORMAT, "blk.%u.fc2: %u outputs, n_ff is %u", il, t->fc2->nrows, s->F);
+			goto fail;
+		}
+		if (t->fc1)
+			s->rank = t->fc1->nrows > s->rank ? t->fc1->nrows : s->rank;
+		if (s->cache) {
+			if (s->form == DOWN_QCOL &&
+			    (nf_model_ffn_layout(m, il, 0, NULL, NULL, &t->scales, NULL) < 0 || !t->scales)) {
+				rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
+						  "sparse FFN: layer %u: QCOL bundles need their scales: run the store itself "
+						  "(-m STORE), not a GGUF with --ffn-store", il);
+				goto fail;
+			}
+			continue;
+		}
 		t->gate = L->gate.data;
 		t->gate_stride = L->gate.row_bytes;
 		t->up = L->up.data;
 		t->up_stride = L->up.row_bytes;
-		t->fc1 = L->fc1.data ? &L->fc1 : NULL;
-		t->fc2 = L->fc2.data ? &L->fc2 : NULL;
 		if (L->up.dtype != s->dt_gu || (L->down_t.data ? L->down_t.dtype : L->down.dtype) != s->dt_down) {
 			rc = nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: layer %u has other weight types than layer 0", il);
 			goto fail;
@@ -661,30 +708,9 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		if (L->down_t.data) {
 			t->down = L->down_t.data;
 			t->down_stride = L->down_t.row_bytes;
-		} else if (!s->cache || s->form == DOWN_QCOL) {
-			if ((rc = tab_down_regular(s, t, &L->down)) < 0)
-				goto nomem;
+		} else if ((rc = tab_down_regular(s, t, &L->down)) < 0) {
+			goto nomem;
 		}
-		if (t->fc2 && t->fc2->nrows != s->F) {
-			rc = nf_diag_fail(diag, NF_EFORMAT, "blk.%u.fc2: %u outputs, n_ff is %u", il, t->fc2->nrows, s->F);
-			goto fail;
-		}
-		if (t->fc1)
-			s->rank = t->fc1->nrows > s->rank ? t->fc1->nrows : s->rank;
-	}
-	if (s->cache) {
-		struct nf_cache_geom g;
-		nf_cache_geometry(s->cache, &g);
-		if (g.dim != s->E || g.n_neurons != s->F || g.dtype != s->dt_gu || g.down_dtype != s->dt_down ||
-		    g.has_gate != s->has_gate || s->form != DOWN_ROW) {
-			rc = nf_diag_fail(diag, NF_EUSAGE,
-					  "sparse FFN: the store's bundles (dim %u, %u neurons, %s) do not match the model "
-					  "(n_embd %u, n_ff %u, %s)",
-					  g.dim, g.n_neurons, nf_dtype_name(g.dtype), s->E, s->F, nf_dtype_name(s->dt_gu));
-			goto fail;
-		}
-		s->up_off_bundle = g.has_gate ? g.row_bytes : 0;
-		s->down_off_bundle = g.down_off;
 	}
 
 	size_t xq = nf_act_size(s->kt_gu, s->E);

@@ -20,6 +20,7 @@
 #include "nflash/dtype.h"
 #include "nflash/gguf.h"
 #include "nflash/kernels.h"
+#include "nflash/store.h"
 #include "model_impl.h"
 
 const char *nf_ffn_act_name(enum nf_ffn_act a)
@@ -209,6 +210,22 @@ int nf_model_hparams_read(const struct nf_gguf *g, struct nf_model_hparams *hp,
 
 /* ---- tensors ------------------------------------------------------------- */
 
+const struct nf_gguf_tensor *nf_model_find_tensor(const struct nf_model *m, const char *name)
+{
+	if (!m->store)
+		return nf_gguf_find_tensor(m->g, name);
+	for (size_t i = 0; i < m->n_st; i++)
+		if (!strcmp(m->st[i].name, name))
+			return &m->st[i];
+	return NULL;
+}
+
+/* The file the weights come from, for messages. */
+static const char *model_path(const struct nf_model *m)
+{
+	return m->store ? nf_store_path(m->store) : nf_gguf_path(m->g);
+}
+
 struct binder {
 	struct nf_model *m;
 	struct nf_diag *diag;
@@ -217,9 +234,8 @@ struct binder {
 static int bind_raw(struct binder *b, const char *name, bool required, uint32_t n_dims,
 		    const uint64_t *ne, const struct nf_gguf_tensor **out)
 {
-	const struct nf_gguf *g = b->m->g;
-	const char *path = nf_gguf_path(g);
-	const struct nf_gguf_tensor *t = nf_gguf_find_tensor(g, name);
+	const char *path = model_path(b->m);
+	const struct nf_gguf_tensor *t = nf_model_find_tensor(b->m, name);
 	*out = NULL;
 	if (!t) {
 		if (!required)
@@ -254,7 +270,7 @@ static int bind_vec(struct binder *b, const char *name, uint32_t n, const float 
 		return rc;
 	if (t->type != NF_DTYPE_F32)
 		return nf_diag_fail(b->diag, NF_EUNSUPPORTED, "%s: tensor %s: type %s, expected f32",
-				    nf_gguf_path(b->m->g), name, nf_dtype_name(t->type));
+				    model_path(b->m), name, nf_dtype_name(t->type));
 	*out = t->data;
 	return 0;
 }
@@ -274,12 +290,37 @@ static int bind_mat(struct binder *b, const char *name, bool required, uint32_t 
 	if (kt < 0 || row == 0)
 		return nf_diag_fail(b->diag, NF_EUNSUPPORTED,
 				    "%s: tensor %s: type %s has no matrix kernel for rows of %u",
-				    nf_gguf_path(b->m->g), name, nf_dtype_name(t->type), n);
+				    model_path(b->m), name, nf_dtype_name(t->type), n);
 	*w = (struct nf_weight){
 		.name = t->name, .data = t->data, .dtype = t->type, .kt = kt, .n = n,
 		.nrows = nrows, .row_bytes = row, .n_expert = n_expert ? n_expert : 1,
 		.expert_bytes = row * nrows,
 	};
+	return 0;
+}
+
+/* A dense FFN: gate, up and down (or PowerInfer's transposed down_t). */
+static int bind_dense_ffn(struct binder *b, uint32_t il, struct nf_layer_weights *L)
+{
+	const struct nf_model_hparams *hp = &b->m->hp;
+	uint32_t E = hp->n_embd, F = hp->n_ff;
+	char nm[96];
+	int rc;
+#define NAME(s) (snprintf(nm, sizeof(nm), "blk.%u.%s.weight", il, s), nm)
+	if ((rc = bind_mat(b, NAME("ffn_gate"), true, E, F, 0, &L->gate)) < 0 ||
+	    (rc = bind_mat(b, NAME("ffn_up"), true, E, F, 0, &L->up)) < 0 ||
+	    (rc = bind_mat(b, NAME("ffn_down"), false, F, E, 0, &L->down)) < 0)
+		return rc;
+	if (!L->down.data) {
+		/* PowerInfer stores the down matrix transposed: row j is column j. */
+		if ((rc = bind_mat(b, NAME("ffn_down_t"), false, E, F, 0, &L->down_t)) < 0)
+			return rc;
+		if (!L->down_t.data)
+			return nf_diag_fail(b->diag, NF_ENOTFOUND,
+					    "%s: missing tensor blk.%u.ffn_down.weight "
+					    "(nor blk.%u.ffn_down_t.weight)", model_path(b->m), il, il);
+	}
+#undef NAME
 	return 0;
 }
 
@@ -297,30 +338,24 @@ static int bind_layer(struct binder *b, uint32_t il, struct nf_layer_weights *L)
 	    (rc = bind_mat(b, NAME("attn_output"), true, E, E, 0, &L->wo)) < 0 ||
 	    (rc = bind_vec(b, NAME("ffn_norm"), E, &L->ffn_norm)) < 0)
 		return rc;
+	/* A store-backed model's FFN matrices stay in the store (m->ffn). */
+	bool ffn_here = !b->m->store || b->m->ffn_unpacked;
 	if (hp->n_expert) {
 		uint32_t X = hp->n_expert;
-		if ((rc = bind_mat(b, NAME("ffn_gate_inp"), true, E, X, 0, &L->router)) < 0 ||
-		    (rc = bind_mat(b, NAME("ffn_gate_exps"), true, E, F, X, &L->gate_exps)) < 0 ||
+		if ((rc = bind_mat(b, NAME("ffn_gate_inp"), true, E, X, 0, &L->router)) < 0)
+			return rc;
+		if (!ffn_here)
+			return 0;
+		if ((rc = bind_mat(b, NAME("ffn_gate_exps"), true, E, F, X, &L->gate_exps)) < 0 ||
 		    (rc = bind_mat(b, NAME("ffn_up_exps"), true, E, F, X, &L->up_exps)) < 0 ||
 		    (rc = bind_mat(b, NAME("ffn_down_exps"), true, F, E, X, &L->down_exps)) < 0)
 			return rc;
 		return 0;
 	}
-	if ((rc = bind_mat(b, NAME("ffn_gate"), true, E, F, 0, &L->gate)) < 0 ||
-	    (rc = bind_mat(b, NAME("ffn_up"), true, E, F, 0, &L->up)) < 0 ||
-	    (rc = bind_mat(b, NAME("ffn_down"), false, F, E, 0, &L->down)) < 0)
+	if (ffn_here && (rc = bind_dense_ffn(b, il, L)) < 0)
 		return rc;
-	if (!L->down.data) {
-		/* PowerInfer stores the down matrix transposed: row j is column j. */
-		if ((rc = bind_mat(b, NAME("ffn_down_t"), false, E, F, 0, &L->down_t)) < 0)
-			return rc;
-		if (!L->down_t.data)
-			return nf_diag_fail(b->diag, NF_ENOTFOUND,
-					    "%s: missing tensor blk.%u.ffn_down.weight "
-					    "(nor blk.%u.ffn_down_t.weight)", nf_gguf_path(b->m->g), il, il);
-	}
 	/* Predictor: fc1 [n_embd -> r], fc2 [r -> n_ff]; r from fc1's shape. */
-	const struct nf_gguf_tensor *fc1 = nf_gguf_find_tensor(b->m->g, NAME("fc1"));
+	const struct nf_gguf_tensor *fc1 = nf_model_find_tensor(b->m, NAME("fc1"));
 	if (fc1) {
 		uint32_t rank = fc1->ne[1] <= UINT32_MAX ? (uint32_t)fc1->ne[1] : 0;
 		if ((rc = bind_mat(b, NAME("fc1"), true, E, rank, 0, &L->fc1)) < 0 ||
@@ -354,17 +389,22 @@ int nf_model_load(const char *path, const struct nf_model_opts *opts, struct nf_
 	struct nf_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return nf_diag_fail(diag, rc, "%s: out of memory", path);
-	rc = nf_gguf_open(path, NF_GGUF_MMAP, &m->g, diag);
+	if (nf_model_path_is_store(path))
+		rc = nf_model_store_open(m, path, diag);
+	else
+		rc = nf_gguf_open(path, NF_GGUF_MMAP, &m->g, diag);
 	if (rc < 0)
 		goto fail;
 	rc = nf_model_hparams_read(m->g, &m->hp, diag);
 	if (rc < 0)
 		goto fail;
+	if (m->store && (rc = nf_model_store_ffn(m, opts && opts->store_unpack_ffn, diag)) < 0)
+		goto fail;
 	struct nf_model_hparams *hp = &m->hp;
 	struct binder b = { .m = m, .diag = diag };
 
 	/* The vocabulary size comes from the embedding if the key is absent. */
-	const struct nf_gguf_tensor *te = nf_gguf_find_tensor(m->g, "token_embd.weight");
+	const struct nf_gguf_tensor *te = nf_model_find_tensor(m, "token_embd.weight");
 	if (!te) {
 		rc = nf_diag_fail(diag, NF_ENOTFOUND, "%s: missing tensor token_embd.weight", path);
 		goto fail;
@@ -383,7 +423,7 @@ int nf_model_load(const char *path, const struct nf_model_opts *opts, struct nf_
 		goto fail;
 	if (!m->output.data)
 		m->output = m->tok_embd;  /* tied embeddings */
-	if (nf_gguf_find_tensor(m->g, "rope_freqs.weight")) {
+	if (nf_model_find_tensor(m, "rope_freqs.weight")) {
 		rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
 				  "%s: tensor rope_freqs.weight: per-dimension RoPE frequency factors "
 				  "(LLaMA-3.1 scaling) are not supported", path);
@@ -412,6 +452,7 @@ void nf_model_free(struct nf_model *m)
 		return;
 	free(m->layers);
 	nf_gguf_close(m->g);
+	nf_model_store_free(m);
 	free(m);
 }
 
@@ -423,6 +464,16 @@ const struct nf_model_hparams *nf_model_hparams(const struct nf_model *m)
 const struct nf_layer_weights *nf_model_layer(const struct nf_model *m, uint32_t il)
 {
 	return il < m->hp.n_layer ? &m->layers[il] : NULL;
+}
+
+struct nf_store *nf_model_store(const struct nf_model *m)
+{
+	return m->store;
+}
+
+bool nf_model_ffn_in_memory(const struct nf_model *m)
+{
+	return !m->store || m->ffn_unpacked;
 }
 
 const struct nf_gguf *nf_model_gguf(const struct nf_model *m)

@@ -297,6 +297,10 @@ int nf_ctx_ffn_builtin(struct nf_ctx *c, const struct nf_ffn_io *io)
 {
 	if (io->layer >= c->m->hp.n_layer || io->nb == 0 || io->nb > c->n_batch)
 		return NF_EUSAGE;
+	/* A store-backed model's FFN lives in the store: it needs a provider
+	 * (nf_ctx_set_ffn) or store_unpack_ffn at load. */
+	if (!nf_model_ffn_in_memory(c->m))
+		return NF_EUNSUPPORTED;
 	return c->m->hp.n_expert ? nf_ffn_moe(c, io) : nf_ffn_dense(c, io);
 }
 

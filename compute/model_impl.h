@@ -18,8 +18,26 @@
 #include "nflash/model.h"
 #include "nflash/pool.h"
 
+struct nf_store_object;
+
+/* A store-backed model's FFN of one (layer, expert). */
+struct nf_model_ffn {
+	const struct nf_store_object *obj;
+	const uint16_t *scales;     /* QCOL: into the dense memory; else NULL */
+};
+
 struct nf_model {
-	struct nf_gguf *g;
+	struct nf_gguf *g;          /* the GGUF, or the store's metadata blob */
+	/* store-backed models (compute/model_store.c); all NULL/0 for a GGUF */
+	struct nf_store *store;
+	void *meta;                 /* the metadata blob g parses */
+	void *dense_mem;            /* every dense object, aligned */
+	void *ffn_mem;              /* unpacked FFN matrices (store_unpack_ffn) */
+	struct nf_gguf_tensor *st;  /* dense objects (and unpacked FFNs) as tensors */
+	char (*st_names)[64];       /* names of the unpacked FFN tensors */
+	size_t n_st;
+	struct nf_model_ffn *ffn;   /* n_layer x max(1, n_expert) */
+	bool ffn_unpacked;
 	struct nf_model_hparams hp;
 	struct nf_weight tok_embd;
 	struct nf_weight output;    /* token_embd itself when the file ties them */
@@ -83,6 +101,20 @@ struct nf_ctx {
 	uint64_t bytes;     /* allocated by nf_ctx_open (KV cache and scratch) */
 	uint64_t bytes_kv;  /* of which the KV cache */
 };
+
+/* A tensor by name: from the GGUF, or from a store's dense objects. */
+const struct nf_gguf_tensor *nf_model_find_tensor(const struct nf_model *m, const char *name);
+
+/* compute/model_store.c: open the store at path into m (m->store, m->meta,
+ * m->g, m->st, dense objects read and verified). */
+int nf_model_store_open(struct nf_model *m, const char *path, struct nf_diag *diag);
+/* After the hyperparameters are known: check every FFN object against them,
+ * fill m->ffn, and with unpack read and unpack the FFNs into m->st. */
+int nf_model_store_ffn(struct nf_model *m, bool unpack, struct nf_diag *diag);
+/* Free what nf_model_store_open / _ffn allocated. */
+void nf_model_store_free(struct nf_model *m);
+/* True if the file at path starts with the store magic. */
+bool nf_model_path_is_store(const char *path);
 
 /* Runs fn over the context's threads (inline with one thread). */
 void nf_ctx_run(struct nf_ctx *c, nf_pool_fn fn, void *arg);

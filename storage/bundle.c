@@ -167,3 +167,47 @@ void nf_bundle_pack_scales(const struct nf_bundle_src *src, uint16_t *out)
 		}
 	}
 }
+
+void nf_bundle_unpack(const struct nf_bundle_layout *L, const void *bundle, uint32_t i,
+		      const uint16_t *scales, const struct nf_bundle_dst *dst)
+{
+	const uint8_t *b = bundle, *p = b + L->down_off;
+	uint32_t dim = L->dim, n = L->n_neurons;
+
+	if (L->has_gate && dst->gate)
+		memcpy((uint8_t *)dst->gate + (size_t)i * L->row_bytes, b, L->row_bytes);
+	if (dst->up)
+		memcpy((uint8_t *)dst->up + (size_t)i * L->row_bytes,
+		       b + (L->has_gate ? L->row_bytes : 0), L->row_bytes);
+	if (dst->down_t && L->down_form == NF_DOWN_ROW) {
+		memcpy((uint8_t *)dst->down_t + (size_t)i * L->down_bytes, p, L->down_bytes);
+		return;
+	}
+	if (!dst->down)
+		return;
+	if (L->down_form == NF_DOWN_ROW) {
+		size_t esz = nf_dtype_block_size(L->down_dtype);
+		uint8_t *d = dst->down;
+		for (uint32_t r = 0; r < dim; r++)
+			memcpy(d + ((size_t)r * n + i) * esz, p + (size_t)r * esz, esz);
+		return;
+	}
+	size_t nb = n / NF_QK;
+	uint32_t j = i % NF_QK;
+	for (uint32_t r = 0; r < dim; r++) {
+		uint16_t d = scales[(size_t)(i / NF_QK) * dim + r];
+		if (L->down_dtype == NF_DTYPE_Q8_0) {
+			struct nf_block_q8_0 *blk = (struct nf_block_q8_0 *)dst->down + (size_t)r * nb + i / NF_QK;
+			blk->d = d;
+			blk->qs[j] = ((const int8_t *)p)[r];
+		} else {
+			struct nf_block_q4_0 *blk = (struct nf_block_q4_0 *)dst->down + (size_t)r * nb + i / NF_QK;
+			uint8_t v = (p[r / 2] >> (4 * (r % 2))) & 0x0f;
+			blk->d = d;
+			if (j < NF_QK / 2)
+				blk->qs[j] = (uint8_t)((blk->qs[j] & 0xf0) | v);
+			else
+				blk->qs[j - NF_QK / 2] = (uint8_t)((blk->qs[j - NF_QK / 2] & 0x0f) | (v << 4));
+		}
+	}
+}

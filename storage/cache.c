@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "nflash/bundle.h"
 #include "nflash/cache.h"
 #include "nflash/dtype.h"
 #include "nflash/store.h"
@@ -116,10 +117,11 @@ static int geom_of(const struct nf_store_object *obj, struct nf_cache_geom *g)
 	g->dim = obj->dim;
 	g->n_neurons = obj->n_bundles;
 	g->dtype = obj->dtype;
-	g->down_dtype = obj->dtype;
+	g->down_dtype = obj->down_dtype;
+	g->down_form = obj->down_form == NF_DOWN_QCOL ? NF_CACHE_DOWN_QCOL : NF_CACHE_DOWN_ROW;
 	g->has_gate = obj->has_gate;
 	g->row_bytes = obj->row_bytes;
-	g->down_off = (obj->has_gate ? 2u : 1u) * obj->row_bytes;
+	g->down_off = obj->down_off;
 	g->stride = obj->stride;
 	return 0;
 }
@@ -138,7 +140,8 @@ static int scan_ffns(struct nf_store *s, struct nf_cache_geom *g, struct nf_diag
 			*g = h;
 			any = true;
 		} else if (h.dim != g->dim || h.n_neurons != g->n_neurons || h.dtype != g->dtype ||
-			   h.has_gate != g->has_gate || h.stride != g->stride) {
+			   h.has_gate != g->has_gate || h.stride != g->stride || h.down_form != g->down_form ||
+			   h.down_dtype != g->down_dtype || h.down_off != g->down_off) {
 			return nf_diag_fail(d, NF_EUSAGE, "%s: FFN object %s has another geometry than the first",
 					    nf_store_path(s), o->name);
 		}

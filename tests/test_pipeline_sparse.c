@@ -28,30 +28,6 @@
 #define REF_TOL 1e-3
 #define EXACT_TOL 1e-5
 
-static const int32_t prompt[8] = { 1, 278, 263, 13, 300, 72, 101, 259 };
-
-static struct nf_model *load(const char *path, bool prefault)
-{
-	struct nf_model *m = NULL;
-	struct nf_diag d = { 0 };
-	struct nf_model_opts o = { .prefault = prefault };
-	int rc = nf_model_load(path, &o, &m, &d);
-	cr_assert_eq(rc, 0, "%s: %s", path, nf_diag_msg(&d, rc));
-	return m;
-}
-
-static struct nf_ctx *open_ctx(struct nf_model *m, int threads)
-{
-	struct nf_ctx_params cp = nf_ctx_defaults();
-	cp.n_threads = threads;
-	cp.n_ctx = 64;
-	struct nf_ctx *c = NULL;
-	struct nf_diag d = { 0 };
-	int rc = nf_ctx_open(m, &cp, &c, &d);
-	cr_assert_eq(rc, 0, "nf_ctx_open: %s", nf_diag_msg(&d, rc));
-	return c;
-}
-
 static struct nf_sparse *engine(struct nf_ctx *c, enum nf_sparse_mode mode, struct nf_cache *cache)
 {
 	struct nf_sparse_params sp;
@@ -65,25 +41,6 @@ static struct nf_sparse *engine(struct nf_ctx *c, enum nf_sparse_mode mode, stru
 	return s;
 }
 
-/* Prompt at once, then n greedy tokens one by one; prompt logits into lg. */
-static void run(struct nf_ctx *c, const int32_t *ids, size_t n_ids, float *lg, int32_t *greedy,
-		size_t n)
-{
-	uint32_t nv = nf_model_hparams(nf_ctx_model(c))->n_vocab;
-	nf_ctx_reset(c);
-	int rc = nf_ctx_eval(c, ids, n_ids);
-	cr_assert_eq(rc, 0, "eval: %s", nf_strerror(rc));
-	memcpy(lg, nf_ctx_logits(c), nv * sizeof(float));
-	for (size_t i = 0; i < n; i++) {
-		int32_t id = nf_sampler_argmax(nf_ctx_logits(c), nv);
-		greedy[i] = id;
-		if (i + 1 < n) {
-			rc = nf_ctx_eval(c, &id, 1);
-			cr_assert_eq(rc, 0, "eval: %s", nf_strerror(rc));
-		}
-	}
-}
-
 /* ---- PowerInfer's own output ------------------------------------------------ */
 
 Test(pipeline, predictor_reproduces_powerinfer, .timeout = 60)
@@ -93,15 +50,15 @@ Test(pipeline, predictor_reproduces_powerinfer, .timeout = 60)
 	if (access(PWRI ".gguf", R_OK) != 0)
 		cr_skip_test("%s.gguf is absent", PWRI);
 	cr_assert_eq(nf_ref_load(PWRI ".ref.txt", &r, &d), 0, "%s", d.msg);
-	struct nf_model *m = load(PWRI ".gguf", true);
+	struct nf_model *m = pl_load(PWRI ".gguf", true, false);
 	uint32_t nv = nf_model_hparams(m)->n_vocab;
 	float *lg = malloc(nv * sizeof(float));
 	int32_t *g = malloc(r.n_greedy * sizeof(int32_t));
 	for (int threads = 1; threads <= 2; threads++) {
-		struct nf_ctx *c = open_ctx(m, threads);
+		struct nf_ctx *c = pl_open_ctx(m, threads);
 		struct nf_sparse *s = engine(c, NF_SPARSE_AUTO, NULL);
 		cr_assert_eq(nf_sparse_mode_of(s), NF_SPARSE_PREDICTOR);
-		run(c, r.input, r.n_input, lg, g, r.n_greedy);
+		pl_run(c, r.input, r.n_input, lg, g, r.n_greedy);
 		double md = pl_max_diff(lg, r.logits, nv);
 		cr_expect(md <= REF_TOL, "%d threads: logits %.3g off PowerInfer's", threads, md);
 		cr_expect_arr_eq(g, r.greedy, r.n_greedy * sizeof(int32_t), "%d threads: greedy differs",
@@ -241,21 +198,21 @@ static int cmp_forward(void *self, const struct nf_ffn_env *env, const struct nf
 
 static void check_restricted(const char *path, double tol)
 {
-	struct nf_model *m = load(path, true);
+	struct nf_model *m = pl_load(path, true, false);
 	const struct nf_model_hparams *hp = nf_model_hparams(m);
 	uint32_t E = hp->n_embd, F = hp->n_ff;
 	struct ref_ffn R = { .m = m, .threshold = hp->sparse_threshold };
 	R.dv = calloc(E, sizeof(double));
 	R.row = calloc(E > F ? E : F, sizeof(float));
 	R.xr = calloc(E, sizeof(float));
-	struct nf_ctx *c = open_ctx(m, 2);
+	struct nf_ctx *c = pl_open_ctx(m, 2);
 	struct nf_sparse *s = engine(c, NF_SPARSE_PREDICTOR, NULL);
 	struct cmp_ffn C = { .R = &R, .tmp = calloc((size_t)64 * E, sizeof(float)) };
 	nf_sparse_ffn_ops(s, &C.ops, &C.self);
 	static const struct nf_ffn_ops cmp_ops = { .name = "compare", .forward = cmp_forward };
 	for (uint32_t il = 0; il < hp->n_layer; il++)
 		nf_ctx_set_ffn(c, il, &cmp_ops, &C);
-	cr_assert_eq(nf_ctx_eval(c, prompt, 8), 0);
+	cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
 	for (int t = 0; t < 4; t++) {
 		int32_t id = nf_sampler_argmax(nf_ctx_logits(c), hp->n_vocab);
 		cr_assert_eq(nf_ctx_eval(c, &id, 1), 0);
@@ -301,16 +258,16 @@ static void check_exact(const char *act, uint32_t dtype)
 	char p[256];
 	pl_tmp_path(p, sizeof(p), "synth-exact");
 	cr_assert_eq(pl_synth_tiny(p, act, dtype, false), 0);
-	struct nf_model *m = load(p, true);
+	struct nf_model *m = pl_load(p, true, false);
 	uint32_t nv = nf_model_hparams(m)->n_vocab;
 	float *a = malloc(nv * sizeof(float)), *b = malloc(nv * sizeof(float));
 	int32_t ga[8], gb[8];
 	for (int threads = 1; threads <= 2; threads++) {
-		struct nf_ctx *c = open_ctx(m, threads);
-		run(c, prompt, 8, a, ga, 8);
+		struct nf_ctx *c = pl_open_ctx(m, threads);
+		pl_run(c, pl_prompt, 8, a, ga, 8);
 		struct nf_sparse *s = engine(c, NF_SPARSE_AUTO, NULL);
 		cr_assert_eq(nf_sparse_mode_of(s), NF_SPARSE_EXACT);
-		run(c, prompt, 8, b, gb, 8);
+		pl_run(c, pl_prompt, 8, b, gb, 8);
 		double md = pl_max_diff(a, b, nv);
 		cr_expect(md <= EXACT_TOL, "%s %s, %d threads: exact vs dense %.3g", act, nf_dtype_name(dtype),
 			  threads, md);
@@ -335,8 +292,8 @@ Test(pipeline, exact_mode_equals_dense, .timeout = 120)
 
 Test(pipeline, mode_errors_name_the_problem)
 {
-	struct nf_model *m = load("../shared/testdata/models/tiny-llama-f32.gguf", true);
-	struct nf_ctx *c = open_ctx(m, 1);
+	struct nf_model *m = pl_load("../shared/testdata/models/tiny-llama-f32.gguf", true, false);
+	struct nf_ctx *c = pl_open_ctx(m, 1);
 	struct nf_sparse_params sp;
 	nf_sparse_params_init(&sp);
 	struct nf_sparse *s = NULL;
@@ -382,7 +339,7 @@ static struct nf_cache *open_cache(const char *store_path, struct nf_store **st,
  * with the smallest one (every FFN re-read every token). */
 static void check_store(const char *model_path, enum nf_sparse_mode mode, bool shuffle)
 {
-	struct nf_model *m = load(model_path, false);
+	struct nf_model *m = pl_load(model_path, false, false);
 	const struct nf_model_hparams *hp = nf_model_hparams(m);
 	uint32_t nv = hp->n_vocab;
 	char sp[256], msg[256] = "";
@@ -392,9 +349,9 @@ static void check_store(const char *model_path, enum nf_sparse_mode mode, bool s
 	float *a = malloc(nv * sizeof(float)), *b = malloc(nv * sizeof(float));
 	int32_t ga[6], gb[6];
 
-	struct nf_ctx *c = open_ctx(m, 2);
+	struct nf_ctx *c = pl_open_ctx(m, 2);
 	struct nf_sparse *s = engine(c, mode, NULL);
-	run(c, prompt, 8, a, ga, 6);
+	pl_run(c, pl_prompt, 8, a, ga, 6);
 	nf_sparse_close(s);
 
 	struct nf_store *store;
@@ -411,7 +368,7 @@ static void check_store(const char *model_path, enum nf_sparse_mode mode, bool s
 	for (int k = 0; k < 2; k++) {
 		struct nf_cache *cache = open_cache(sp, &store, budgets[k], NULL);
 		s = engine(c, mode, cache);
-		run(c, prompt, 8, b, gb, 6);
+		pl_run(c, pl_prompt, 8, b, gb, 6);
 		double md = pl_max_diff(a, b, nv);
 		cr_expect(md <= EXACT_TOL, "%s %s (%s budget): store vs memory %.3g", model_path,
 			  nf_sparse_mode_name(mode), k ? "small" : "large", md);
@@ -467,7 +424,7 @@ Test(pipeline, store_backed_equals_memory, .timeout = 120)
 
 Test(pipeline, read_error_fails_that_eval_only, .timeout = 60)
 {
-	struct nf_model *m = load("../shared/testdata/models/tiny-llama-f32.gguf", false);
+	struct nf_model *m = pl_load("../shared/testdata/models/tiny-llama-f32.gguf", false, false);
 	uint32_t nv = nf_model_hparams(m)->n_vocab;
 	char sp[256], msg[256] = "";
 	pl_tmp_path(sp, sizeof(sp), "store-eio");
@@ -478,10 +435,10 @@ Test(pipeline, read_error_fails_that_eval_only, .timeout = 60)
 	uint64_t min = nf_cache_min_bytes(store);
 	nf_store_close(store);
 
-	struct nf_ctx *c = open_ctx(m, 2);
+	struct nf_ctx *c = pl_open_ctx(m, 2);
 	float *good = malloc(nv * sizeof(float));
 	struct nf_sparse *s = engine(c, NF_SPARSE_DENSE, NULL);
-	cr_assert_eq(nf_ctx_eval(c, prompt, 8), 0);
+	cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
 	memcpy(good, nf_ctx_logits(c), nv * sizeof(float));
 	nf_sparse_close(s);
 
@@ -491,7 +448,7 @@ Test(pipeline, read_error_fails_that_eval_only, .timeout = 60)
 	struct nf_cache *cache = open_cache(sp, &store, min, &rule);
 	s = engine(c, NF_SPARSE_DENSE, cache);
 	nf_ctx_reset(c);
-	int rc = nf_ctx_eval(c, prompt, 8);
+	int rc = nf_ctx_eval(c, pl_prompt, 8);
 	cr_expect_eq(rc, -EIO, "eval with a failing read returned %d (%s)", rc, nf_strerror(rc));
 	nf_sparse_close(s);
 	nf_cache_close(cache);
@@ -500,7 +457,7 @@ Test(pipeline, read_error_fails_that_eval_only, .timeout = 60)
 	cache = open_cache(sp, &store, min, NULL);
 	s = engine(c, NF_SPARSE_DENSE, cache);
 	nf_ctx_reset(c);
-	cr_assert_eq(nf_ctx_eval(c, prompt, 8), 0);
+	cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
 	cr_expect(pl_max_diff(good, nf_ctx_logits(c), nv) <= EXACT_TOL);
 	nf_sparse_close(s);
 	nf_cache_close(cache);

@@ -4,7 +4,8 @@
  * source matrices: gate/up rows byte for byte, the down part giving back
  * exactly column i (ROW: the dequantized row equals the dequantized column,
  * or the ffn_down_t row bytes; QCOL: quants times scales equal the
- * dequantized ffn_down column), padding zero.
+ * dequantized ffn_down column), padding zero; and nf_bundle_unpack() giving
+ * the source matrices back byte for byte.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -104,6 +105,25 @@ static void check_ffn(const char *file, int layer, int expert, const struct nf_b
 		for (uint32_t k = L.bundle_bytes; k < L.stride; k++)
 			cr_assert_eq(b[k], 0, "%s padding byte %u of bundle %u", file, k, i);
 	}
+	/* Unpacking every bundle (in reverse order) gives the source back byte for byte. */
+	size_t gu = (size_t)n * L.row_bytes;
+	size_t dsz = src->down ? nf_dtype_row_size(src->dtype_down, n) * dim : (size_t)n * L.down_bytes;
+	uint8_t *ug = malloc(gu), *uu = malloc(gu), *ud = malloc(dsz);
+	memset(ug, 0xa5, gu);
+	memset(uu, 0xa5, gu);
+	memset(ud, 0xa5, dsz);
+	struct nf_bundle_dst dst = { .gate = ug, .up = uu, .down = src->down ? ud : NULL,
+				     .down_t = src->down ? NULL : ud };
+	for (uint32_t i = n; i-- > 0;)
+		nf_bundle_unpack(&L, buf + (size_t)i * L.stride, i, scales, &dst);
+	if (src->gate)
+		cr_assert(memcmp(ug, src->gate, gu) == 0, "%s L%d E%d: unpacked gate", file, layer, expert);
+	cr_assert(memcmp(uu, src->up, gu) == 0, "%s L%d E%d: unpacked up", file, layer, expert);
+	cr_assert(memcmp(ud, src->down ? src->down : src->down_t, dsz) == 0,
+		  "%s L%d E%d: unpacked down", file, layer, expert);
+	free(ug);
+	free(uu);
+	free(ud);
 	free(col);
 	free(down);
 	free(scales);

@@ -5,6 +5,7 @@
  * up rows copied, down columns gathered element by element), so an engine
  * reading it computes on the same values as on the GGUF.
  */
+#include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "nflash/dtype.h"
+#include "nflash/sampler.h"
 #include "nflash/store.h"
 #include "nflash/synth.h"
 #include "util_pipeline.h"
@@ -136,5 +138,46 @@ void pl_tmp_path(char *out, size_t len, const char *stem)
 	if (fd >= 0) {
 		close(fd);
 		unlink(out);
+	}
+}
+
+const int32_t pl_prompt[8] = { 1, 278, 263, 13, 300, 72, 101, 259 };
+
+struct nf_model *pl_load(const char *path, bool prefault, bool unpack)
+{
+	struct nf_model *m = NULL;
+	struct nf_diag d = { 0 };
+	struct nf_model_opts o = { .prefault = prefault, .store_unpack_ffn = unpack };
+	int rc = nf_model_load(path, &o, &m, &d);
+	cr_assert_eq(rc, 0, "%s: %s", path, nf_diag_msg(&d, rc));
+	return m;
+}
+
+struct nf_ctx *pl_open_ctx(struct nf_model *m, int threads)
+{
+	struct nf_ctx_params cp = nf_ctx_defaults();
+	cp.n_threads = threads;
+	cp.n_ctx = 64;
+	struct nf_ctx *c = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_ctx_open(m, &cp, &c, &d);
+	cr_assert_eq(rc, 0, "nf_ctx_open: %s", nf_diag_msg(&d, rc));
+	return c;
+}
+
+void pl_run(struct nf_ctx *c, const int32_t *ids, size_t n_ids, float *lg, int32_t *greedy, size_t n)
+{
+	uint32_t nv = nf_model_hparams(nf_ctx_model(c))->n_vocab;
+	nf_ctx_reset(c);
+	int rc = nf_ctx_eval(c, ids, n_ids);
+	cr_assert_eq(rc, 0, "eval: %s", nf_strerror(rc));
+	memcpy(lg, nf_ctx_logits(c), nv * sizeof(float));
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = nf_sampler_argmax(nf_ctx_logits(c), nv);
+		greedy[i] = id;
+		if (i + 1 < n) {
+			rc = nf_ctx_eval(c, &id, 1);
+			cr_assert_eq(rc, 0, "eval: %s", nf_strerror(rc));
+		}
 	}
 }

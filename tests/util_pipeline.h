@@ -28,6 +28,15 @@ int pl_store_from_model(const struct nf_model *m, const char *path, uint32_t ext
  * act ("relu", "drelu", "silu"), dtype, and PowerInfer predictor or not. */
 int pl_synth_tiny(const char *path, const char *act, uint32_t dtype, bool predictor);
 
+/* Criterion-asserting helpers: load a model (GGUF or store; unpack: a
+ * store's FFN into memory), open a context (n_ctx 64), run the 8-token
+ * test prompt at once then n greedy tokens (EOS does not stop; logits of
+ * the prompt's last position into lg). */
+extern const int32_t pl_prompt[8];
+struct nf_model *pl_load(const char *path, bool prefault, bool unpack);
+struct nf_ctx *pl_open_ctx(struct nf_model *m, int threads);
+void pl_run(struct nf_ctx *c, const int32_t *ids, size_t n_ids, float *lg, int32_t *greedy, size_t n);
+
 /* max |a[i] - b[i]| */
 double pl_max_diff(const float *a, const float *b, size_t n);
 

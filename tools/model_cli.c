@@ -93,7 +93,8 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 void nf_model_cli_help(FILE *f)
 {
 	fprintf(f,
-		"  -m, --model FILE      GGUF model (llama.cpp or PowerInfer file); required\n"
+		"  -m, --model FILE      GGUF model (llama.cpp or PowerInfer file), or a store\n"
+		"                        made by `nflash import`; required\n"
 		"  -c, --ctx-size N      context length in tokens (default: the model's)\n"
 		"  -t, --threads N       compute threads (default: all CPUs)\n"
 		"  -b, --batch-size N    prompt tokens per forward step (default 512)\n"
@@ -154,17 +155,23 @@ static uint64_t ffn_weight_bytes(const struct nf_model *m)
  * dense weights (*weights, reduced to them here), the KV cache and scratch
  * (an estimate: the engine's tables are small and counted after).
  */
-static int open_cache(struct nf_model_cli *mc, const struct nf_sparse_params *sp, uint64_t *weights)
+static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 {
 	struct nf_diag d = { 0 };
-	int rc = nf_store_open(mc->ffn_store, NULL, &mc->store, &d);
-	if (rc < 0) {
-		nf_cli_err("--ffn-store %s", nf_diag_msg(&d, rc));
-		return NF_EXIT_FAIL;
+	struct nf_store *store = nf_model_store(mc->model);
+	const char *spath = mc->path;
+	int rc;
+	if (!store) {
+		if ((rc = nf_store_open(mc->ffn_store, NULL, &mc->store, &d)) < 0) {
+			nf_cli_err("--ffn-store %s", nf_diag_msg(&d, rc));
+			return NF_EXIT_FAIL;
+		}
+		store = mc->store;
+		spath = mc->ffn_store;
 	}
 	*weights -= ffn_weight_bytes(mc->model);
 	const struct nf_model_hparams *hp = nf_model_hparams(mc->model);
-	uint64_t min = nf_cache_min_bytes(mc->store);
+	uint64_t min = nf_cache_min_bytes(store);
 	/* the sparse engine's tables (per-group outputs, per-neuron arrays,
 	 * per-thread scratch) and the cache's metadata, rounded up */
 	uint64_t groups = (hp->n_ff + 31) / 32;
@@ -180,10 +187,10 @@ static int open_cache(struct nf_model_cli *mc, const struct nf_sparse_params *sp
 		o.io.qd = (unsigned)mc->qd;
 	if (mc->budget) {
 		if (mc->budget < fixed + min) {
-			nf_cli_err("--memory-budget %.1f MiB is too small for %s with --ffn-store %s: at least %.1f MiB "
+			nf_cli_err("--memory-budget %.1f MiB is too small for %s: at least %.1f MiB "
 				   "needed (%.1f MiB dense weights + %.1f MiB KV cache and scratch + %.1f MiB engine "
 				   "tables + %.1f MiB: one layer's neurons in the cache)",
-				   mib(mc->budget), mc->path, mc->ffn_store, mib(fixed + min), mib(*weights),
+				   mib(mc->budget), spath, mib(fixed + min), mib(*weights),
 				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
 			return NF_EXIT_FAIL;
 		}
@@ -191,17 +198,16 @@ static int open_cache(struct nf_model_cli *mc, const struct nf_sparse_params *sp
 	} else {
 		/* no budget: room for every bundle of the store */
 		uint64_t all = 0;
-		for (uint32_t i = 0; i < nf_store_object_count(mc->store); i++) {
-			const struct nf_store_object *ob = nf_store_object_get(mc->store, i);
+		for (uint32_t i = 0; i < nf_store_object_count(store); i++) {
+			const struct nf_store_object *ob = nf_store_object_get(store, i);
 			if (ob->kind == NF_STORE_KIND_FFN)
 				all += (uint64_t)ob->n_bundles * ob->stride;
 		}
 		o.arena_bytes = all * 2 + min;
 	}
-	(void)sp;
-	rc = nf_cache_open(mc->store, &o, &mc->cache, &d);
+	rc = nf_cache_open(store, &o, &mc->cache, &d);
 	if (rc < 0) {
-		nf_cli_err("--ffn-store %s: %s", mc->ffn_store, nf_diag_msg(&d, rc));
+		nf_cli_err("%s: %s", spath, nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;
 	}
 	return NF_EXIT_OK;
@@ -224,18 +230,19 @@ static int open_engine(struct nf_model_cli *mc)
 	}
 	sp.threshold_set = mc->threshold_set;
 	sp.threshold = (float)mc->threshold;
-	sp.measure_recall = mc->stats && !mc->ffn_store;
+	bool streamed = mc->ffn_store || !nf_model_ffn_in_memory(mc->model);
+	sp.measure_recall = mc->stats && !streamed;
 	uint64_t weights = nf_model_weight_bytes(mc->model);
 	mc->overhead = NF_CLI_OVERHEAD;
-	if (mc->ffn_store) {
+	if (streamed) {
 		if (sp.mode == NF_SPARSE_OFF) {
 			if (hp->n_expert) {
-				nf_cli_err("--ffn-store: mixture-of-experts FFNs are not served from a store yet");
+				nf_cli_err("%s: mixture-of-experts FFNs are not streamed from a store yet", mc->path);
 				return NF_EXIT_USAGE;
 			}
 			sp.mode = NF_SPARSE_DENSE;
 		}
-		int rc = open_cache(mc, &sp, &weights);
+		int rc = open_cache(mc, &weights);
 		if (rc != NF_EXIT_OK)
 			return rc;
 		sp.cache = mc->cache;
@@ -247,7 +254,7 @@ static int open_engine(struct nf_model_cli *mc)
 		return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
 	}
 	mc->reserved = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse);
-	if (mc->ffn_store) {
+	if (streamed) {
 		struct nf_cache_layout cl;
 		nf_cache_layout_get(mc->cache, &cl);
 		fprintf(stderr,
@@ -266,7 +273,7 @@ static int open_engine(struct nf_model_cli *mc)
 			return NF_EXIT_FAIL;
 		}
 	}
-	if (mc->budget && !mc->ffn_store) {
+	if (mc->budget && !streamed) {
 		uint64_t need = weights + mc->reserved;
 		fprintf(stderr,
 			"nflash: memory budget %.1f MiB: weights in memory %.1f MiB (pinned), reserved %.1f MiB "
@@ -436,12 +443,29 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	}
 	struct nf_diag d = { 0 };
 	double t0 = nf_cli_now();
-	/* FFNs from a store: the GGUF's FFN pages are never touched */
-	struct nf_model_opts mo = { .prefault = !mc->ffn_store };
+	/* Streamed FFNs (--ffn-store, or a store-backed model's own) are never
+	 * brought into memory: a GGUF's FFN pages are not prefaulted, a store's
+	 * FFN stays in the store. The built-in FFN (--sparse-mode off, MoE)
+	 * needs a store's FFN unpacked (store_unpack_ffn). */
+	bool off = mc->sparse_mode == NF_SPARSE_OFF;
+	struct nf_model_opts mo = { .prefault = !mc->ffn_store, .store_unpack_ffn = off };
 	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
+	if (rc == 0 && nf_model_store(mc->model) && !off && nf_model_hparams(mc->model)->n_expert) {
+		/* mixture of experts: not streamed yet, the built-in FFN runs */
+		nf_model_free(mc->model);
+		mc->model = NULL;
+		mo.store_unpack_ffn = true;
+		rc = nf_model_load(mc->path, &mo, &mc->model, &d);
+	}
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;
+	}
+	if (mc->ffn_store && nf_model_store(mc->model)) {
+		nf_cli_err("--ffn-store: %s is a store already; its own bundles are used", mc->path);
+		nf_model_free(mc->model);
+		mc->model = NULL;
+		return NF_EXIT_USAGE;
 	}
 	const struct nf_model_hparams *hp = nf_model_hparams(mc->model);
 	struct nf_ctx_params cp = nf_ctx_defaults();

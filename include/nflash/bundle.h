@@ -91,6 +91,29 @@ void nf_bundle_pack(const struct nf_bundle_src *src, const struct nf_bundle_layo
  */
 void nf_bundle_pack_scales(const struct nf_bundle_src *src, uint16_t *out);
 
+/*
+ * The inverse of packing, for engines that want the GGUF layout back (a
+ * store-backed model with its FFN unpacked into memory, tests). Matrices as
+ * in struct nf_bundle_src: gate/up n_ff rows of n_embd values; down n_embd
+ * rows of n_ff values (only for float down types or QCOL), or down_t n_ff
+ * rows of n_embd values (ROW form, any type). Unused pointers are NULL.
+ */
+struct nf_bundle_dst {
+	void *gate, *up, *down, *down_t;
+};
+
+/*
+ * nf_bundle_unpack - scatter the bundle of neuron `neuron` (L->stride bytes
+ * at bundle) into dst. For QCOL, scales are the n_ff/32 x dim fp16 scales
+ * (nf_bundle_pack_scales) and down receives whole Q8_0/Q4_0 blocks once
+ * every neuron of a block was unpacked; other neurons' bytes are kept.
+ * Unpacking every neuron gives back the packed source byte for byte. Pure;
+ * never allocates; distinct neurons of different 32-blocks may be unpacked
+ * concurrently (Q4_0 nibbles of one block share bytes).
+ */
+void nf_bundle_unpack(const struct nf_bundle_layout *L, const void *bundle, uint32_t neuron,
+		      const uint16_t *scales, const struct nf_bundle_dst *dst);
+
 #ifdef __cplusplus
 }
 #endif

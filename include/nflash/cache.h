@@ -60,11 +60,16 @@ struct nf_cache_opts {
 
 void nf_cache_opts_default(struct nf_cache_opts *o);
 
+/* The down part of a bundle (the values of enum nf_down_form in
+ * nflash/bundle.h): a row of dim values in down_dtype, or QCOL quants. */
+enum nf_cache_down_form { NF_CACHE_DOWN_ROW = 0, NF_CACHE_DOWN_QCOL = 1 };
+
 /* Geometry of the store's FFN bundles (all FFN objects share it). */
 struct nf_cache_geom {
 	uint32_t n_layer, n_expert;
 	uint32_t dim, n_neurons;
 	uint32_t dtype, down_dtype;
+	uint32_t down_form;        /* enum nf_cache_down_form */
 	bool has_gate;
 	uint32_t row_bytes, down_off, stride;
 };

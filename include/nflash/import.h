@@ -36,13 +36,14 @@
 
 #include "nflash/error.h"
 #include "nflash/io.h"
+#include "nflash/store.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* Name of the metadata blob in an imported store. */
-#define NF_IMPORT_META_NAME "gguf.metadata"
+#define NF_IMPORT_META_NAME NF_STORE_META_NAME
 
 enum nf_import_phase {
 	NF_IMPORT_PHASE_WRITE = 1,   /* done/total: bytes of object data written */

@@ -115,12 +115,24 @@ struct nf_model;
 /* Load options; NULL means defaults. */
 struct nf_model_opts {
 	bool prefault;  /* touch every weight page at load (default true) */
+	/* Store-backed models only: read every FFN bundle at load and unpack
+	 * them into GGUF-layout matrices, so the built-in dense/MoE FFN runs
+	 * (a simple, correct provider; costs the whole FFN in memory). Without
+	 * it the FFN weights stay in the store for the pipeline to stream, and
+	 * the built-in FFN refuses to run (nf_ctx_eval returns NF_EUNSUPPORTED)
+	 * until nf_ctx_set_ffn() gives every layer a provider. */
+	bool store_unpack_ffn;
 };
 
 /*
  * nf_model_load - open the GGUF at path (mapped read-only), read the
  * hyperparameters from its metadata and bind every tensor the architecture
- * needs, checking names, shapes and types. Returns 0 and *out (free with
+ * needs, checking names, shapes and types.
+ * path may also be a store made by `nflash import` (recognised by its
+ * magic): the hyperparameters and vocabulary come from its metadata blob,
+ * every dense object is read with O_DIRECT into aligned memory (checksums
+ * verified) and bound as the GGUF tensor of the same name; the FFN weights
+ * stay in the store (see nf_model_ffn_layout) unless opts->store_unpack_ffn. Returns 0 and *out (free with
  * nf_model_free), or: NF_ENOTFOUND (a required key or tensor is missing),
  * NF_EFORMAT (bad shape or value), NF_EUNSUPPORTED (architecture, tensor type,
  * rope scaling type or activation not handled), or the reader's errors;
@@ -137,6 +149,39 @@ const struct nf_layer_weights *nf_model_layer(const struct nf_model *m, uint32_t
 const struct nf_gguf *nf_model_gguf(const struct nf_model *m);
 /* Total bytes of weight data bound by the model. */
 uint64_t nf_model_weight_bytes(const struct nf_model *m);
+
+/* ---- store-backed models: the FFN seam for the pipeline ------------------ */
+
+struct nf_store;
+struct nf_store_object;
+struct nf_bundle_layout;
+
+/*
+ * nf_model_store - the store m was loaded from (owned by m, open for its
+ * lifetime, immutable: share it, open I/O contexts on it), or NULL for a
+ * model loaded from a GGUF.
+ */
+struct nf_store *nf_model_store(const struct nf_model *m);
+
+/*
+ * nf_model_ffn_in_memory - true when the built-in FFN can run: a GGUF
+ * model, or a store-backed one loaded with store_unpack_ffn.
+ */
+bool nf_model_ffn_in_memory(const struct nf_model *m);
+
+/*
+ * nf_model_ffn_layout - for a store-backed model, the FFN object of
+ * (layer, expert) (expert 0 for dense FFNs), its bundle layout, and for a
+ * QCOL down part the n_ff/32 x n_embd fp16 scales (pinned in memory, owned
+ * by m; NULL for ROW). Any out pointer may be NULL. *down_transposed (may be
+ * NULL) says the source was PowerInfer's ffn_down_t. Validated at load:
+ * dim == n_embd, n_bundles == n_ff, gate/up type and down part exact.
+ * Returns 0, NF_ENOTFOUND (not a store-backed model) or NF_EUSAGE (layer
+ * or expert out of range). Thread-safe (m is immutable).
+ */
+int nf_model_ffn_layout(const struct nf_model *m, uint32_t layer, uint32_t expert,
+			const struct nf_store_object **obj, struct nf_bundle_layout *layout,
+			const uint16_t **scales, bool *down_transposed);
 
 /*
  * nf_model_hparams_read - the hyperparameter part of nf_model_load, for

@@ -57,6 +57,9 @@ enum nf_store_kind {
 	NF_STORE_KIND_BLOB = 3,    /* opaque bytes, e.g. the GGUF metadata (docs/FORMAT.md 17) */
 };
 
+/* The blob holding a store's GGUF metadata (docs/FORMAT.md item 17). */
+#define NF_STORE_META_NAME "gguf.metadata"
+
 /* "dense", "ffn", "blob" or "unknown". */
 const char *nf_store_kind_name(uint32_t kind);
 

@@ -1,0 +1,360 @@
+/*
+ * model_store.c - a model whose weights come from a store made by
+ * `nflash import` (see nflash/model.h, docs/IMPORT.md).
+ *
+ * Invariants:
+ *  1. Every byte used comes through the storage API: O_DIRECT reads by the
+ *     I/O engine into aligned buffers, each object's (and each FFN
+ *     extent's) crc32c checked on completion. A damaged store fails the
+ *     load with a message naming the object; nothing is computed on it.
+ *  2. Dense objects are exposed as GGUF tensors of the same name and shape,
+ *     so model.c binds them exactly as it binds a GGUF's tensors, and the
+ *     hyperparameters come from the metadata blob through the GGUF reader.
+ *  3. The FFN objects are checked against the hyperparameters at load
+ *     (every (layer, expert) present, dim, neuron count, gate, exact down
+ *     part, QCOL scales present), so a provider can trust m->ffn.
+ *  4. With store_unpack_ffn, bundles are unpacked back into the GGUF layout
+ *     with nf_bundle_unpack (byte for byte what the GGUF held), through the
+ *     store's permutation, and bound under the GGUF tensor names.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nflash/bundle.h"
+#include "nflash/dtype.h"
+#include "nflash/gguf.h"
+#include "nflash/io.h"
+#include "nflash/store.h"
+#include "model_impl.h"
+
+#define MEM_ALIGN 4096u
+
+bool nf_model_path_is_store(const char *path)
+{
+	static const unsigned char magic[8] = { 0x89, 'N', 'F', 'S', 'T', 'O', 'R', 'E' };
+	unsigned char buf[8];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	bool is = pread(fd, buf, sizeof(buf), 0) == (ssize_t)sizeof(buf) &&
+		  !memcmp(buf, magic, sizeof(buf));
+	close(fd);
+	return is;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+struct rd {
+	int result;
+	const struct nf_store_object *bad;
+};
+
+struct rd_one {
+	struct rd *all;
+	const struct nf_store_object *obj;
+};
+
+static void on_read(void *cookie, int result)
+{
+	struct rd_one *o = cookie;
+	if (result < 0 && o->all->result == 0) {
+		o->all->result = result;
+		o->all->bad = o->obj;
+	}
+}
+
+/* Read objs[0..n) into bufs[0..n) with the I/O engine (crc checked). */
+static int read_objects(struct nf_store *s, const struct nf_store_object *const *objs,
+			void *const *bufs, size_t n, struct nf_diag *diag)
+{
+	struct nf_io_ctx *io = NULL;
+	struct nf_io_opts o;
+	nf_io_opts_default(&o);
+	o.quiet = true;
+	struct rd all = { 0 };
+	struct rd_one *one = calloc(n ? n : 1, sizeof(*one));
+	if (!one)
+		return nf_diag_fail(diag, -ENOMEM, "%s: out of memory", nf_store_path(s));
+	int rc = nf_io_ctx_open(s, &o, &io, diag);
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		one[i] = (struct rd_one){ .all = &all, .obj = objs[i] };
+		rc = nf_io_ctx_read_object(io, objs[i], bufs[i], on_read, &one[i]);
+		if (rc == -EAGAIN) {
+			/* The engine's request limit: let some finish, then retry. */
+			int w = nf_io_ctx_wait(io, 1, -1);
+			rc = w < 0 ? w : 0;
+			i--;
+			continue;
+		}
+		if (rc < 0)
+			nf_diag_fail(diag, rc, "%s: object %s: cannot read it: %s", nf_store_path(s),
+				     objs[i]->name, nf_strerror(rc));
+	}
+	if (io) {
+		int w = nf_io_ctx_wait(io, 0, -1);
+		if (rc == 0 && w < 0 && all.result == 0)
+			rc = nf_diag_fail(diag, w, "%s: reading objects: %s", nf_store_path(s),
+					  nf_strerror(w));
+	}
+	if (rc == 0 && all.result < 0)
+		rc = nf_diag_fail(diag, all.result, "%s: object %s: %s", nf_store_path(s),
+				  all.bad->name, nf_strerror(all.result));
+	nf_io_ctx_close(io);
+	free(one);
+	return rc;
+}
+
+static void tensor_of(struct nf_gguf_tensor *t, const char *name, uint32_t n_dims,
+		      const uint64_t *ne, uint32_t type, uint64_t size, const void *data)
+{
+	memset(t, 0, sizeof(*t));
+	t->name = name;
+	t->n_dims = n_dims;
+	for (uint32_t k = 0; k < NF_GGUF_MAX_DIMS; k++)
+		t->ne[k] = k < n_dims ? ne[k] : 1;
+	t->type = type;
+	t->size = size;
+	t->data = data;
+}
+
+int nf_model_store_open(struct nf_model *m, const char *path, struct nf_diag *diag)
+{
+	const struct nf_store_object **objs = NULL;
+	void **bufs = NULL;
+	int rc = nf_store_open(path, NULL, &m->store, diag);
+	if (rc < 0)
+		return rc;
+	struct nf_store *s = m->store;
+	uint32_t bs = nf_store_info(s)->block_size, n = nf_store_object_count(s);
+	const struct nf_store_object *meta = nf_store_object_find(s, NF_STORE_META_NAME);
+	if (!meta || meta->kind != NF_STORE_KIND_BLOB)
+		return nf_diag_fail(diag, NF_ENOTFOUND,
+				    "%s: no metadata blob '%s' (a store not made by nflash import?)",
+				    path, NF_STORE_META_NAME);
+
+	/* Every dense object in one aligned region, plus the metadata blob. */
+	uint64_t total = 0;
+	size_t n_dense = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct nf_store_object *o = nf_store_object_get(s, i);
+		if (o->kind == NF_STORE_KIND_DENSE) {
+			total += round_up(nf_store_object_buf_size(o, bs), MEM_ALIGN);
+			n_dense++;
+		}
+	}
+	m->meta = nf_io_buf_alloc(nf_store_object_buf_size(meta, bs), MEM_ALIGN);
+	m->dense_mem = nf_io_buf_alloc(total ? total : MEM_ALIGN, MEM_ALIGN);
+	m->st = calloc(n_dense ? n_dense : 1, sizeof(*m->st));
+	objs = calloc(n_dense + 1, sizeof(*objs));
+	bufs = calloc(n_dense + 1, sizeof(*bufs));
+	if (!m->meta || !m->dense_mem || !m->st || !objs || !bufs) {
+		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory for %llu bytes of dense weights",
+				  path, (unsigned long long)total);
+		goto out;
+	}
+	objs[0] = meta;
+	bufs[0] = m->meta;
+	uint64_t off = 0;
+	size_t k = 1;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct nf_store_object *o = nf_store_object_get(s, i);
+		if (o->kind != NF_STORE_KIND_DENSE)
+			continue;
+		objs[k] = o;
+		bufs[k] = (uint8_t *)m->dense_mem + off;
+		tensor_of(&m->st[m->n_st++], o->name, o->n_dims, o->shape, o->dtype, o->length, bufs[k]);
+		off += round_up(nf_store_object_buf_size(o, bs), MEM_ALIGN);
+		k++;
+	}
+	if ((rc = read_objects(s, objs, bufs, k, diag)) < 0)
+		goto out;
+	rc = nf_gguf_open_mem(m->meta, meta->length, &m->g, diag);
+	if (rc < 0)
+		nf_diag_fail(diag, rc, "%s: metadata blob: not a GGUF image", path);
+out:
+	free(objs);
+	free(bufs);
+	return rc;
+}
+
+/* Bytes of one FFN's matrices in the GGUF layout: gate, up, down (or down_t). */
+static void ffn_sizes(const struct nf_store_object *o, uint64_t *gu, uint64_t *down)
+{
+	*gu = (uint64_t)o->n_bundles * o->row_bytes;
+	if (o->down_transposed)
+		*down = (uint64_t)o->n_bundles * o->down_bytes;
+	else
+		*down = nf_dtype_row_size(o->down_dtype, o->n_bundles) * o->dim;
+}
+
+/* Read every FFN and unpack it into GGUF-layout tensors added to m->st. */
+static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
+{
+	const struct nf_model_hparams *hp = &m->hp;
+	struct nf_store *s = m->store;
+	uint32_t L = hp->n_layer, nx = X ? X : 1;
+	uint64_t gu, dn, total = 0, max_obj = 0;
+	int rc = 0;
+	for (uint32_t i = 0; i < L * nx; i++) {
+		const struct nf_store_object *o = m->ffn[i].obj;
+		ffn_sizes(o, &gu, &dn);
+		total += round_up(gu, 64) * 2 + round_up(dn, 64);
+		if (o->length > max_obj)
+			max_obj = o->length;
+	}
+	struct nf_gguf_tensor *st = realloc(m->st, (m->n_st + 3 * (size_t)L) * sizeof(*st));
+	if (st)
+		m->st = st;
+	m->st_names = calloc(3 * (size_t)L, sizeof(*m->st_names));
+	m->ffn_mem = nf_io_buf_alloc(total ? total : 64, MEM_ALIGN);
+	uint8_t *buf = nf_io_buf_alloc(max_obj, MEM_ALIGN);
+	if (!st || !m->st_names || !m->ffn_mem || !buf) {
+		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory to unpack %llu bytes of FFN weights",
+				  nf_store_path(s), (unsigned long long)total);
+		goto out;
+	}
+	memset(m->ffn_mem, 0, total);
+	uint8_t *p = m->ffn_mem;
+	for (uint32_t l = 0; l < L && rc == 0; l++) {
+		const struct nf_store_object *o0 = m->ffn[l * nx].obj;
+		ffn_sizes(o0, &gu, &dn);
+		uint8_t *g = p, *u = g + round_up(gu * nx, 64), *d = u + round_up(gu * nx, 64);
+		p = d + round_up(dn * nx, 64);
+		const char *suffix = X ? "_exps" : "";
+		char (*nm)[64] = &m->st_names[3 * (size_t)l];
+		snprintf(nm[0], 64, "blk.%u.ffn_gate%s.weight", l, suffix);
+		snprintf(nm[1], 64, "blk.%u.ffn_up%s.weight", l, suffix);
+		snprintf(nm[2], 64, "blk.%u.ffn_down%s%s.weight", l, o0->down_transposed ? "_t" : "",
+			 suffix);
+		uint64_t ne_gu[3] = { o0->dim, o0->n_bundles, nx };
+		uint64_t ne_d[3] = { o0->n_bundles, o0->dim, nx };
+		uint32_t nd = X ? 3 : 2;
+		tensor_of(&m->st[m->n_st++], nm[0], nd, ne_gu, o0->dtype, gu * nx, g);
+		tensor_of(&m->st[m->n_st++], nm[1], nd, ne_gu, o0->dtype, gu * nx, u);
+		tensor_of(&m->st[m->n_st++], nm[2], nd, o0->down_transposed ? ne_gu : ne_d,
+			  o0->down_dtype, dn * nx, d);
+		for (uint32_t e = 0; e < nx && rc == 0; e++) {
+			const struct nf_model_ffn *f = &m->ffn[l * nx + e];
+			const struct nf_store_object *o = f->obj;
+			const struct nf_store_object *one[1] = { o };
+			void *bufs[1] = { buf };
+			if ((rc = read_objects(s, one, bufs, 1, diag)) < 0)
+				break;
+			struct nf_bundle_layout lay;
+			nf_store_ffn_layout(o, &lay);
+			struct nf_bundle_dst dst = {
+				.gate = g + e * gu, .up = u + e * gu,
+				.down = o->down_transposed ? NULL : d + e * dn,
+				.down_t = o->down_transposed ? d + e * dn : NULL,
+			};
+			for (uint32_t i = 0; i < o->n_bundles; i++)
+				nf_bundle_unpack(&lay, buf + (size_t)o->perm[i] * o->stride, i, f->scales,
+						 &dst);
+		}
+	}
+	if (rc == 0)
+		m->ffn_unpacked = true;
+out:
+	nf_io_buf_free(buf);
+	return rc;
+}
+
+int nf_model_store_ffn(struct nf_model *m, bool unpack, struct nf_diag *diag)
+{
+	const struct nf_model_hparams *hp = &m->hp;
+	struct nf_store *s = m->store;
+	const char *path = nf_store_path(s);
+	uint32_t X = hp->n_expert, nx = X ? X : 1;
+	m->ffn = calloc((size_t)hp->n_layer * nx, sizeof(*m->ffn));
+	if (!m->ffn)
+		return nf_diag_fail(diag, -ENOMEM, "%s: out of memory", path);
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		for (uint32_t e = 0; e < nx; e++) {
+			const struct nf_store_object *o = nf_store_ffn_find(s, l, e);
+			if (!o)
+				return nf_diag_fail(diag, NF_ENOTFOUND,
+						    "%s: missing the FFN object of layer %u, expert %u",
+						    path, l, e);
+			if (o->dim != hp->n_embd || o->n_bundles != hp->n_ff)
+				return nf_diag_fail(diag, NF_EFORMAT,
+						    "%s: FFN object %s: %u neurons of dim %u where the "
+						    "model has n_ff %u, n_embd %u", path, o->name,
+						    o->n_bundles, o->dim, hp->n_ff, hp->n_embd);
+			if (!o->has_gate)
+				return nf_diag_fail(diag, NF_EUNSUPPORTED,
+						    "%s: FFN object %s: no gate rows (the model needs "
+						    "a gated FFN)", path, o->name);
+			if (o->down_form == NF_DOWN_ROW && !o->down_transposed &&
+			    nf_dtype_block_len(o->down_dtype) != 1)
+				return nf_diag_fail(diag, NF_EUNSUPPORTED,
+						    "%s: FFN object %s: a %s down row without "
+						    "ffn_down_t has no GGUF layout", path, o->name,
+						    nf_dtype_name(o->down_dtype));
+			m->ffn[l * nx + e].obj = o;
+			if (o->down_form == NF_DOWN_QCOL) {
+				const struct nf_store_object *sc = nf_store_ffn_scales(s, o);
+				const struct nf_gguf_tensor *t = sc ? nf_model_find_tensor(m, sc->name) : NULL;
+				if (!t)
+					return nf_diag_fail(diag, NF_ENOTFOUND,
+							    "%s: FFN object %s: missing its scales "
+							    "object %s.down_scales", path, o->name, o->name);
+				m->ffn[l * nx + e].scales = t->data;
+			}
+			if (e > 0) {
+				const struct nf_store_object *o0 = m->ffn[l * nx].obj;
+				if (o->dtype != o0->dtype || o->down_dtype != o0->down_dtype ||
+				    o->down_form != o0->down_form ||
+				    o->down_transposed != o0->down_transposed)
+					return nf_diag_fail(diag, NF_EFORMAT,
+							    "%s: FFN objects %s and %s: experts of "
+							    "one layer differ in type", path, o0->name,
+							    o->name);
+			}
+		}
+	}
+	return unpack ? unpack_all(m, X, diag) : 0;
+}
+
+void nf_model_store_free(struct nf_model *m)
+{
+	nf_io_buf_free(m->meta);
+	nf_io_buf_free(m->dense_mem);
+	nf_io_buf_free(m->ffn_mem);
+	free(m->st);
+	free(m->st_names);
+	free(m->ffn);
+	nf_store_close(m->store);
+	m->meta = m->dense_mem = m->ffn_mem = NULL;
+	m->st = NULL;
+	m->st_names = NULL;
+	m->ffn = NULL;
+	m->store = NULL;
+}
+
+int nf_model_ffn_layout(const struct nf_model *m, uint32_t layer, uint32_t expert,
+			const struct nf_store_object **obj, struct nf_bundle_layout *layout,
+			const uint16_t **scales, bool *down_transposed)
+{
+	if (!m->store || !m->ffn)
+		return NF_ENOTFOUND;
+	uint32_t nx = m->hp.n_expert ? m->hp.n_expert : 1;
+	if (layer >= m->hp.n_layer || expert >= nx)
+		return NF_EUSAGE;
+	const struct nf_model_ffn *f = &m->ffn[layer * nx + expert];
+	if (obj)
+		*obj = f->obj;
+	if (layout)
+		nf_store_ffn_layout(f->obj, layout);
+	if (scales)
+		*scales = f->scales;
+	if (down_transposed)
+		*down_transposed = f->obj->down_transposed;
+	return 0;
+}
