@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include "nflash/cache.h"
-#include "nflash/import.h"
 #include "nflash/model.h"
 #include "nflash/sampler.h"
 #include "nflash/sparse.h"
@@ -23,19 +22,6 @@
 #include "util_ref.h"
 
 #define TOL 1e-5
-
-static void import_to(const char *gguf, char *out, size_t len)
-{
-	pl_tmp_path(out, len, "import");
-	struct nf_import_opts o;
-	nf_import_opts_default(&o);
-	o.block_size = 512;
-	o.extent_bundles = 8;
-	struct nf_import_report r;
-	struct nf_diag d = { 0 };
-	int rc = nf_import(gguf, out, &o, &r, &d);
-	cr_assert_eq(rc, 0, "import %s: %s", gguf, nf_diag_msg(&d, rc));
-}
 
 /* Store-backed under two budgets vs the GGUF in memory (same engine mode). */
 static void check_model(const char *gguf, const struct nf_ref *ref)
@@ -65,7 +51,7 @@ static void check_model(const char *gguf, const struct nf_ref *ref)
 	nf_sparse_close(s);
 	nf_ctx_close(c);
 
-	import_to(gguf, sp, sizeof(sp));
+	pl_import(gguf, sp, sizeof(sp));
 	struct nf_model *sm = pl_load(sp, true, false);
 	cr_assert_not_null(nf_model_store(sm));
 	cr_assert(!nf_model_ffn_in_memory(sm));

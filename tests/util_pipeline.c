@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "nflash/dtype.h"
+#include "nflash/import.h"
 #include "nflash/sampler.h"
 #include "nflash/store.h"
 #include "nflash/synth.h"
@@ -180,4 +181,17 @@ void pl_run(struct nf_ctx *c, const int32_t *ids, size_t n_ids, float *lg, int32
 			cr_assert_eq(rc, 0, "eval: %s", nf_strerror(rc));
 		}
 	}
+}
+
+void pl_import(const char *gguf, char *out, size_t len)
+{
+	pl_tmp_path(out, len, "import");
+	struct nf_import_opts o;
+	nf_import_opts_default(&o);
+	o.block_size = 512;
+	o.extent_bundles = 8;
+	struct nf_import_report r;
+	struct nf_diag d = { 0 };
+	int rc = nf_import(gguf, out, &o, &r, &d);
+	cr_assert_eq(rc, 0, "import %s: %s", gguf, nf_diag_msg(&d, rc));
 }

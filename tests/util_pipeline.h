@@ -37,6 +37,10 @@ struct nf_model *pl_load(const char *path, bool prefault, bool unpack);
 struct nf_ctx *pl_open_ctx(struct nf_model *m, int threads);
 void pl_run(struct nf_ctx *c, const int32_t *ids, size_t n_ids, float *lg, int32_t *greedy, size_t n);
 
+/* nflash import gguf (bundles aligned to 512, extents of 8) to a fresh
+ * path under /tmp, written to out. */
+void pl_import(const char *gguf, char *out, size_t len);
+
 /* max |a[i] - b[i]| */
 double pl_max_diff(const float *a, const float *b, size_t n);
 

@@ -114,7 +114,7 @@ void nf_model_cli_help(FILE *f)
 
 /* Bytes the process holds before the model: program, libraries, thread
  * stacks, allocator slack. Printed at start; the budget check allows it. */
-#define NF_CLI_OVERHEAD (48ull << 20)
+#define NF_CLI_OVERHEAD (24ull << 20)
 
 uint64_t nf_model_cli_vm_hwm(void)
 {
