@@ -437,8 +437,11 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 				s->st.groups_ready_later++;
 			}
 		}
-		if (rc < 0)
+		if (rc < 0) {
+			/* what was submitted must land before its slots are reused */
+			nf_cache_release(s->cache);
 			return rc;
+		}
 	}
 
 	run_workers(s, env, worker);
