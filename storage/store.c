@@ -568,13 +568,20 @@ const struct nf_store_object *nf_store_ffn_find(const struct nf_store *s, uint32
 
 void nf_store_ffn_layout(const struct nf_store_object *obj, struct nf_bundle_layout *out)
 {
-	*out = (struct nf_bundle_layout){
-		.dtype = obj->dtype, .dim = obj->dim, .n_neurons = obj->n_bundles,
-		.has_gate = obj->has_gate, .row_bytes = obj->row_bytes,
-		.down_form = obj->down_form, .down_dtype = obj->down_dtype,
-		.down_off = obj->down_off, .down_bytes = obj->down_bytes,
-		.bundle_bytes = obj->bundle_bytes, .stride = obj->stride,
-	};
+	/* field by field over zeroed memory: padding bytes are zero too, so
+	 * layouts compare with memcmp (a compound literal leaves them unset) */
+	memset(out, 0, sizeof(*out));
+	out->dtype = obj->dtype;
+	out->dim = obj->dim;
+	out->n_neurons = obj->n_bundles;
+	out->has_gate = obj->has_gate;
+	out->row_bytes = obj->row_bytes;
+	out->down_form = obj->down_form;
+	out->down_dtype = obj->down_dtype;
+	out->down_off = obj->down_off;
+	out->down_bytes = obj->down_bytes;
+	out->bundle_bytes = obj->bundle_bytes;
+	out->stride = obj->stride;
 }
 
 const struct nf_store_object *nf_store_ffn_scales(const struct nf_store *s,
