@@ -104,7 +104,8 @@ struct nf_sparse {
 	struct nf_sparse_stats st;
 	uint32_t hot_after;
 	uint64_t tokens, next_hot;
-	double t_req, t_last_ready;  /* this layer: request time, last completion */
+	double t_req;                /* this layer: request time */
+	_Atomic double t_last_ready; /* and its last completion (set by reapers) */
 	const float *cur_x;          /* token being computed */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
@@ -272,7 +273,7 @@ static void on_ready(void *user, const uint32_t *neurons, uint32_t n, int result
 		atomic_compare_exchange_strong(&s->err, &expect, result);
 	}
 	if (s->cache)
-		s->t_last_ready = now_s();
+		atomic_store(&s->t_last_ready, now_s());
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t gi = neurons[k] / GROUP;
 		if (atomic_fetch_sub(&s->groups[gi].pending, 1) == 1)
@@ -424,7 +425,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 					s->req[n++] = gi * GROUP + i;
 		}
 		s->t_req = now_s();
-		s->t_last_ready = 0.0;
+		atomic_store(&s->t_last_ready, 0.0);
 		int rc = nf_cache_request(s->cache, layer, 0, s->req, n, s->ptrs, on_ready, s);
 		/* drop the guard count: groups whose bundles were all hits are ready now */
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
@@ -451,8 +452,9 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 		int rc = nf_cache_release(s->cache);
 		if (!err && rc < 0)
 			err = rc;
-		if (s->st.groups_ready_later > later0 && s->t_last_ready > s->t_req)
-			s->st.t_io += s->t_last_ready - s->t_req;
+		double last = atomic_load(&s->t_last_ready);
+		if (s->st.groups_ready_later > later0 && last > s->t_req)
+			s->st.t_io += last - s->t_req;
 	}
 	if (err < 0)
 		return err;

@@ -532,8 +532,11 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 	struct read_rec *r;
 	for (;;) {
 		while ((r = ev_pop(c))) {
-			if (r->result < 0)
+			if (r->result < 0) {
+				pthread_mutex_lock(&c->ev_lock);
 				read_failed(c, r);
+				pthread_mutex_unlock(&c->ev_lock);
+			}
 			fn(user, r->neurons, r->n, r->result);
 			atomic_fetch_sub(&c->outstanding, 1);
 			handed++;
@@ -551,8 +554,11 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 			struct read_rec *q = ev_pop(c);
 			if (!q)
 				return rc;
-			if (q->result < 0)
+			if (q->result < 0) {
+				pthread_mutex_lock(&c->ev_lock);
 				read_failed(c, q);
+				pthread_mutex_unlock(&c->ev_lock);
+			}
 			fn(user, q->neurons, q->n, q->result);
 			atomic_fetch_sub(&c->outstanding, 1);
 			handed++;

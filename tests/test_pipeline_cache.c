@@ -107,7 +107,7 @@ static void check_bytes(struct fx *f, uint32_t layer, const uint32_t *ids, uint3
 	close(fd);
 }
 
-Test(pipeline, cache_coalesces_and_hits, .timeout = 60)
+Test(pipeline, cache_coalesces_and_hits)
 {
 	struct fx f;
 	fx_open(&f, false);
@@ -147,7 +147,7 @@ Test(pipeline, cache_coalesces_and_hits, .timeout = 60)
 	fx_close(&f);
 }
 
-Test(pipeline, cache_runs_follow_the_permutation, .timeout = 60)
+Test(pipeline, cache_runs_follow_the_permutation)
 {
 	struct fx f;
 	fx_open(&f, true);
@@ -169,7 +169,7 @@ Test(pipeline, cache_runs_follow_the_permutation, .timeout = 60)
 	fx_close(&f);
 }
 
-Test(pipeline, cache_clock_evicts_under_one_layer, .timeout = 60)
+Test(pipeline, cache_clock_evicts_under_one_layer)
 {
 	struct fx f;
 	fx_open(&f, false);
@@ -203,7 +203,7 @@ Test(pipeline, cache_clock_evicts_under_one_layer, .timeout = 60)
 	fx_close(&f);
 }
 
-Test(pipeline, cache_hot_segment_from_counts, .timeout = 60)
+Test(pipeline, cache_hot_segment_from_counts)
 {
 	struct fx f;
 	fx_open(&f, false);
@@ -235,7 +235,7 @@ Test(pipeline, cache_hot_segment_from_counts, .timeout = 60)
 	fx_close(&f);
 }
 
-Test(pipeline, cache_refuses_a_too_small_arena, .timeout = 60)
+Test(pipeline, cache_refuses_a_too_small_arena)
 {
 	struct fx f;
 	fx_open(&f, false);
@@ -253,7 +253,7 @@ Test(pipeline, cache_refuses_a_too_small_arena, .timeout = 60)
 	fx_close(&f);
 }
 
-Test(pipeline, cache_read_error_is_reported_and_forgotten, .timeout = 60)
+Test(pipeline, cache_read_error_is_reported_and_forgotten)
 {
 	struct fx f;
 	fx_open(&f, false);

@@ -81,7 +81,7 @@ static unsigned long long json_u64(const char *json, const char *key)
 	return strtoull(at + strlen(k), NULL, 10);
 }
 
-Test(pipeline, budget_holds_and_too_small_is_refused, .timeout = 120)
+Test(pipeline, budget_holds_and_too_small_is_refused)
 {
 	if (access(NFLASH, X_OK) != 0)
 		cr_skip_test("%s is not built", NFLASH);

@@ -43,7 +43,7 @@ static struct nf_sparse *engine(struct nf_ctx *c, enum nf_sparse_mode mode, stru
 
 /* ---- PowerInfer's own output ------------------------------------------------ */
 
-Test(pipeline, predictor_reproduces_powerinfer, .timeout = 60)
+Test(pipeline, predictor_reproduces_powerinfer)
 {
 	struct nf_ref r;
 	struct nf_diag d = { 0 };
@@ -235,7 +235,7 @@ static void check_restricted(const char *path, double tol)
 	nf_model_free(m);
 }
 
-Test(pipeline, predictor_equals_dense_restricted_to_predicted_set, .timeout = 120)
+Test(pipeline, predictor_equals_dense_restricted_to_predicted_set)
 {
 	if (access(PWRI ".gguf", R_OK) == 0)
 		check_restricted(PWRI ".gguf", 1e-3);
@@ -281,7 +281,7 @@ static void check_exact(const char *act, uint32_t dtype)
 	unlink(p);
 }
 
-Test(pipeline, exact_mode_equals_dense, .timeout = 120)
+Test(pipeline, exact_mode_equals_dense)
 {
 	check_exact("relu", NF_DTYPE_F32);
 	check_exact("drelu", NF_DTYPE_F32);
@@ -407,7 +407,7 @@ static void check_store(const char *model_path, enum nf_sparse_mode mode, bool s
 	unlink(sp);
 }
 
-Test(pipeline, store_backed_equals_memory, .timeout = 120)
+Test(pipeline, store_backed_equals_memory)
 {
 	check_store("../shared/testdata/models/tiny-llama-f32.gguf", NF_SPARSE_DENSE, false);
 	check_store("../shared/testdata/models/tiny-llama-f16.gguf", NF_SPARSE_DENSE, true);
@@ -422,7 +422,7 @@ Test(pipeline, store_backed_equals_memory, .timeout = 120)
 	unlink(p);
 }
 
-Test(pipeline, read_error_fails_that_eval_only, .timeout = 60)
+Test(pipeline, read_error_fails_that_eval_only)
 {
 	struct nf_model *m = pl_load("../shared/testdata/models/tiny-llama-f32.gguf", false, false);
 	uint32_t nv = nf_model_hparams(m)->n_vocab;

@@ -110,7 +110,7 @@ static void check_model(const char *gguf, const struct nf_ref *ref)
 	free(gb);
 }
 
-Test(pipeline, store_equals_gguf_for_every_testdata_model, .timeout = 180)
+Test(pipeline, store_equals_gguf_for_every_testdata_model)
 {
 	glob_t gl;
 	int n = 0;
@@ -122,7 +122,7 @@ Test(pipeline, store_equals_gguf_for_every_testdata_model, .timeout = 180)
 	cr_expect(n > 0, "no models in ../shared/testdata/models");
 }
 
-Test(pipeline, powerinfer_from_its_store_under_a_small_budget, .timeout = 120)
+Test(pipeline, powerinfer_from_its_store_under_a_small_budget)
 {
 	glob_t gl;
 	int n = 0;
