@@ -64,6 +64,28 @@ static void rope_store_rows(void *arg, size_t b0, size_t b1)
 	}
 }
 
+
+/*
+ * PowerInfer's ggml (the one its files are checked against) takes exp from
+ * an fp16 table: exp(x) = fp16(expf(fp16(x))), summed in double, then
+ * scaled by 1/sum. An exact exp moves its logits by about 1e-3.
+ */
+static void softmax_exp_f16(float *x, size_t n)
+{
+	float max = x[0];
+	for (size_t i = 1; i < n; i++)
+		max = fmaxf(max, x[i]);
+	double sum = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		float v = nf_fp16_to_fp32(nf_fp32_to_fp16(expf(nf_fp16_to_fp32(nf_fp32_to_fp16(x[i] - max)))));
+		x[i] = v;
+		sum += (double)v;
+	}
+	float inv = (float)(1.0 / sum);
+	for (size_t i = 0; i < n; i++)
+		x[i] *= inv;
+}
+
 static void attend(void *arg, int ith, int nth)
 {
 	struct att_job *j = arg;
@@ -94,7 +116,10 @@ static void attend(void *arg, int ith, int nth)
 		}
 		for (size_t t = 0; t < n_t; t++)
 			scores[t] *= scale;
-		k->softmax(scores, n_t);
+		if (c->m->hp.powerinfer)
+			softmax_exp_f16(scores, n_t);
+		else
+			k->softmax(scores, n_t);
 		float *out = c->att + b * E + h * HD;
 		memset(out, 0, HD * sizeof(float));
 		for (size_t t = 0; t < n_t; t++) {

@@ -159,6 +159,13 @@ static void *zalloc(size_t n, size_t size, int *rc)
 	return p;
 }
 
+/* zalloc counted in c->bytes (what the context allocated, for the budget) */
+static void *czalloc(struct nf_ctx *c, size_t n, size_t size, int *rc)
+{
+	c->bytes += (n ? n : 1) * size;
+	return zalloc(n, size, rc);
+}
+
 int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct nf_ctx **out,
 		struct nf_diag *diag)
 {
@@ -200,43 +207,44 @@ int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct 
 		size_t s = nf_act_size(kt, maxn);
 		c->xq_row = s > c->xq_row ? s : c->xq_row;
 	}
-	c->kcache = zalloc(hp->n_layer, sizeof(void *), &rc);
-	c->vcache = zalloc(hp->n_layer, sizeof(void *), &rc);
-	c->ffn = zalloc(hp->n_layer, sizeof(*c->ffn), &rc);
+	c->kcache = czalloc(c, hp->n_layer, sizeof(void *), &rc);
+	c->vcache = czalloc(c, hp->n_layer, sizeof(void *), &rc);
+	c->ffn = czalloc(c, hp->n_layer, sizeof(*c->ffn), &rc);
 	if (rc < 0)
 		goto fail_nomem;
 	for (uint32_t il = 0; il < hp->n_layer; il++) {
-		c->kcache[il] = zalloc((size_t)c->n_ctx * KV, c->kv_elt, &rc);
-		c->vcache[il] = zalloc((size_t)c->n_ctx * KV, c->kv_elt, &rc);
+		c->kcache[il] = czalloc(c, (size_t)c->n_ctx * KV, c->kv_elt, &rc);
+		c->vcache[il] = czalloc(c, (size_t)c->n_ctx * KV, c->kv_elt, &rc);
 	}
-	c->x = zalloc(NB * E, sizeof(float), &rc);
-	c->xn = zalloc(NB * E, sizeof(float), &rc);
-	c->q = zalloc(NB * E, sizeof(float), &rc);
-	c->kn = zalloc(NB * KV, sizeof(float), &rc);
-	c->vn = zalloc(NB * KV, sizeof(float), &rc);
-	c->att = zalloc(NB * E, sizeof(float), &rc);
-	c->tmp = zalloc(NB * E, sizeof(float), &rc);
-	c->g = zalloc(NB * F, sizeof(float), &rc);
-	c->u = zalloc(NB * F, sizeof(float), &rc);
-	c->xq = zalloc(NB, c->xq_row, &rc);
-	c->logits = zalloc(hp->n_vocab, sizeof(float), &rc);
-	c->scores = zalloc(NT * c->n_ctx, sizeof(float), &rc);
+	c->x = czalloc(c, NB * E, sizeof(float), &rc);
+	c->xn = czalloc(c, NB * E, sizeof(float), &rc);
+	c->q = czalloc(c, NB * E, sizeof(float), &rc);
+	c->kn = czalloc(c, NB * KV, sizeof(float), &rc);
+	c->vn = czalloc(c, NB * KV, sizeof(float), &rc);
+	c->att = czalloc(c, NB * E, sizeof(float), &rc);
+	c->tmp = czalloc(c, NB * E, sizeof(float), &rc);
+	c->g = czalloc(c, NB * F, sizeof(float), &rc);
+	c->u = czalloc(c, NB * F, sizeof(float), &rc);
+	c->xq = czalloc(c, NB, c->xq_row, &rc);
+	c->logits = czalloc(c, hp->n_vocab, sizeof(float), &rc);
+	c->scores = czalloc(c, NT * c->n_ctx, sizeof(float), &rc);
 	c->qh_row = nf_act_size(NF_KT_F16, hp->head_dim);
-	c->qh = zalloc(NT, c->qh_row, &rc);
+	c->qh = czalloc(c, NT, c->qh_row, &rc);
 	if (X) {
-		c->router = zalloc(NB * X, sizeof(float), &rc);
-		c->sel = zalloc(NB * U, sizeof(int32_t), &rc);
-		c->selw = zalloc(NB * U, sizeof(float), &rc);
-		c->tok_of = zalloc(NB, sizeof(int32_t), &rc);
-		c->slot_of = zalloc(NB, sizeof(int32_t), &rc);
-		c->xg = zalloc(NB * E, sizeof(float), &rc);
-		c->eg = zalloc(NB * E, sizeof(float), &rc);
-		c->eout = zalloc(NB * U * E, sizeof(float), &rc);
+		c->router = czalloc(c, NB * X, sizeof(float), &rc);
+		c->sel = czalloc(c, NB * U, sizeof(int32_t), &rc);
+		c->selw = czalloc(c, NB * U, sizeof(float), &rc);
+		c->tok_of = czalloc(c, NB, sizeof(int32_t), &rc);
+		c->slot_of = czalloc(c, NB, sizeof(int32_t), &rc);
+		c->xg = czalloc(c, NB * E, sizeof(float), &rc);
+		c->eg = czalloc(c, NB * E, sizeof(float), &rc);
+		c->eout = czalloc(c, NB * U * E, sizeof(float), &rc);
 	} else if (m->layers[0].down_t.data) {
-		c->eg = zalloc(NB * F, sizeof(float), &rc); /* rounded activations for down_t */
+		c->eg = czalloc(c, NB * F, sizeof(float), &rc); /* rounded activations for down_t */
 	}
 	if (rc < 0)
 		goto fail_nomem;
+	c->bytes_kv = 2 * (uint64_t)hp->n_layer * c->n_ctx * KV * c->kv_elt;
 	c->env = (struct nf_ffn_env){ .model = m, .k = c->k, .pool = c->pool };
 	*out = c;
 	return 0;
@@ -272,6 +280,9 @@ uint32_t nf_ctx_n_past(const struct nf_ctx *c) { return c->n_past; }
 uint32_t nf_ctx_n_ctx(const struct nf_ctx *c) { return c->n_ctx; }
 int nf_ctx_n_threads(const struct nf_ctx *c) { return c->n_threads; }
 const struct nf_kernels *nf_ctx_kernels(const struct nf_ctx *c) { return c->k; }
+const struct nf_model *nf_ctx_model(const struct nf_ctx *c) { return c->m; }
+uint64_t nf_ctx_bytes(const struct nf_ctx *c) { return c->bytes + sizeof(*c); }
+uint64_t nf_ctx_bytes_kv(const struct nf_ctx *c) { return c->bytes_kv; }
 void nf_ctx_reset(struct nf_ctx *c) { c->n_past = 0; }
 
 int nf_ctx_set_ffn(struct nf_ctx *c, uint32_t il, const struct nf_ffn_ops *ops, void *self)

@@ -100,6 +100,8 @@ struct nf_ctx {
 	float *eout;        /* n_batch x n_expert_used x n_embd: per-slot expert outputs */
 
 	struct nf_ffn_env env;
+	uint64_t bytes;     /* allocated by nf_ctx_open (KV cache and scratch) */
+	uint64_t bytes_kv;  /* of which the KV cache */
 };
 
 /* A tensor by name: from the GGUF, or from a store's dense objects. */

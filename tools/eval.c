@@ -27,6 +27,8 @@ static void eval_usage(FILE *f)
 	fprintf(f,
 		"  --ids LIST            comma-separated prompt token ids; required\n"
 		"  --logits FILE         write the logits here instead of stdout\n"
+		"  --json                print a JSON object (stats, vm_hwm_bytes) on stdout instead\n"
+		"                        of the logits (use --logits FILE for them)\n"
 		"  -h, --help            this help\n");
 }
 
@@ -37,6 +39,7 @@ int nf_cmd_eval(int argc, char **argv)
 	int32_t *ids = NULL;
 	size_t n_ids = 0;
 	const char *out_path = NULL;
+	bool json = false;
 	int ret = NF_EXIT_USAGE;
 
 	for (int i = 1; i < argc; i++) {
@@ -55,6 +58,8 @@ int nf_cmd_eval(int argc, char **argv)
 			ids = NULL;
 			if (!(v = nf_cli_value(argc, argv, &i)) || nf_cli_ids(f, v, &ids, &n_ids) < 0)
 				goto done;
+		} else if (!strcmp(f, "--json")) {
+			json = true;
 		} else if (!strcmp(f, "--logits")) {
 			if (!(out_path = nf_cli_value(argc, argv, &i)))
 				goto done;
@@ -83,10 +88,28 @@ int nf_cmd_eval(int argc, char **argv)
 		goto done;
 	}
 	ret = NF_EXIT_FAIL;
+	double t0 = nf_cli_now();
 	int rc = nf_ctx_eval(mc.ctx, ids, n_ids);
+	double t_eval = nf_cli_now() - t0;
 	if (rc < 0) {
 		nf_cli_err("%s: evaluation failed: %s", mc.path, nf_strerror(rc));
 		goto done;
+	}
+	nf_model_cli_stats_total(&mc, stderr, t_eval);
+	if (json) {
+		struct nf_json j;
+		nf_json_init(&j, stdout, false);
+		nf_json_obj_begin(&j, NULL);
+		nf_json_str(&j, "model", mc.path);
+		nf_json_u64(&j, "prompt_tokens", n_ids);
+		nf_json_dbl(&j, "eval_ms", t_eval * 1e3);
+		nf_model_cli_stats_json(&mc, &j, t_eval);
+		nf_json_obj_end(&j);
+		nf_json_finish(&j);
+		if (!out_path) {
+			ret = NF_EXIT_OK;
+			goto done;
+		}
 	}
 	FILE *f = out_path ? fopen(out_path, "w") : stdout;
 	if (!f) {

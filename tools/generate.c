@@ -269,6 +269,7 @@ int nf_cmd_generate(int argc, char **argv)
 		nf_cli_err("%s: prompt evaluation failed: %s", mc.path, nf_strerror(rc));
 		goto done;
 	}
+	nf_model_cli_stats_step(&mc, stderr, "prompt");
 	size_t n_gen = 0, n_evals = 0;
 	enum gen_stop stop = STOP_LENGTH;
 	while (n_gen < max_gen) {
@@ -320,6 +321,9 @@ int nf_cmd_generate(int argc, char **argv)
 			nf_cli_err("%s: evaluation failed: %s", mc.path, nf_strerror(rc));
 			goto done;
 		}
+		char label[32];
+		snprintf(label, sizeof(label), "token %zu", n_gen);
+		nf_model_cli_stats_step(&mc, stderr, label);
 	}
 	if (stream)
 		printf("\n");
@@ -357,6 +361,7 @@ int nf_cmd_generate(int argc, char **argv)
 		nf_json_u64(&j, "n_ctx", n_ctx);
 		nf_json_str(&j, "kv_type", mc.kv_type == NF_KV_F16 ? "f16" : "f32");
 		nf_json_u64(&j, "seed", o.sp.seed);
+		nf_model_cli_stats_json(&mc, &j, t_prompt + t_eval);
 		nf_json_obj_end(&j);
 		nf_json_finish(&j);
 	}
@@ -375,6 +380,7 @@ int nf_cmd_generate(int argc, char **argv)
 		t_eval * 1e3, n_evals, n_evals ? t_eval * 1e3 / n_evals : 0.0, gen_tps);
 	fprintf(stderr, "nflash:       total time = %10.2f ms / %5zu tokens\n",
 		(mc.load_s + t_prompt + t_eval + t_sample) * 1e3, o.n_ids + n_gen);
+	nf_model_cli_stats_total(&mc, stderr, t_prompt + t_eval);
 	ret = NF_EXIT_OK;
 done:
 	free(o.ids);

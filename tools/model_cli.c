@@ -5,9 +5,11 @@
  * Invariants: every error names the flag or the file; the load time covers
  * parsing, mapping and prefaulting the weights and allocating the context.
  */
+#include <math.h>
 #include <string.h>
 
 #include "nflash/error.h"
+#include "nflash/store.h"
 #include "cli.h"
 #include "model_cli.h"
 
@@ -16,6 +18,7 @@ void nf_model_cli_init(struct nf_model_cli *mc)
 	memset(mc, 0, sizeof(*mc));
 	mc->n_batch = 512;
 	mc->kv_type = NF_KV_F32;
+	mc->sparse_mode = -1;
 }
 
 int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
@@ -45,6 +48,42 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 			nf_cli_err("%s: expected f32 or f16, got '%s'", f, v);
 			return NF_EUSAGE;
 		}
+	} else if (!strcmp(f, "--sparse-mode")) {
+		if (!(v = nf_cli_value(argc, argv, i)))
+			return NF_EUSAGE;
+		int m = nf_sparse_mode_parse(v);
+		if (m < 0) {
+			nf_cli_err("%s: expected auto, predictor, exact, dense or off, got '%s'", f, v);
+			return NF_EUSAGE;
+		}
+		mc->sparse_mode = m;
+	} else if (!strcmp(f, "--sparse-threshold")) {
+		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_double(f, v, &mc->threshold) < 0)
+			return NF_EUSAGE;
+		mc->threshold_set = true;
+	} else if (!strcmp(f, "--memory-budget")) {
+		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_size(f, v, &mc->budget) < 0)
+			return NF_EUSAGE;
+		if (mc->budget == 0) {
+			nf_cli_err("%s: must be positive", f);
+			return NF_EUSAGE;
+		}
+	} else if (!strcmp(f, "--stats")) {
+		mc->stats = true;
+	} else if (!strcmp(f, "--ffn-store")) {
+		if (!(mc->ffn_store = nf_cli_value(argc, argv, i)))
+			return NF_EUSAGE;
+	} else if (!strcmp(f, "--io")) {
+		if (!(mc->io_backend = nf_cli_value(argc, argv, i)))
+			return NF_EUSAGE;
+		int b = nf_io_backend_parse(mc->io_backend);
+		if (b < 0 || b == NF_IO_FAULT) {
+			nf_cli_err("%s: expected auto, aio, uring or sync, got '%s'", f, mc->io_backend);
+			return NF_EUSAGE;
+		}
+	} else if (!strcmp(f, "--qd")) {
+		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 1, 4096, &mc->qd) < 0)
+			return NF_EUSAGE;
 	} else {
 		return 0;
 	}
@@ -59,7 +98,341 @@ void nf_model_cli_help(FILE *f)
 		"  -c, --ctx-size N      context length in tokens (default: the model's)\n"
 		"  -t, --threads N       compute threads (default: all CPUs)\n"
 		"  -b, --batch-size N    prompt tokens per forward step (default 512)\n"
-		"  --kv-type f32|f16     KV cache element type (default f32)\n");
+		"  --kv-type f32|f16     KV cache element type (default f32)\n"
+		"  --sparse-mode MODE    predictor|exact|dense|off|auto (default auto: predictor where\n"
+		"                        the file has one, exact for ReLU/dReLU, the built-in dense FFN\n"
+		"                        otherwise)\n"
+		"  --sparse-threshold X  predictor threshold (default: powerinfer.sparse_threshold, or 0)\n"
+		"  --memory-budget SIZE  limit on what the engine holds (K/M/G suffixes); the KV cache\n"
+		"                        for -c counts against it\n"
+		"  --stats               per-token and total FFN statistics on stderr\n"
+		"  --ffn-store FILE      read the FFN neuron bundles from this store through the\n"
+		"                        segmented cache (O_DIRECT) instead of the GGUF's weights\n"
+		"  --io aio|uring|sync   I/O backend for --ffn-store (default auto)\n"
+		"  --qd N                reads in flight for --ffn-store (default 32)\n");
+}
+
+/* Bytes the process holds before the model: program, libraries, thread
+ * stacks, allocator slack. Printed at start; the budget check allows it. */
+#define NF_CLI_OVERHEAD (24ull << 20)
+
+uint64_t nf_model_cli_vm_hwm(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	if (!f)
+		return 0;
+	char line[256];
+	unsigned long long kb = 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb * 1024;
+}
+
+static double mib(uint64_t b)
+{
+	return (double)b / (1024.0 * 1024.0);
+}
+
+/* Bytes of the FFN weights (gate, up, down) the model maps. */
+static uint64_t ffn_weight_bytes(const struct nf_model *m)
+{
+	const struct nf_model_hparams *hp = nf_model_hparams(m);
+	uint64_t b = 0;
+	for (uint32_t il = 0; il < hp->n_layer; il++) {
+		const struct nf_layer_weights *L = nf_model_layer(m, il);
+		const struct nf_weight *w[] = { &L->gate, &L->up, &L->down, &L->down_t };
+		for (size_t i = 0; i < 4; i++)
+			if (w[i]->data)
+				b += (uint64_t)w[i]->nrows * w[i]->row_bytes * w[i]->n_expert;
+	}
+	return b;
+}
+
+/*
+ * The store and its cache: the arena gets what the budget leaves after the
+ * dense weights (*weights, reduced to them here), the KV cache and scratch
+ * (an estimate: the engine's tables are small and counted after).
+ */
+static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
+{
+	struct nf_diag d = { 0 };
+	struct nf_store *store = nf_model_store(mc->model);
+	const char *spath = mc->path;
+	int rc;
+	if (!store) {
+		if ((rc = nf_store_open(mc->ffn_store, NULL, &mc->store, &d)) < 0) {
+			nf_cli_err("--ffn-store %s", nf_diag_msg(&d, rc));
+			return NF_EXIT_FAIL;
+		}
+		store = mc->store;
+		spath = mc->ffn_store;
+	}
+	*weights -= ffn_weight_bytes(mc->model);
+	const struct nf_model_hparams *hp = nf_model_hparams(mc->model);
+	uint64_t min = nf_cache_min_bytes(store);
+	/* the sparse engine's tables (per-group outputs, per-neuron arrays,
+	 * per-thread scratch) and the cache's metadata, rounded up */
+	uint64_t groups = (hp->n_ff + 31) / 32;
+	uint64_t engine = groups * hp->n_embd * 4 + (uint64_t)hp->n_ff * 72 +
+			  (uint64_t)hp->n_layer * hp->n_ff * 8 + 64ull * (hp->n_embd * 4 + 256) + (1u << 20);
+	uint64_t fixed = *weights + nf_ctx_bytes(mc->ctx) + engine;
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.io.quiet = false;
+	if (mc->io_backend)
+		o.io.backend = (enum nf_io_backend)nf_io_backend_parse(mc->io_backend);
+	if (mc->qd)
+		o.io.qd = (unsigned)mc->qd;
+	if (mc->budget) {
+		if (mc->budget < fixed + min) {
+			nf_cli_err("--memory-budget %.1f MiB is too small for %s: at least %.1f MiB "
+				   "needed (%.1f MiB dense weights + %.1f MiB KV cache and scratch + %.1f MiB engine "
+				   "tables + %.1f MiB: one layer's neurons in the cache)",
+				   mib(mc->budget), spath, mib(fixed + min), mib(*weights),
+				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
+			return NF_EXIT_FAIL;
+		}
+		o.arena_bytes = mc->budget - fixed;
+	} else {
+		/* no budget: room for every bundle of the store */
+		uint64_t all = 0;
+		for (uint32_t i = 0; i < nf_store_object_count(store); i++) {
+			const struct nf_store_object *ob = nf_store_object_get(store, i);
+			if (ob->kind == NF_STORE_KIND_FFN)
+				all += (uint64_t)ob->n_bundles * ob->stride;
+		}
+		o.arena_bytes = all * 2 + min;
+	}
+	rc = nf_cache_open(store, &o, &mc->cache, &d);
+	if (rc < 0) {
+		nf_cli_err("%s: %s", spath, nf_diag_msg(&d, rc));
+		return NF_EXIT_FAIL;
+	}
+	return NF_EXIT_OK;
+}
+
+/* The sparse engine and the budget check, after the context is open. */
+static int open_engine(struct nf_model_cli *mc)
+{
+	struct nf_diag d = { 0 };
+	const struct nf_model_hparams *hp = nf_model_hparams(mc->model);
+	struct nf_sparse_params sp;
+	nf_sparse_params_init(&sp);
+	sp.mode = mc->sparse_mode < 0 ? NF_SPARSE_AUTO : (enum nf_sparse_mode)mc->sparse_mode;
+	/* In memory, "dense" by default is the built-in FFN (the same sums);
+	 * MoE FFNs are not sparse yet. */
+	if (mc->sparse_mode < 0) {
+		bool pred = !hp->n_expert && nf_model_layer(mc->model, 0)->fc1.data;
+		if (hp->n_expert || (!pred && hp->act == NF_FFN_SILU))
+			sp.mode = NF_SPARSE_OFF;
+	}
+	sp.threshold_set = mc->threshold_set;
+	sp.threshold = (float)mc->threshold;
+	bool streamed = mc->ffn_store || !nf_model_ffn_in_memory(mc->model);
+	sp.measure_recall = mc->stats && !streamed;
+	uint64_t weights = nf_model_weight_bytes(mc->model);
+	mc->overhead = NF_CLI_OVERHEAD;
+	if (streamed) {
+		if (sp.mode == NF_SPARSE_OFF) {
+			if (hp->n_expert) {
+				nf_cli_err("%s: mixture-of-experts FFNs are not streamed from a store yet", mc->path);
+				return NF_EXIT_USAGE;
+			}
+			sp.mode = NF_SPARSE_DENSE;
+		}
+		int rc = open_cache(mc, &weights);
+		if (rc != NF_EXIT_OK)
+			return rc;
+		sp.cache = mc->cache;
+		sp.hot_after = 4;
+	}
+	int rc = nf_sparse_open(mc->ctx, &sp, &mc->sparse, &d);
+	if (rc < 0) {
+		nf_cli_err("%s: %s", mc->path, nf_diag_msg(&d, rc));
+		return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
+	}
+	mc->reserved = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse);
+	if (streamed) {
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(mc->cache, &cl);
+		fprintf(stderr,
+			"nflash: memory: dense weights %.1f MiB (pinned), neuron cache %.1f MiB (hot %.1f MiB / %u "
+			"slots, cold %.1f MiB / %u slots%s%s), reserved %.1f MiB (KV cache %.1f MiB for -c %u, "
+			"scratch and tables %.1f MiB); fixed overhead %.1f MiB\n",
+			mib(weights), mib(cl.arena), mib(cl.hot), cl.hot_slots, mib(cl.cold), cl.cold_slots,
+			cl.hugepages ? ", hugepages" : "", cl.numa ? ", NUMA-placed" : "", mib(mc->reserved),
+			mib(nf_ctx_bytes_kv(mc->ctx)), nf_ctx_n_ctx(mc->ctx),
+			mib(mc->reserved - nf_ctx_bytes_kv(mc->ctx)), mib(mc->overhead));
+		weights += cl.arena;
+		if (mc->budget && weights + mc->reserved > mc->budget) {
+			nf_cli_err("--memory-budget %.1f MiB: the engine's tables came to %.1f MiB, more than "
+				   "estimated; at least %.1f MiB needed",
+				   mib(mc->budget), mib(mc->reserved), mib(weights + mc->reserved));
+			return NF_EXIT_FAIL;
+		}
+	}
+	if (mc->budget && !streamed) {
+		uint64_t need = weights + mc->reserved;
+		fprintf(stderr,
+			"nflash: memory budget %.1f MiB: weights in memory %.1f MiB (pinned), reserved %.1f MiB "
+			"(KV cache %.1f MiB for -c %u, scratch and tables %.1f MiB); fixed overhead %.1f MiB\n",
+			mib(mc->budget), mib(weights), mib(mc->reserved), mib(nf_ctx_bytes_kv(mc->ctx)),
+			nf_ctx_n_ctx(mc->ctx), mib(mc->reserved - nf_ctx_bytes_kv(mc->ctx)), mib(mc->overhead));
+		if (need > mc->budget) {
+			nf_cli_err("--memory-budget %.1f MiB is too small for %s: at least %.1f MiB needed "
+				   "(%.1f MiB of weights held in memory + %.1f MiB KV cache and scratch; "
+				   "a smaller -c lowers the KV cache)",
+				   mib(mc->budget), mc->path, mib(need), mib(weights), mib(mc->reserved));
+			return NF_EXIT_FAIL;
+		}
+	}
+	if (mc->stats)
+		fprintf(stderr, "nflash: FFN mode %s%s\n", nf_sparse_mode_name(nf_sparse_mode_of(mc->sparse)),
+			nf_sparse_mode_of(mc->sparse) == NF_SPARSE_OFF ? " (built-in dense FFN)" : "");
+	mc->t_last = nf_cli_now();
+	return NF_EXIT_OK;
+}
+
+static void stats_line(FILE *f, const char *label, const struct nf_sparse_stats *d,
+		       const struct nf_cache_stats *c, double t)
+{
+	double act = d->neurons_total ? 100.0 * (double)d->neurons_active / (double)d->neurons_total : 0.0;
+	double wait = t > 0 ? 100.0 * d->t_wait / t : 0.0;
+	double overlap = d->t_io > 0 ? 100.0 * (1.0 - d->t_wait / d->t_io) : 100.0;
+	fprintf(f, "nflash: %s: %.2f ms, FFN %.2f ms (compute %.2f ms, I/O wait %.2f ms = %.1f%%, overlap %.0f%%), "
+		"active %.1f%% of %llu neurons",
+		label, t * 1e3, d->t_ffn * 1e3, (d->t_ffn - d->t_wait) * 1e3, d->t_wait * 1e3, wait,
+		overlap < 0 ? 0 : overlap, act, (unsigned long long)d->neurons_total);
+	if (c) {
+		double lk = c->lookups ? (double)c->lookups : 1.0;
+		fprintf(f, ", read %.1f KiB in %llu requests (mean %.1f KiB), hits hot %.1f%% cold %.1f%% miss %.1f%%",
+			(double)c->bytes_read / 1024.0, (unsigned long long)c->requests,
+			c->requests ? (double)(c->bytes_read - c->hot_bytes) / (double)c->requests / 1024.0 : 0.0,
+			100.0 * (double)c->hits_hot / lk, 100.0 * (double)c->hits_cold / lk,
+			100.0 * (double)c->misses / lk);
+	} else {
+		fprintf(f, ", read 0 B (weights in memory: every neuron a hit)");
+	}
+	if (d->hot_loads)
+		fprintf(f, ", hot segment refilled in %.2f ms", d->t_hot * 1e3);
+	if (d->recall_fired)
+		fprintf(f, ", predictor recall %.1f%%", 100.0 * (double)d->recall_hit / (double)d->recall_fired);
+	fprintf(f, "\n");
+}
+
+static void stats_delta(const struct nf_sparse_stats *a, const struct nf_sparse_stats *b,
+			struct nf_sparse_stats *d)
+{
+	d->ffn_calls = a->ffn_calls - b->ffn_calls;
+	d->neurons_total = a->neurons_total - b->neurons_total;
+	d->neurons_active = a->neurons_active - b->neurons_active;
+	d->groups_ready_now = a->groups_ready_now - b->groups_ready_now;
+	d->groups_ready_later = a->groups_ready_later - b->groups_ready_later;
+	d->t_ffn = a->t_ffn - b->t_ffn;
+	d->t_wait = a->t_wait - b->t_wait;
+	d->t_io = a->t_io - b->t_io;
+	d->hot_loads = a->hot_loads - b->hot_loads;
+	d->t_hot = a->t_hot - b->t_hot;
+	d->recall_fired = a->recall_fired - b->recall_fired;
+	d->recall_hit = a->recall_hit - b->recall_hit;
+}
+
+static void cache_delta(const struct nf_cache_stats *a, const struct nf_cache_stats *b,
+			struct nf_cache_stats *d)
+{
+	d->lookups = a->lookups - b->lookups;
+	d->hits_hot = a->hits_hot - b->hits_hot;
+	d->hits_cold = a->hits_cold - b->hits_cold;
+	d->misses = a->misses - b->misses;
+	d->requests = a->requests - b->requests;
+	d->bytes_read = a->bytes_read - b->bytes_read;
+	d->hot_loads = a->hot_loads - b->hot_loads;
+	d->hot_bytes = a->hot_bytes - b->hot_bytes;
+	d->evictions = a->evictions - b->evictions;
+	d->errors = a->errors - b->errors;
+}
+
+void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label)
+{
+	if (!mc->stats || !mc->sparse)
+		return;
+	struct nf_sparse_stats now, d;
+	struct nf_cache_stats cnow, cd;
+	nf_sparse_stats_get(mc->sparse, &now);
+	stats_delta(&now, &mc->last, &d);
+	if (mc->cache) {
+		nf_cache_stats_get(mc->cache, &cnow);
+		cache_delta(&cnow, &mc->clast, &cd);
+		mc->clast = cnow;
+	}
+	double t = nf_cli_now();
+	stats_line(f, label, &d, mc->cache ? &cd : NULL, t - mc->t_last);
+	mc->last = now;
+	mc->t_last = t;
+}
+
+void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
+{
+	if (!mc->stats || !mc->sparse)
+		return;
+	struct nf_sparse_stats now;
+	struct nf_cache_stats c;
+	nf_sparse_stats_get(mc->sparse, &now);
+	if (mc->cache)
+		nf_cache_stats_get(mc->cache, &c);
+	stats_line(f, "total", &now, mc->cache ? &c : NULL, t_total);
+	fprintf(f, "nflash: peak resident %.1f MiB (VmHWM)", mib(nf_model_cli_vm_hwm()));
+	if (mc->budget)
+		fprintf(f, ", budget %.1f MiB + fixed overhead %.1f MiB", mib(mc->budget), mib(mc->overhead));
+	fprintf(f, "\n");
+}
+
+void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double t_total)
+{
+	struct nf_sparse_stats st = { 0 };
+	struct nf_cache_stats c = { 0 };
+	if (mc->sparse)
+		nf_sparse_stats_get(mc->sparse, &st);
+	if (mc->cache)
+		nf_cache_stats_get(mc->cache, &c);
+	double lk = c.lookups ? (double)c.lookups : 1.0;
+	nf_json_obj_begin(j, "stats");
+	nf_json_str(j, "sparse_mode", mc->sparse ? nf_sparse_mode_name(nf_sparse_mode_of(mc->sparse)) : "off");
+	nf_json_str(j, "ffn_source", mc->cache ? "store" : "memory");
+	nf_json_u64(j, "bytes_read", c.bytes_read);
+	nf_json_u64(j, "requests", c.requests);
+	nf_json_dbl(j, "mean_request_bytes",
+		    c.requests ? (double)(c.bytes_read - c.hot_bytes) / (double)c.requests : 0.0);
+	nf_json_dbl(j, "hit_rate", mc->cache ? (double)(c.hits_hot + c.hits_cold) / lk : 1.0);
+	nf_json_obj_begin(j, "hit_rate_segments");
+	if (mc->cache) {
+		nf_json_dbl(j, "hot", (double)c.hits_hot / lk);
+		nf_json_dbl(j, "cold", (double)c.hits_cold / lk);
+	} else {
+		nf_json_dbl(j, "memory", 1.0);
+	}
+	nf_json_obj_end(j);
+	nf_json_u64(j, "lookups", c.lookups);
+	nf_json_u64(j, "misses", c.misses);
+	nf_json_u64(j, "evictions", c.evictions);
+	nf_json_u64(j, "hot_loads", st.hot_loads);
+	nf_json_dbl(j, "hot_load_ms", st.t_hot * 1e3);
+	nf_json_dbl(j, "ffn_ms", st.t_ffn * 1e3);
+	nf_json_dbl(j, "compute_ms", (st.t_ffn - st.t_wait) * 1e3);
+	nf_json_dbl(j, "io_wait_ms", st.t_wait * 1e3);
+	nf_json_dbl(j, "io_wait_share", t_total > 0 ? st.t_wait / t_total : 0.0);
+	nf_json_dbl(j, "overlap_pct", st.t_io > 0 ? fmax(0.0, 100.0 * (1.0 - st.t_wait / st.t_io)) : 100.0);
+	nf_json_u64(j, "neurons_total", st.neurons_total);
+	nf_json_u64(j, "neurons_active", st.neurons_active);
+	if (st.recall_fired)
+		nf_json_dbl(j, "predictor_recall", (double)st.recall_hit / (double)st.recall_fired);
+	nf_json_u64(j, "budget_bytes", mc->budget);
+	nf_json_u64(j, "reserved_bytes", mc->reserved);
+	nf_json_u64(j, "overhead_bytes", mc->overhead);
+	nf_json_obj_end(j);
+	nf_json_u64(j, "vm_hwm_bytes", nf_model_cli_vm_hwm());
 }
 
 int nf_model_cli_open(struct nf_model_cli *mc)
@@ -70,13 +443,29 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	}
 	struct nf_diag d = { 0 };
 	double t0 = nf_cli_now();
-	/* A store's FFN is unpacked into memory until the pipeline's streaming
-	 * FFN provider is wired in (nflash/model.h, store_unpack_ffn). */
-	struct nf_model_opts mo = { .prefault = true, .store_unpack_ffn = true };
+	/* Streamed FFNs (--ffn-store, or a store-backed model's own) are never
+	 * brought into memory: a GGUF's FFN pages are not prefaulted, a store's
+	 * FFN stays in the store. The built-in FFN (--sparse-mode off, MoE)
+	 * needs a store's FFN unpacked (store_unpack_ffn). */
+	bool off = mc->sparse_mode == NF_SPARSE_OFF;
+	struct nf_model_opts mo = { .prefault = !mc->ffn_store, .store_unpack_ffn = off };
 	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
+	if (rc == 0 && nf_model_store(mc->model) && !off && nf_model_hparams(mc->model)->n_expert) {
+		/* mixture of experts: not streamed yet, the built-in FFN runs */
+		nf_model_free(mc->model);
+		mc->model = NULL;
+		mo.store_unpack_ffn = true;
+		rc = nf_model_load(mc->path, &mo, &mc->model, &d);
+	}
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;
+	}
+	if (mc->ffn_store && nf_model_store(mc->model)) {
+		nf_cli_err("--ffn-store: %s is a store already; its own bundles are used", mc->path);
+		nf_model_free(mc->model);
+		mc->model = NULL;
+		return NF_EXIT_USAGE;
 	}
 	const struct nf_model_hparams *hp = nf_model_hparams(mc->model);
 	struct nf_ctx_params cp = nf_ctx_defaults();
@@ -93,12 +482,22 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 		mc->model = NULL;
 		return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
 	}
+	if ((rc = open_engine(mc)) != NF_EXIT_OK) {
+		nf_model_cli_close(mc);
+		return rc;
+	}
 	mc->load_s = nf_cli_now() - t0;
 	return NF_EXIT_OK;
 }
 
 void nf_model_cli_close(struct nf_model_cli *mc)
 {
+	nf_sparse_close(mc->sparse);
+	mc->sparse = NULL;
+	nf_cache_close(mc->cache);
+	mc->cache = NULL;
+	nf_store_close(mc->store);
+	mc->store = NULL;
 	nf_ctx_close(mc->ctx);
 	nf_model_free(mc->model);
 	mc->ctx = NULL;

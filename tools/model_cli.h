@@ -11,6 +11,10 @@
 #include <stdio.h>
 
 #include "nflash/model.h"
+#include "nflash/cache.h"
+#include "nflash/sparse.h"
+
+struct nf_json;
 
 struct nf_model_cli {
 	const char *path;       /* -m */
@@ -18,10 +22,26 @@ struct nf_model_cli {
 	long n_threads;         /* -t, 0: all CPUs */
 	long n_batch;           /* -b */
 	enum nf_kv_type kv_type;
+	int sparse_mode;        /* --sparse-mode, -1: default (auto) */
+	bool threshold_set;     /* --sparse-threshold */
+	double threshold;
+	uint64_t budget;        /* --memory-budget, 0: none */
+	bool stats;             /* --stats */
+	const char *ffn_store;  /* --ffn-store: FFN bundles from this store */
+	const char *io_backend; /* --io */
+	long qd;                /* --qd */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
 	struct nf_ctx *ctx;
+	struct nf_sparse *sparse;
+	struct nf_store *store;
+	struct nf_cache *cache;
 	double load_s;
+	uint64_t reserved;      /* KV cache + scratch + engine tables */
+	uint64_t overhead;      /* fixed overhead beside the budget */
+	struct nf_sparse_stats last; /* at the previous per-token report */
+	struct nf_cache_stats clast;
+	double t_last;
 };
 
 void nf_model_cli_init(struct nf_model_cli *mc);
@@ -43,5 +63,14 @@ void nf_model_cli_help(FILE *f);
  */
 int nf_model_cli_open(struct nf_model_cli *mc);
 void nf_model_cli_close(struct nf_model_cli *mc);
+
+/* --stats: one line on f for the tokens since the previous call (label
+ * names them), and the totals; JSON: the "stats" object and vm_hwm_bytes
+ * at top level. */
+void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label);
+void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total);
+void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double t_total);
+/* Peak resident set (VmHWM) of this process in bytes, 0 if unknown. */
+uint64_t nf_model_cli_vm_hwm(void);
 
 #endif

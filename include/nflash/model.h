@@ -234,6 +234,11 @@ uint32_t nf_ctx_n_past(const struct nf_ctx *c);
 uint32_t nf_ctx_n_ctx(const struct nf_ctx *c);
 int nf_ctx_n_threads(const struct nf_ctx *c);
 const struct nf_kernels *nf_ctx_kernels(const struct nf_ctx *c);
+/* The model the context runs. */
+const struct nf_model *nf_ctx_model(const struct nf_ctx *c);
+/* Bytes nf_ctx_open allocated (KV cache, scratch), and of them the KV cache. */
+uint64_t nf_ctx_bytes(const struct nf_ctx *c);
+uint64_t nf_ctx_bytes_kv(const struct nf_ctx *c);
 /* Forget the cache: the next eval starts at position 0. */
 void nf_ctx_reset(struct nf_ctx *c);
 

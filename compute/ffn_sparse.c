@@ -1,0 +1,834 @@
+/*
+ * ffn_sparse.c - the sparse FFN engine (nflash/sparse.h): predictor, exact
+ * two-phase and dense modes over 32-neuron groups, from the model's
+ * in-memory weights or from the segmented cache.
+ *
+ * Invariants:
+ *  1. Arithmetic follows ggml/PowerInfer: gate/up inputs rounded to their
+ *     weight's dot type (act_prepare); the activation of a neuron fed to a
+ *     float down row is rounded to that row's dot type (fp16 for F16); for
+ *     a quantized down (ROW from ffn_down_t, or QCOL) the activations of a
+ *     group are quantized together as one Q8_0 block, and neuron i's
+ *     coefficient is d * q[i] (PowerInfer's axpy_q4_0_q8_0; QCOL: ggml's
+ *     integer dot). Inactive neurons have activation 0 in that block.
+ *  2. A group is computed by one thread, start to end (gate, up, act,
+ *     down), only once all its active neurons' bytes are in memory: the Q8_0
+ *     block of a group depends on exactly that group, so no barrier per
+ *     matrix exists. Each group writes its own down contribution; when the
+ *     layer's groups are done they are summed in group order (rows split
+ *     over the threads), so the output does not depend on the thread count
+ *     nor on the order reads completed: store-backed equals in-memory bit
+ *     for bit.
+ *  3. Everything is allocated in nf_sparse_open(); forward() never
+ *     allocates.
+ *  4. Groups are taken through one atomic counter over the ready list, so
+ *     any thread may take any ready group; with a cache, a thread with
+ *     nothing to do reaps completions (the cache serialises that) and
+ *     appends the groups they complete.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nflash/cache.h"
+#include "nflash/dtype.h"
+#include "nflash/kernels.h"
+#include "nflash/model.h"
+#include "nflash/pool.h"
+#include "nflash/sparse.h"
+
+#define GROUP 32u
+
+enum down_form { DOWN_ROW, DOWN_QCOL };
+
+/* Where one layer's neuron bytes live when served from memory. */
+struct layer_tab {
+	bool sparse;                 /* false: built-in FFN (MoE) */
+	const char *gate, *up, *down;
+	size_t gate_stride, up_stride, down_stride;
+	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16 */
+	void *owned;                 /* transposed / repacked down (ours) */
+	const struct nf_weight *fc1, *fc2;
+};
+
+struct group_state {
+	uint32_t mask;               /* neurons to compute (bit i: neuron 32g + i) */
+	atomic_uint pending;         /* bundles not yet in memory */
+};
+
+struct nf_sparse {
+	struct nf_ctx *ctx;
+	const struct nf_model *m;
+	const struct nf_kernels *k;
+	enum nf_sparse_mode mode;
+	float threshold;
+	bool measure_recall;
+	struct nf_cache *cache;
+	uint32_t E, F, n_groups, n_layer;
+	uint32_t last_mask;          /* neurons of the last group that exist */
+	enum nf_ffn_act act;
+	bool has_gate;
+	uint32_t dt_gu, dt_down;     /* dtypes */
+	int kt_gu, kt_down;
+	enum down_form form;
+	uint32_t down_off_bundle;    /* cache bundles: byte offset of the down row */
+	uint32_t up_off_bundle;
+	struct layer_tab *tabs;
+	struct nf_ffn_ops ops;
+	uint64_t bytes;
+
+	/* per call scratch */
+	void *xq;                    /* x prepared for gate/up */
+	void *hq;                    /* predictor input prepared */
+	float *h1;                   /* fc1 output (rank) */
+	float *score;                /* fc2 output, then gate values for recall (n_ff) */
+	uint32_t rank;
+	struct group_state *groups;  /* n_groups */
+	uint32_t *ready;             /* group ids in the order they became ready */
+	atomic_uint n_ready, next;   /* appended / taken */
+	atomic_uint n_done;
+	uint32_t n_active_groups;
+	const void **ptrs;           /* cache: bundle address per neuron (n_ff) */
+	uint32_t *req;               /* cache: neuron ids requested (n_ff) */
+	atomic_int err;
+
+	/* per thread */
+	int nth;
+	float *gout;                 /* n_groups x E: each group's down contribution */
+	size_t act_stride;           /* bytes of per-thread activation scratch */
+	char *tscratch;              /* nth x act_stride */
+
+	struct nf_sparse_stats st;
+	uint32_t hot_after;
+	uint64_t tokens, next_hot;
+	double t_req;                /* this layer: request time */
+	_Atomic double t_last_ready; /* and its last completion (set by reapers) */
+	const float *cur_x;          /* token being computed */
+	float *cur_out;              /* its FFN output */
+	uint32_t cur_layer;
+};
+
+/* ---- names ------------------------------------------------------------------ */
+
+static const char *const mode_names[] = {
+	[NF_SPARSE_AUTO] = "auto", [NF_SPARSE_PREDICTOR] = "predictor",
+	[NF_SPARSE_EXACT] = "exact", [NF_SPARSE_DENSE] = "dense", [NF_SPARSE_OFF] = "off",
+};
+
+const char *nf_sparse_mode_name(enum nf_sparse_mode m)
+{
+	return (unsigned)m <= NF_SPARSE_OFF ? mode_names[m] : "?";
+}
+
+int nf_sparse_mode_parse(const char *name)
+{
+	for (int i = 0; i <= NF_SPARSE_OFF; i++)
+		if (!strcmp(name, mode_names[i]))
+			return i;
+	return -1;
+}
+
+void nf_sparse_params_init(struct nf_sparse_params *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->mode = NF_SPARSE_AUTO;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- group compute ----------------------------------------------------------- */
+
+/* Addresses of neuron j's gate row, up row and down part. */
+static void neuron_addr(const struct nf_sparse *s, uint32_t layer, uint32_t j, const char **g,
+			const char **u, const char **d)
+{
+	if (s->cache) {
+		const char *p = s->ptrs[j];
+		*g = p;
+		*u = p + s->up_off_bundle;
+		*d = p + s->down_off_bundle;
+		return;
+	}
+	const struct layer_tab *t = &s->tabs[layer];
+	*g = t->gate ? t->gate + (size_t)j * t->gate_stride : NULL;
+	*u = t->up + (size_t)j * t->up_stride;
+	*d = t->down + (size_t)j * t->down_stride;
+}
+
+static float act1(enum nf_ffn_act act, float g, float u, bool has_gate)
+{
+	if (!has_gate)
+		return act == NF_FFN_SILU ? u / (1.0f + expf(-u)) : (u > 0.0f ? u : 0.0f);
+	switch (act) {
+	case NF_FFN_RELU:
+		return (g > 0.0f ? g : 0.0f) * u;
+	case NF_FFN_DRELU:
+		return (g > 0.0f ? g : 0.0f) * (u > 0.0f ? u : 0.0f);
+	default:
+		return g / (1.0f + expf(-g)) * u;
+	}
+}
+
+/* y[i] = row[i] . xq for the neurons of mask, batching evenly spaced rows. */
+static void rows_gemv(const struct nf_sparse *s, const char *const row[GROUP], uint32_t mask, float *y)
+{
+	uint32_t i = 0;
+	while (i < GROUP) {
+		if (!(mask & (1u << i))) {
+			i++;
+			continue;
+		}
+		uint32_t n = 1;
+		ptrdiff_t step = 0;
+		if (i + 1 < GROUP && (mask & (1u << (i + 1)))) {
+			step = row[i + 1] - row[i];
+			if (step > 0)
+				while (i + n < GROUP && (mask & (1u << (i + n))) && row[i + n] - row[i + n - 1] == step)
+					n++;
+		}
+		s->k->gemv[s->kt_gu](s->E, n, row[i], n > 1 ? (size_t)step : 0, s->xq, y + i);
+		i += n;
+	}
+}
+
+/* Computes group gi of the current (layer, token) into out (E floats). */
+static void group_compute(struct nf_sparse *s, uint32_t gi, float *out, char *scratch)
+{
+	const struct nf_kernels *k = s->k;
+	uint32_t layer = s->cur_layer, E = s->E;
+	uint32_t mask = s->groups[gi].mask;
+	float a[GROUP], gv[GROUP], uv[GROUP];
+	const char *gp[GROUP], *up[GROUP], *dp[GROUP];
+	memset(a, 0, sizeof(a));
+	for (uint32_t i = 0; i < GROUP; i++) {
+		gp[i] = up[i] = dp[i] = NULL;
+		gv[i] = 0.0f;
+		if (mask & (1u << i))
+			neuron_addr(s, layer, gi * GROUP + i, &gp[i], &up[i], &dp[i]);
+	}
+	/* gate rows first (exact mode drops the neurons whose gate is not
+	 * positive), then up rows; each as few gemv calls as possible: runs of
+	 * neurons whose rows are evenly spaced (one matrix in memory, adjacent
+	 * cache slots) go in one call, row by row the same sums as alone */
+	if (s->has_gate) {
+		rows_gemv(s, gp, mask, gv);
+		if (s->mode == NF_SPARSE_EXACT)
+			for (uint32_t i = 0; i < GROUP; i++)
+				if ((mask & (1u << i)) && !(gv[i] > 0.0f))
+					mask &= ~(1u << i);
+	}
+	rows_gemv(s, up, mask, uv);
+	for (uint32_t i = 0; i < GROUP; i++) {
+		if (!(mask & (1u << i)) ||
+		    (s->mode == NF_SPARSE_EXACT && s->act == NF_FFN_DRELU && !(uv[i] > 0.0f))) {
+			dp[i] = NULL;
+			continue;
+		}
+		a[i] = act1(s->act, gv[i], uv[i], s->has_gate);
+	}
+
+	if (s->form == DOWN_QCOL) {
+		struct nf_block_q8_0 blk;
+		nf_quantize_row_q8_0(a, &blk, GROUP);
+		float dx = nf_fp16_to_fp32(blk.d);
+		if (dx == 0.0f)
+			return;
+		int32_t *acc = (int32_t *)scratch;
+		memset(acc, 0, E * sizeof(int32_t));
+		for (uint32_t i = 0; i < GROUP; i++) {
+			if (!dp[i] || blk.qs[i] == 0)
+				continue;
+			int32_t q = blk.qs[i];
+			if (s->dt_down == NF_DTYPE_Q8_0) {
+				const int8_t *c = (const int8_t *)dp[i];
+				for (uint32_t r = 0; r < E; r++)
+					acc[r] += q * c[r];
+			} else {
+				const uint8_t *c = (const uint8_t *)dp[i];
+				for (uint32_t r = 0; r < E; r += 2) {
+					acc[r] += q * ((int32_t)(c[r / 2] & 0x0f) - 8);
+					acc[r + 1] += q * ((int32_t)(c[r / 2] >> 4) - 8);
+				}
+			}
+		}
+		const uint16_t *sc = s->tabs[layer].scales + (size_t)gi * E;
+		for (uint32_t r = 0; r < E; r++)
+			out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc[r];
+		return;
+	}
+
+	if (s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0) {
+		/* PowerInfer: the activation vector quantized to Q8_0; neuron i
+		 * contributes d * q[i] times its dequantized down row. */
+		struct nf_block_q8_0 blk;
+		nf_quantize_row_q8_0(a, &blk, GROUP);
+		float d = nf_fp16_to_fp32(blk.d);
+		for (uint32_t i = 0; i < GROUP; i++)
+			if (dp[i] && blk.qs[i] != 0)
+				k->axpy[s->kt_down](E, d * (float)blk.qs[i], dp[i], out);
+		return;
+	}
+	/* Float down rows: round the activations to the row's dot type. */
+	float ar[GROUP];
+	k->act_prepare[s->kt_down](a, scratch, GROUP);
+	nf_dequantize_row(nf_ktype_dot_dtype(s->kt_down), scratch, ar, GROUP);
+	for (uint32_t i = 0; i < GROUP; i++)
+		if (dp[i] && ar[i] != 0.0f)
+			k->axpy[s->kt_down](E, ar[i], dp[i], out);
+}
+
+/* ---- the ready list ------------------------------------------------------------ */
+
+static void ready_push(struct nf_sparse *s, uint32_t gi)
+{
+	uint32_t at = atomic_fetch_add(&s->n_ready, 1);
+	__atomic_store_n(&s->ready[at], gi, __ATOMIC_RELEASE);
+}
+
+/* Cache completion: bundles of neurons[0..n) are in memory (or failed). */
+static void on_ready(void *user, const uint32_t *neurons, uint32_t n, int result)
+{
+	struct nf_sparse *s = user;
+	if (result < 0) {
+		int expect = 0;
+		atomic_compare_exchange_strong(&s->err, &expect, result);
+	}
+	if (s->cache)
+		atomic_store(&s->t_last_ready, now_s());
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t gi = neurons[k] / GROUP;
+		if (atomic_fetch_sub(&s->groups[gi].pending, 1) == 1)
+			ready_push(s, gi);
+	}
+}
+
+static void worker(void *arg, int ith, int nth)
+{
+	(void)nth;
+	struct nf_sparse *s = arg;
+	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
+	for (;;) {
+		if (atomic_load(&s->err))
+			return;
+		uint32_t taken = atomic_load(&s->next);
+		if (taken >= s->n_active_groups)
+			return;
+		if (taken < atomic_load(&s->n_ready)) {
+			if (!atomic_compare_exchange_weak(&s->next, &taken, taken + 1))
+				continue;
+			/* the slot may be claimed before its id is stored */
+			uint32_t gi;
+			while ((gi = __atomic_load_n(&s->ready[taken], __ATOMIC_ACQUIRE)) == UINT32_MAX)
+				;
+			float *out = s->gout + (size_t)gi * s->E;
+			memset(out, 0, s->E * sizeof(float));
+			group_compute(s, gi, out, scratch);
+			continue;
+		}
+		/* Nothing ready: reap completions (serialised by the cache). */
+		double t0 = ith == 0 ? now_s() : 0.0;
+		int rc = nf_cache_reap(s->cache, on_ready, s);
+		if (ith == 0)
+			s->st.t_wait += now_s() - t0;
+		if (rc < 0) {
+			int expect = 0;
+			atomic_compare_exchange_strong(&s->err, &expect, rc);
+			return;
+		}
+	}
+}
+
+static void run_workers(struct nf_sparse *s, const struct nf_ffn_env *env, nf_pool_fn fn)
+{
+	if (env->pool)
+		nf_pool_run(env->pool, fn, s);
+	else
+		fn(s, 0, 1);
+}
+
+/* out = sum of the active groups' contributions in group order, each
+ * thread a slice of the rows: the same sums whatever the thread count or
+ * the order in which groups became ready. */
+static void reduce_worker(void *arg, int ith, int nth)
+{
+	struct nf_sparse *s = arg;
+	size_t E = s->E, r0 = E * (size_t)ith / (size_t)nth, r1 = E * (size_t)(ith + 1) / (size_t)nth;
+	float *out = s->cur_out;
+	for (size_t r = r0; r < r1; r++)
+		out[r] = 0.0f;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		if (!s->groups[gi].mask)
+			continue;
+		const float *g = s->gout + (size_t)gi * E;
+		for (size_t r = r0; r < r1; r++)
+			out[r] += g[r];
+	}
+}
+
+/* ---- one token ------------------------------------------------------------------- */
+
+static void predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid)
+{
+	const struct nf_kernels *k = s->k;
+	k->act_prepare[t->fc1->kt](resid, s->hq, s->E);
+	k->gemv[t->fc1->kt](t->fc1->n, t->fc1->nrows, t->fc1->data, t->fc1->row_bytes, s->hq, s->h1);
+	for (uint32_t i = 0; i < s->rank; i++)
+		s->h1[i] = s->h1[i] > 0.0f ? s->h1[i] : 0.0f;
+	k->act_prepare[t->fc2->kt](s->h1, s->hq, s->rank);
+	k->gemv[t->fc2->kt](t->fc2->n, t->fc2->nrows, t->fc2->data, t->fc2->row_bytes, s->hq, s->score);
+}
+
+/* Gate values of every neuron (in memory) for recall. */
+static void measure_recall(struct nf_sparse *s, uint32_t layer)
+{
+	const struct layer_tab *t = &s->tabs[layer];
+	if (s->cache || !t->gate)
+		return;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++)
+		for (uint32_t i = 0; i < GROUP && gi * GROUP + i < s->F; i++) {
+			uint32_t j = gi * GROUP + i;
+			float gv;
+			s->k->gemv[s->kt_gu](s->E, 1, t->gate + (size_t)j * t->gate_stride, 0, s->xq, &gv);
+			if (gv > 0.0f) {
+				s->st.recall_fired++;
+				s->st.recall_hit += (s->groups[gi].mask >> i) & 1u;
+			}
+		}
+}
+
+static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
+			 const float *x, const float *resid, float *out)
+{
+	const struct layer_tab *t = &s->tabs[layer];
+	uint64_t later0 = s->st.groups_ready_later;
+	s->cur_layer = layer;
+	s->cur_x = x;
+	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
+	if (s->mode == NF_SPARSE_PREDICTOR)
+		predict(s, t, resid);
+
+	uint64_t active = 0;
+	s->n_active_groups = 0;
+	atomic_store(&s->n_ready, 0);
+	atomic_store(&s->next, 0);
+	atomic_store(&s->err, 0);
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
+		if (s->mode == NF_SPARSE_PREDICTOR) {
+			for (uint32_t i = 0; i < GROUP; i++)
+				if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
+					m |= 1u << i;
+		} else {
+			m = valid;
+		}
+		s->groups[gi].mask = m;
+		active += (uint64_t)__builtin_popcount(m);
+		if (m)
+			s->n_active_groups++;
+	}
+	for (uint32_t i = 0; i < s->n_active_groups; i++)
+		s->ready[i] = UINT32_MAX;
+	if (s->measure_recall && s->mode == NF_SPARSE_PREDICTOR)
+		measure_recall(s, layer);
+
+	if (!s->cache) {
+		for (uint32_t gi = 0; gi < s->n_groups; gi++)
+			if (s->groups[gi].mask)
+				ready_push(s, gi);
+		s->st.groups_ready_now += s->n_active_groups;
+	} else {
+		uint32_t n = 0;
+		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+			uint32_t m = s->groups[gi].mask;
+			atomic_store(&s->groups[gi].pending, (unsigned)__builtin_popcount(m) + 1u);
+			for (uint32_t i = 0; i < GROUP; i++)
+				if (m & (1u << i))
+					s->req[n++] = gi * GROUP + i;
+		}
+		s->t_req = now_s();
+		atomic_store(&s->t_last_ready, 0.0);
+		int rc = nf_cache_request(s->cache, layer, 0, s->req, n, s->ptrs, on_ready, s);
+		/* drop the guard count: groups whose bundles were all hits are ready now */
+		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+			if (!s->groups[gi].mask)
+				continue;
+			if (atomic_fetch_sub(&s->groups[gi].pending, 1) == 1) {
+				ready_push(s, gi);
+				s->st.groups_ready_now++;
+			} else {
+				s->st.groups_ready_later++;
+			}
+		}
+		if (rc < 0) {
+			/* what was submitted must land before its slots are reused */
+			nf_cache_release(s->cache);
+			return rc;
+		}
+	}
+
+	run_workers(s, env, worker);
+	int err = atomic_load(&s->err);
+	if (s->cache) {
+		/* every read of this layer must have landed before its slots are reused */
+		int rc = nf_cache_release(s->cache);
+		if (!err && rc < 0)
+			err = rc;
+		double last = atomic_load(&s->t_last_ready);
+		if (s->st.groups_ready_later > later0 && last > s->t_req)
+			s->st.t_io += last - s->t_req;
+	}
+	if (err < 0)
+		return err;
+	s->cur_out = out;
+	run_workers(s, env, reduce_worker);
+	s->st.ffn_calls++;
+	s->st.neurons_total += s->F;
+	s->st.neurons_active += active;
+	return 0;
+}
+
+static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	struct nf_sparse *s = self;
+	if (!s->tabs[io->layer].sparse)
+		return nf_ctx_ffn_builtin(s->ctx, io);
+	int rc = 0;
+	if (s->cache && s->hot_after && io->layer == 0) {
+		/* between tokens: no slot of any layer is in use */
+		if (s->tokens >= s->next_hot) {
+			double th = now_s();
+			if ((rc = nf_cache_hot_load(s->cache)) < 0)
+				return rc;
+			s->st.hot_loads++;
+			s->st.t_hot += now_s() - th;
+			s->next_hot = s->tokens + 16ull * s->hot_after;
+		}
+		s->tokens += io->nb;
+	}
+	double t0 = now_s();
+	for (size_t b = 0; b < io->nb && rc == 0; b++)
+		rc = token_forward(s, env, io->layer, io->x + b * s->E, io->resid + b * s->E,
+				   io->out + b * s->E);
+	s->st.t_ffn += now_s() - t0;
+	return rc;
+}
+
+/* ---- set-up ------------------------------------------------------------------------ */
+
+static void *zalloc(struct nf_sparse *s, size_t n)
+{
+	void *p = calloc(1, n ? n : 1);
+	if (p)
+		s->bytes += n;
+	return p;
+}
+
+/* Repack a regular down matrix [E rows x F] into per-neuron parts. */
+static int tab_down_regular(struct nf_sparse *s, struct layer_tab *t, const struct nf_weight *w)
+{
+	uint32_t E = s->E, F = s->F;
+	if (w->dtype == NF_DTYPE_F32 || w->dtype == NF_DTYPE_F16 || w->dtype == NF_DTYPE_BF16) {
+		size_t esz = w->dtype == NF_DTYPE_F32 ? 4 : 2;
+		char *o = zalloc(s, (size_t)F * E * esz);
+		if (!o)
+			return -ENOMEM;
+		for (uint32_t r = 0; r < E; r++) {
+			const char *row = (const char *)w->data + (size_t)r * w->row_bytes;
+			for (uint32_t j = 0; j < F; j++)
+				memcpy(o + ((size_t)j * E + r) * esz, row + (size_t)j * esz, esz);
+		}
+		t->owned = o;
+		t->down = o;
+		t->down_stride = (size_t)E * esz;
+		return 0;
+	}
+	/* quantized: QCOL columns and fp16 scales d[b][r] */
+	bool q8 = w->dtype == NF_DTYPE_Q8_0;
+	size_t col = q8 ? E : E / 2;
+	char *o = zalloc(s, (size_t)F * col + (size_t)(F / GROUP) * E * sizeof(uint16_t));
+	if (!o)
+		return -ENOMEM;
+	uint16_t *sc = (uint16_t *)(o + (size_t)F * col);
+	for (uint32_t r = 0; r < E; r++) {
+		const char *row = (const char *)w->data + (size_t)r * w->row_bytes;
+		for (uint32_t b = 0; b < F / GROUP; b++) {
+			int8_t q[GROUP];
+			if (q8) {
+				const struct nf_block_q8_0 *blk = (const struct nf_block_q8_0 *)row + b;
+				sc[(size_t)b * E + r] = blk->d;
+				memcpy(q, blk->qs, GROUP);
+			} else {
+				const struct nf_block_q4_0 *blk = (const struct nf_block_q4_0 *)row + b;
+				sc[(size_t)b * E + r] = blk->d;
+				for (uint32_t i = 0; i < GROUP / 2; i++) {
+					q[i] = (int8_t)((blk->qs[i] & 0x0f) - 8);
+					q[i + GROUP / 2] = (int8_t)((blk->qs[i] >> 4) - 8);
+				}
+			}
+			for (uint32_t i = 0; i < GROUP; i++) {
+				char *c = o + (size_t)(b * GROUP + i) * col;
+				if (q8) {
+					c[r] = (char)q[i];
+				} else {
+					uint8_t nib = (uint8_t)(q[i] + 8);
+					uint8_t *byte = (uint8_t *)c + r / 2;
+					*byte = (r & 1) ? (uint8_t)((*byte & 0x0f) | (nib << 4))
+							: (uint8_t)((*byte & 0xf0) | nib);
+				}
+			}
+		}
+	}
+	t->owned = o;
+	t->down = o;
+	t->down_stride = col;
+	t->scales = sc;
+	return 0;
+}
+
+static enum nf_sparse_mode resolve_mode(const struct nf_model_hparams *hp, bool has_pred,
+					enum nf_sparse_mode m)
+{
+	if (m != NF_SPARSE_AUTO)
+		return m;
+	if (has_pred)
+		return NF_SPARSE_PREDICTOR;
+	return hp->act == NF_FFN_SILU ? NF_SPARSE_DENSE : NF_SPARSE_EXACT;
+}
+
+int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct nf_sparse **out,
+		   struct nf_diag *diag)
+{
+	const struct nf_model *m = nf_ctx_model(ctx);
+	const struct nf_model_hparams *hp = nf_model_hparams(m);
+	int rc = -ENOMEM;
+	struct nf_sparse *s = calloc(1, sizeof(*s));
+	if (!s)
+		return nf_diag_fail(diag, -ENOMEM, "sparse engine: out of memory");
+	s->bytes = sizeof(*s);
+	s->ctx = ctx;
+	s->m = m;
+	s->k = nf_ctx_kernels(ctx);
+	s->E = hp->n_embd;
+	s->F = hp->n_ff;
+	s->n_layer = hp->n_layer;
+	s->act = hp->act;
+	s->cache = p->cache;
+	s->nth = nf_ctx_n_threads(ctx) > 0 ? nf_ctx_n_threads(ctx) : 1;
+	s->ops = (struct nf_ffn_ops){ .name = "sparse", .forward = sparse_forward };
+
+	bool has_pred = !hp->n_expert;
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		has_pred &= nf_model_layer(m, il)->fc1.data != NULL;
+	s->mode = resolve_mode(hp, has_pred, p->mode);
+	s->threshold = p->threshold_set ? p->threshold : hp->sparse_threshold;
+	s->measure_recall = p->measure_recall;
+	s->hot_after = p->hot_after;
+	s->next_hot = p->hot_after;
+	if (s->mode == NF_SPARSE_OFF) {
+		*out = s;
+		return 0;
+	}
+	if (hp->n_expert) {
+		rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
+				  "--sparse-mode %s: mixture-of-experts FFNs are not sparse yet (use --sparse-mode off)",
+				  nf_sparse_mode_name(s->mode));
+		goto fail;
+	}
+	if (s->mode == NF_SPARSE_PREDICTOR && !has_pred) {
+		rc = nf_diag_fail(diag, NF_EUSAGE,
+				  "--sparse-mode predictor: the model has no predictor (blk.N.fc1/fc2)");
+		goto fail;
+	}
+	if (s->mode == NF_SPARSE_EXACT && hp->act == NF_FFN_SILU) {
+		rc = nf_diag_fail(diag, NF_EUSAGE,
+				  "--sparse-mode exact: needs a ReLU or dReLU model; this one is %s",
+				  nf_ffn_act_name(hp->act));
+		goto fail;
+	}
+	s->n_groups = (s->F + GROUP - 1) / GROUP;
+	s->last_mask = s->F % GROUP ? (1u << (s->F % GROUP)) - 1u : UINT32_MAX;
+
+	const struct nf_layer_weights *L0 = nf_model_layer(m, 0);
+	bool quant_down;
+	if (s->cache) {
+		/* the bundles' geometry comes from the store */
+		struct nf_cache_geom g;
+		nf_cache_geometry(s->cache, &g);
+		if (g.dim != s->E || g.n_neurons != s->F || g.n_layer < hp->n_layer) {
+			rc = nf_diag_fail(diag, NF_EUSAGE,
+					  "sparse FFN: the store's bundles (dim %u, %u neurons, %u layers) do not match the "
+					  "model (n_embd %u, n_ff %u, %u layers)",
+					  g.dim, g.n_neurons, g.n_layer, s->E, s->F, hp->n_layer);
+			goto fail;
+		}
+		s->has_gate = g.has_gate;
+		s->dt_gu = g.dtype;
+		s->dt_down = g.down_dtype;
+		s->form = g.down_form == NF_CACHE_DOWN_QCOL ? DOWN_QCOL : DOWN_ROW;
+		s->up_off_bundle = g.has_gate ? g.row_bytes : 0;
+		s->down_off_bundle = g.down_off;
+		if (L0->up.data && (L0->up.dtype != s->dt_gu || (L0->gate.data != NULL) != s->has_gate)) {
+			rc = nf_diag_fail(diag, NF_EUSAGE, "sparse FFN: the store's bundles are %s, the model's FFN %s",
+					  nf_dtype_name(s->dt_gu), nf_dtype_name(L0->up.dtype));
+			goto fail;
+		}
+	} else {
+		s->has_gate = L0->gate.data != NULL;
+		s->dt_gu = L0->up.dtype;
+		const struct nf_weight *dw = L0->down_t.data ? &L0->down_t : &L0->down;
+		s->dt_down = dw->dtype;
+		bool q = s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0;
+		s->form = (!L0->down_t.data && q) ? DOWN_QCOL : DOWN_ROW;
+		if (!L0->up.data) {
+			rc = nf_diag_fail(diag, NF_EUSAGE,
+					  "sparse FFN: the model's FFN weights are not in memory (a store): give a cache");
+			goto fail;
+		}
+	}
+	quant_down = s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0;
+	if (quant_down && s->F % GROUP) {
+		rc = nf_diag_fail(diag, NF_EFORMAT, "sparse FFN: quantized down with n_ff %u not a multiple of 32",
+				  s->F);
+		goto fail;
+	}
+	s->kt_gu = nf_ktype_of(s->dt_gu);
+	s->kt_down = nf_ktype_of(s->dt_down);
+	if (s->kt_gu < 0 || s->kt_down < 0 || (!s->cache && s->has_gate && L0->gate.dtype != s->dt_gu)) {
+		rc = nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: weight types %s/%s have no bundle form",
+				  nf_dtype_name(s->dt_gu), nf_dtype_name(s->dt_down));
+		goto fail;
+	}
+
+	if (!(s->tabs = zalloc(s, hp->n_layer * sizeof(*s->tabs))))
+		goto nomem;
+	for (uint32_t il = 0; il < hp->n_layer; il++) {
+		const struct nf_layer_weights *L = nf_model_layer(m, il);
+		struct layer_tab *t = &s->tabs[il];
+		t->sparse = true;
+		t->fc1 = L->fc1.data ? &L->fc1 : NULL;
+		t->fc2 = L->fc2.data ? &L->fc2 : NULL;
+		if (t->fc2 && t->fc2->nrows != s->F) {
+			rc = nf_diag_fail(diag, NF_EFORMAT, "blk.%u.fc2: %u outputs, n_ff is %u", il, t->fc2->nrows, s->F);
+			goto fail;
+		}
+		if (t->fc1)
+			s->rank = t->fc1->nrows > s->rank ? t->fc1->nrows : s->rank;
+		if (s->cache) {
+			if (s->form == DOWN_QCOL &&
+			    (nf_model_ffn_layout(m, il, 0, NULL, NULL, &t->scales, NULL) < 0 || !t->scales)) {
+				rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
+						  "sparse FFN: layer %u: QCOL bundles need their scales: run the store itself "
+						  "(-m STORE), not a GGUF with --ffn-store", il);
+				goto fail;
+			}
+			continue;
+		}
+		t->gate = L->gate.data;
+		t->gate_stride = L->gate.row_bytes;
+		t->up = L->up.data;
+		t->up_stride = L->up.row_bytes;
+		if (L->up.dtype != s->dt_gu || (L->down_t.data ? L->down_t.dtype : L->down.dtype) != s->dt_down) {
+			rc = nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: layer %u has other weight types than layer 0", il);
+			goto fail;
+		}
+		if (L->down_t.data) {
+			t->down = L->down_t.data;
+			t->down_stride = L->down_t.row_bytes;
+		} else if ((rc = tab_down_regular(s, t, &L->down)) < 0) {
+			goto nomem;
+		}
+	}
+
+	size_t xq = nf_act_size(s->kt_gu, s->E);
+	size_t hq = 0;
+	if (s->rank) {
+		const struct nf_layer_weights *L = nf_model_layer(m, 0);
+		size_t a = nf_act_size(L->fc1.kt, s->E), b = nf_act_size(L->fc2.kt, s->rank);
+		hq = a > b ? a : b;
+	}
+	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
+	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
+	    !(s->h1 = zalloc(s, (s->rank + 1) * sizeof(float))) ||
+	    !(s->score = zalloc(s, s->F * sizeof(float))) ||
+	    !(s->groups = zalloc(s, s->n_groups * sizeof(*s->groups))) ||
+	    !(s->ready = zalloc(s, s->n_groups * sizeof(uint32_t))) ||
+	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
+	    !(s->req = zalloc(s, s->F * sizeof(uint32_t))) ||
+	    !(s->gout = zalloc(s, (size_t)s->n_groups * s->E * sizeof(float))) ||
+	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)))
+		goto nomem;
+
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		nf_ctx_set_ffn(ctx, il, &s->ops, s);
+	*out = s;
+	return 0;
+nomem:
+	if (rc == -ENOMEM || rc == 0)
+		rc = nf_diag_fail(diag, -ENOMEM, "sparse engine: out of memory");
+fail:
+	nf_sparse_close(s);
+	return rc;
+}
+
+void nf_sparse_close(struct nf_sparse *s)
+{
+	if (!s)
+		return;
+	if (s->tabs) {
+		for (uint32_t il = 0; il < s->n_layer; il++) {
+			nf_ctx_set_ffn(s->ctx, il, NULL, NULL);
+			free(s->tabs[il].owned);
+		}
+	}
+	free(s->tabs);
+	free(s->xq);
+	free(s->hq);
+	free(s->h1);
+	free(s->score);
+	free(s->groups);
+	free(s->ready);
+	free(s->ptrs);
+	free(s->req);
+	free(s->gout);
+	free(s->tscratch);
+	free(s);
+}
+
+enum nf_sparse_mode nf_sparse_mode_of(const struct nf_sparse *s)
+{
+	return s->mode;
+}
+
+float nf_sparse_threshold(const struct nf_sparse *s)
+{
+	return s->threshold;
+}
+
+uint64_t nf_sparse_bytes(const struct nf_sparse *s)
+{
+	return s->bytes;
+}
+
+void nf_sparse_stats_get(const struct nf_sparse *s, struct nf_sparse_stats *out)
+{
+	*out = s->st;
+}
+
+void nf_sparse_stats_reset(struct nf_sparse *s)
+{
+	memset(&s->st, 0, sizeof(s->st));
+}
+void nf_sparse_ffn_ops(const struct nf_sparse *s, const struct nf_ffn_ops **ops, void **self)
+{
+	*ops = &s->ops;
+	*self = (void *)s;
+}

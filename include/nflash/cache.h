@@ -1,0 +1,167 @@
+/*
+ * nflash/cache.h - the segmented neuron cache of a store, and its
+ * cluster-ready events.
+ *
+ * One arena, allocated once from the memory budget (NUMA-placed next to
+ * the compute threads, transparent hugepages where available), holds three
+ * segments:
+ *  - pinned: dense objects every token needs (nf_cache_pin_object);
+ *  - hot: per layer, the most frequently requested neurons, loaded in
+ *    large sequential reads by nf_cache_hot_load() from the firing counts
+ *    (learned online from the requests, or given by a profile);
+ *  - cold: fixed-size slots (one bundle each) shared by all layers, CLOCK
+ *    eviction; a run of bundles adjacent in the store is read with one
+ *    request into adjacent slots.
+ *
+ * The cache owns lookups. Compute asks for a set of neurons of one
+ * (layer, expert): hits are reported at once through the callback, misses
+ * are read (all of them submitted at once, at the I/O context's queue
+ * depth) and reported when their read lands: the I/O completion pushes an
+ * event on a mutex-protected queue and nf_cache_reap() hands events to the
+ * caller. Slots handed out stay valid until nf_cache_release().
+ *
+ *	struct nf_cache_opts o;
+ *	nf_cache_opts_default(&o);
+ *	o.arena_bytes = budget - reserved;
+ *	nf_cache_open(store, &o, &c, &diag);
+ *	nf_cache_request(c, layer, 0, ids, n, ptrs, ready_fn, me);  // hits: ready_fn now
+ *	while (work left) nf_cache_reap(c, ready_fn, me);          // misses as they land
+ *	nf_cache_release(c);                                         // end of the layer
+ *
+ * Errors: a failed read is reported to ready_fn with its error; the layer
+ * fails, the cache stays usable (the slots of a failed read are freed).
+ * Thread-safety: request/release/hot_load from one thread; reap from any
+ * thread (serialised inside); stats from the requesting thread.
+ */
+#ifndef NFLASH_CACHE_H
+#define NFLASH_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nflash/error.h"
+#include "nflash/io.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct nf_store;
+struct nf_store_object;
+
+struct nf_cache_opts {
+	uint64_t arena_bytes;      /* pinned + hot + cold; required */
+	uint64_t pinned_bytes;     /* capacity of the pinned segment (default 0) */
+	double hot_fraction;       /* of what pinned leaves, for the hot segment (default 0.5) */
+	int numa_node;             /* -1: the caller's node */
+	struct nf_io_opts io;      /* backend, queue depth, faults (nf_io_opts_default) */
+};
+
+void nf_cache_opts_default(struct nf_cache_opts *o);
+
+/* The down part of a bundle (the values of enum nf_down_form in
+ * nflash/bundle.h): a row of dim values in down_dtype, or QCOL quants. */
+enum nf_cache_down_form { NF_CACHE_DOWN_ROW = 0, NF_CACHE_DOWN_QCOL = 1 };
+
+/* Geometry of the store's FFN bundles (all FFN objects share it). */
+struct nf_cache_geom {
+	uint32_t n_layer, n_expert;
+	uint32_t dim, n_neurons;
+	uint32_t dtype, down_dtype;
+	uint32_t down_form;        /* enum nf_cache_down_form */
+	bool has_gate;
+	uint32_t row_bytes, down_off, stride;
+};
+
+struct nf_cache_stats {
+	uint64_t lookups;          /* neurons asked for */
+	uint64_t hits_hot, hits_cold, misses;
+	uint64_t requests;         /* read requests submitted (runs of adjacent bundles) */
+	uint64_t bytes_read;       /* by those requests, and by hot loads */
+	uint64_t hot_loads, hot_bytes;
+	uint64_t evictions;
+	uint64_t errors;
+};
+
+struct nf_cache;
+
+/*
+ * nf_cache_open - a cache over store s's FFN objects (s must outlive it).
+ * Returns 0 and *out, or NF_EUSAGE (no FFN objects, mixed geometry),
+ * NF_EBUDGET (arena too small for one layer's neurons: the message states
+ * the minimum), the I/O context's errors, or -ENOMEM; d says which.
+ */
+int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_cache **out,
+		  struct nf_diag *d);
+/* Waits for reads in flight, frees the arena. NULL allowed. */
+void nf_cache_close(struct nf_cache *c);
+
+void nf_cache_geometry(const struct nf_cache *c, struct nf_cache_geom *g);
+/* Smallest arena (bytes) nf_cache_open accepts for this store beside
+ * pinned_bytes: one layer's neurons in cold slots. */
+uint64_t nf_cache_min_bytes(struct nf_store *s);
+
+/* Completion of neurons[0..n): their bundles are at ptrs[neuron] (result
+ * 0) or could not be read (result < 0). Runs in the thread that requested
+ * (hits) or that reaps (misses). */
+typedef void (*nf_cache_ready_fn)(void *user, const uint32_t *neurons, uint32_t n, int result);
+
+/*
+ * nf_cache_request - neurons[0..n) (distinct ids) of FFN (layer, expert).
+ * ptrs (n_neurons entries, indexed by neuron id) receives each bundle's
+ * address: hits are filled and reported through fn before the call
+ * returns; misses are filled now (the slot) and reported when their read
+ * lands, through nf_cache_reap(). Returns 0, NF_EUSAGE (no such FFN),
+ * NF_EBUDGET (more neurons than unpinned cold slots), or the I/O error that
+ * prevented submitting (neurons already reported keep their report; the
+ * others are reported failed through reap).
+ */
+int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user);
+
+/*
+ * nf_cache_reap - hand queued completion events to fn; if none is queued
+ * and reads are in flight, wait for at least one (one thread waits; the
+ * others return at once to try again). Returns the number of events
+ * handed, 0, or a backend error.
+ */
+int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user);
+
+/* End of a layer: waits for its reads, unpins its slots. Returns 0 or the
+ * first read error seen since the last release. */
+int nf_cache_release(struct nf_cache *c);
+
+/*
+ * nf_cache_hot_load - fill the hot segment: per layer the neurons with the
+ * highest counts (online counts, or those set by nf_cache_set_counts), read
+ * in runs of adjacent bundles. Replaces the previous hot set. Returns 0 or
+ * an I/O error.
+ */
+int nf_cache_hot_load(struct nf_cache *c);
+/* Firing counts of (layer, expert 0) from a profile: n_neurons values. */
+int nf_cache_set_counts(struct nf_cache *c, uint32_t layer, const uint32_t *counts);
+
+/*
+ * nf_cache_pin_object - read dense object obj into the pinned segment and
+ * return its address (valid until close). Returns 0, NF_EBUDGET (does not
+ * fit: the message says how much is needed), or the read's error.
+ */
+int nf_cache_pin_object(struct nf_cache *c, const struct nf_store_object *obj, const void **data,
+			struct nf_diag *d);
+
+void nf_cache_stats_get(const struct nf_cache *c, struct nf_cache_stats *out);
+void nf_cache_stats_reset(struct nf_cache *c);
+
+/* Bytes of each segment, and of the arena in total. */
+struct nf_cache_layout {
+	uint64_t arena, pinned_used, pinned_cap, hot, cold;
+	uint32_t hot_slots, cold_slots;
+	bool hugepages, numa;
+};
+void nf_cache_layout_get(const struct nf_cache *c, struct nf_cache_layout *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NFLASH_CACHE_H */

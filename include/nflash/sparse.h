@@ -1,0 +1,136 @@
+/*
+ * nflash/sparse.h - the sparse FFN: computes only the neurons a token
+ * activates, from neuron bundles served in memory or by the segmented cache
+ * (nflash/cache.h), through the model's FFN seam (nf_ctx_set_ffn).
+ *
+ * Modes (enum nf_sparse_mode):
+ *  - PREDICTOR: PowerInfer's fc1/fc2 predictor reads the residual entering
+ *    the FFN block; neuron j is computed iff fc2 . relu(fc1 . resid) >= the
+ *    threshold. Only predicted neurons contribute, computed exactly as
+ *    PowerInfer does (docs/PIPELINE.md): every product's input rounded to
+ *    the weight's dot type, the activation vector fed to a F16 down rounded
+ *    to fp16, to a quantized down quantized to Q8_0 along n_ff (per 32
+ *    neurons: a data dependency of that group, not a barrier).
+ *  - EXACT: ReLU/dReLU without a predictor: gate rows first, then up and
+ *    down only for neurons whose gate is > 0 (dReLU: and up > 0). Equals
+ *    the dense output up to summation order.
+ *  - DENSE: every neuron through the same path (SiLU models).
+ *
+ * Work unit: a group of 32 consecutive neurons (one Q8_0 block of the
+ * activation vector). Workers of the context's pool take groups as they
+ * become ready (all in memory: at once; from a cache: when their last
+ * pending bundle lands), compute gate/up, the activation and the down
+ * contribution of the group as one unit, into that group's output row; the
+ * rows are summed in group order when every group of the layer is done, so
+ * the result does not depend on thread count or read completion order.
+ *
+ *	struct nf_sparse_params sp;
+ *	nf_sparse_params_init(&sp);
+ *	sp.mode = NF_SPARSE_AUTO;
+ *	struct nf_sparse *s;
+ *	if (nf_sparse_open(ctx, &sp, &s, &diag) < 0) ...
+ *	nf_ctx_eval(ctx, ids, n);        // FFNs now run sparse
+ *	nf_sparse_close(s);              // restores the built-in FFNs
+ *
+ * Everything forward() needs is allocated by nf_sparse_open(); nothing on
+ * the eval path allocates. MoE layers keep the built-in FFN (not yet sparse).
+ *
+ * Thread-safety: one engine per context; used by the context's thread.
+ */
+#ifndef NFLASH_SPARSE_H
+#define NFLASH_SPARSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nflash/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct nf_ctx;
+struct nf_cache;
+
+enum nf_sparse_mode {
+	NF_SPARSE_AUTO = 0,  /* predictor if the file has one, exact for ReLU/dReLU, else dense */
+	NF_SPARSE_PREDICTOR,
+	NF_SPARSE_EXACT,
+	NF_SPARSE_DENSE,
+	NF_SPARSE_OFF,       /* the built-in dense FFN (no engine) */
+};
+
+/* "auto", "predictor", "exact", "dense", "off". */
+const char *nf_sparse_mode_name(enum nf_sparse_mode m);
+/* Parse a name; -1 when unknown. */
+int nf_sparse_mode_parse(const char *name);
+
+struct nf_sparse_params {
+	enum nf_sparse_mode mode;
+	bool threshold_set;       /* use threshold instead of the file's */
+	float threshold;
+	/* FFN bytes from this cache (bundles of the store it reads); NULL:
+	 * the model's in-memory weights. The cache must outlive the engine. */
+	struct nf_cache *cache;
+	/* Measure predictor recall (computes every gate: costs a dense gate
+	 * pass per layer; in-memory only). */
+	bool measure_recall;
+	/* With a cache: fill its hot segment from the online counts after this
+	 * many tokens, and again every 16 times as many (0: never). */
+	uint32_t hot_after;
+};
+
+void nf_sparse_params_init(struct nf_sparse_params *p);
+
+/* Counters since open (or the last reset). Times in seconds, summed over
+ * FFN calls on the calling thread. */
+struct nf_sparse_stats {
+	uint64_t ffn_calls;       /* (layer, token) pairs */
+	uint64_t neurons_total;   /* n_ff per call */
+	uint64_t neurons_active;  /* computed */
+	uint64_t groups_ready_now;    /* groups whose bytes were all hits */
+	uint64_t groups_ready_later;  /* groups that waited for a read */
+	double t_ffn;             /* wall time inside the sparse FFN */
+	double t_wait;            /* of which the caller waited for reads with nothing to compute */
+	double t_io;              /* per layer with misses: first submit to last completion, summed */
+	uint64_t hot_loads;       /* hot segment refills */
+	double t_hot;             /* spent refilling it (not in t_ffn) */
+	/* recall: of the neurons that fire (gate > 0), how many were predicted */
+	uint64_t recall_fired, recall_hit;
+};
+
+struct nf_sparse;
+
+/*
+ * nf_sparse_open - build the engine for ctx's model and install it on
+ * every dense layer. Returns 0 and *out, or NF_EUSAGE (mode PREDICTOR on a
+ * model without fc1/fc2, EXACT on a SiLU model, cache geometry not matching
+ * the model), NF_EUNSUPPORTED (a weight type with no bundle form), -ENOMEM;
+ * diag says which. With mode OFF nothing is installed and *out is an engine
+ * that only reports.
+ */
+int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct nf_sparse **out,
+		   struct nf_diag *diag);
+/* Restores the built-in FFNs and frees. Accepts NULL. */
+void nf_sparse_close(struct nf_sparse *s);
+
+/* The mode in use (AUTO resolved). */
+enum nf_sparse_mode nf_sparse_mode_of(const struct nf_sparse *s);
+/* The threshold in use (predictor mode). */
+float nf_sparse_threshold(const struct nf_sparse *s);
+/* Bytes the engine allocated (tables, per-thread scratch). */
+uint64_t nf_sparse_bytes(const struct nf_sparse *s);
+
+/* The FFN ops the engine installed and their self, for callers that wrap
+ * them (tests comparing against a reference, tracing). */
+struct nf_ffn_ops;
+void nf_sparse_ffn_ops(const struct nf_sparse *s, const struct nf_ffn_ops **ops, void **self);
+
+void nf_sparse_stats_get(const struct nf_sparse *s, struct nf_sparse_stats *out);
+void nf_sparse_stats_reset(struct nf_sparse *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NFLASH_SPARSE_H */

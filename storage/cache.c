@@ -1,0 +1,778 @@
+/*
+ * cache.c - the segmented neuron cache (nflash/cache.h): one arena split
+ * into pinned, hot and cold segments; lookups, coalesced miss reads through
+ * the store's I/O context, and the cluster-ready event queue.
+ *
+ * Invariants:
+ *  1. The arena is the only large allocation; its size is fixed at open
+ *     (arena_bytes). Everything else is O(n_layer * n_neurons) metadata,
+ *     counted in meta_bytes.
+ *  2. A neuron is in at most one slot: loc[] says where (hot or cold slot)
+ *     and the slot's owner says which neuron, so eviction clears exactly
+ *     one loc entry.
+ *  3. Slots handed out by a request are pinned until nf_cache_release();
+ *     the CLOCK hand never evicts a pinned slot, and a slot whose read is
+ *     in flight is pinned.
+ *  4. Misses of bundles adjacent in the store (consecutive slots of the
+ *     FFN object) go to adjacent cold slots and are read with one request.
+ *  5. Completion events are pushed under ev_lock by whichever thread runs
+ *     the I/O callback and popped by reapers; only one thread at a time
+ *     waits on the I/O context (wait_lock).
+ *  6. A failed read frees its slots (loc cleared) so no later lookup can
+ *     hit on bytes that never arrived.
+ */
+#include <errno.h>
+#include <numa.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "nflash/bundle.h"
+#include "nflash/cache.h"
+#include "nflash/dtype.h"
+#include "nflash/store.h"
+
+#define NO_SLOT UINT32_MAX
+#define HOT_BIT 0x80000000u
+
+struct slot_meta {
+	uint32_t ffn;      /* index into ffns, or NO_SLOT when free */
+	uint32_t neuron;
+	uint8_t ref;       /* CLOCK second chance */
+	uint8_t pinned;
+};
+
+struct ffn_ent {
+	const struct nf_store_object *obj;
+	uint32_t *loc;     /* per neuron: cold slot, hot slot | HOT_BIT, or NO_SLOT */
+	uint32_t *count;   /* per neuron: times requested (or profile counts) */
+};
+
+/* One read: a run of bundles of one FFN landing in adjacent slots. */
+struct read_rec {
+	struct nf_cache *c;
+	uint32_t ffn;
+	uint32_t first_slot;   /* arena cold slot of the first bundle */
+	uint32_t n;
+	uint32_t *neurons;     /* into run_neurons */
+	uint32_t *store_slots; /* into run_slots */
+	int result;
+	bool queued;
+};
+
+struct event {
+	struct read_rec *r;
+};
+
+struct nf_cache {
+	struct nf_store *store;
+	struct nf_io_ctx *io;
+	struct nf_cache_geom g;
+	uint32_t n_ffn;
+	struct ffn_ent *ffns;          /* layer * n_expert + expert */
+
+	char *arena;
+	uint64_t arena_bytes;
+	uint64_t pinned_cap, pinned_used;
+	char *pinned, *hot, *cold;
+	uint32_t n_hot, n_cold;
+	struct slot_meta *hot_meta, *cold_meta;
+	uint32_t hand;
+	bool hugepages, numa;
+
+	/* the current request */
+	struct read_rec *reads;        /* n_neurons at most */
+	uint32_t n_reads;
+	uint32_t *run_neurons, *run_slots, *order;
+	uint64_t *sortbuf;
+	uint32_t *pinned_list;         /* cold slots pinned by the current layer */
+	uint32_t n_pinned_list;
+	atomic_uint outstanding;       /* reads not yet reaped */
+	int layer_err;
+
+	/* events */
+	pthread_mutex_t ev_lock;
+	pthread_mutex_t wait_lock;
+	struct event *ev;              /* ring of n_neurons */
+	uint32_t ev_head, ev_tail, ev_cap;
+
+	struct nf_cache_stats st;
+	uint64_t meta_bytes;
+};
+
+void nf_cache_opts_default(struct nf_cache_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->hot_fraction = 0.5;
+	o->numa_node = -1;
+	nf_io_opts_default(&o->io);
+}
+
+static int geom_of(const struct nf_store_object *obj, struct nf_cache_geom *g)
+{
+	memset(g, 0, sizeof(*g));
+	g->dim = obj->dim;
+	g->n_neurons = obj->n_bundles;
+	g->dtype = obj->dtype;
+	g->down_dtype = obj->down_dtype;
+	g->down_form = obj->down_form == NF_DOWN_QCOL ? NF_CACHE_DOWN_QCOL : NF_CACHE_DOWN_ROW;
+	g->has_gate = obj->has_gate;
+	g->row_bytes = obj->row_bytes;
+	g->down_off = obj->down_off;
+	g->stride = obj->stride;
+	return 0;
+}
+
+static int scan_ffns(struct nf_store *s, struct nf_cache_geom *g, struct nf_diag *d)
+{
+	memset(g, 0, sizeof(*g));
+	bool any = false;
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
+		const struct nf_store_object *o = nf_store_object_get(s, i);
+		if (o->kind != NF_STORE_KIND_FFN)
+			continue;
+		struct nf_cache_geom h;
+		geom_of(o, &h);
+		if (!any) {
+			*g = h;
+			any = true;
+		} else if (h.dim != g->dim || h.n_neurons != g->n_neurons || h.dtype != g->dtype ||
+			   h.has_gate != g->has_gate || h.stride != g->stride || h.down_form != g->down_form ||
+			   h.down_dtype != g->down_dtype || h.down_off != g->down_off) {
+			return nf_diag_fail(d, NF_EUSAGE, "%s: FFN object %s has another geometry than the first",
+					    nf_store_path(s), o->name);
+		}
+		if (o->layer + 1 > g->n_layer)
+			g->n_layer = o->layer + 1;
+		if (o->expert + 1 > g->n_expert)
+			g->n_expert = o->expert + 1;
+	}
+	if (!any)
+		return nf_diag_fail(d, NF_EUSAGE, "%s: the store has no FFN objects", nf_store_path(s));
+	return 0;
+}
+
+uint64_t nf_cache_min_bytes(struct nf_store *s)
+{
+	struct nf_cache_geom g;
+	if (scan_ffns(s, &g, NULL) < 0)
+		return 0;
+	return (uint64_t)g.n_neurons * g.stride;
+}
+
+static void *meta(struct nf_cache *c, size_t n)
+{
+	void *p = calloc(1, n ? n : 1);
+	if (p)
+		c->meta_bytes += n;
+	return p;
+}
+
+int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_cache **out,
+		  struct nf_diag *d)
+{
+	int rc;
+	struct nf_cache *c = calloc(1, sizeof(*c));
+	if (!c)
+		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
+	c->store = s;
+	pthread_mutex_init(&c->ev_lock, NULL);
+	pthread_mutex_init(&c->wait_lock, NULL);
+	if ((rc = scan_ffns(s, &c->g, d)) < 0)
+		goto fail;
+	const struct nf_cache_geom *g = &c->g;
+	uint64_t min_cold = (uint64_t)g->n_neurons * g->stride;
+	if (o->arena_bytes < o->pinned_bytes + min_cold) {
+		rc = nf_diag_fail(d, NF_EBUDGET,
+				  "cache: %llu bytes for the neuron cache, at least %llu needed (pinned %llu + one "
+				  "layer's %u bundles of %u bytes)",
+				  (unsigned long long)o->arena_bytes,
+				  (unsigned long long)(o->pinned_bytes + min_cold),
+				  (unsigned long long)o->pinned_bytes, g->n_neurons, g->stride);
+		goto fail;
+	}
+	c->arena_bytes = o->arena_bytes;
+	c->pinned_cap = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
+	uint64_t rest = o->arena_bytes > c->pinned_cap ? o->arena_bytes - c->pinned_cap : 0;
+	double hf = o->hot_fraction < 0 ? 0 : o->hot_fraction > 1 ? 1 : o->hot_fraction;
+	uint64_t hot = (uint64_t)((double)rest * hf);
+	if (rest - hot < min_cold)
+		hot = rest - min_cold;
+	c->n_hot = (uint32_t)(hot / g->stride);
+	c->n_cold = (uint32_t)((rest - (uint64_t)c->n_hot * g->stride) / g->stride);
+
+	c->arena = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c->arena == MAP_FAILED) {
+		c->arena = NULL;
+		rc = nf_diag_fail(d, -ENOMEM, "cache: cannot map an arena of %llu bytes",
+				  (unsigned long long)c->arena_bytes);
+		goto fail;
+	}
+#ifdef MADV_HUGEPAGE
+	c->hugepages = madvise(c->arena, c->arena_bytes, MADV_HUGEPAGE) == 0;
+#endif
+	if (numa_available() >= 0) {
+		int node = o->numa_node >= 0 ? o->numa_node : numa_node_of_cpu(sched_getcpu());
+		if (node >= 0) {
+			numa_tonode_memory(c->arena, c->arena_bytes, node);
+			c->numa = true;
+		}
+	}
+	c->pinned = c->arena;
+	c->hot = c->arena + c->pinned_cap;
+	c->cold = c->hot + (uint64_t)c->n_hot * g->stride;
+
+	c->n_ffn = g->n_layer * g->n_expert;
+	uint32_t N = g->n_neurons;
+	if (!(c->ffns = meta(c, c->n_ffn * sizeof(*c->ffns))) ||
+	    !(c->hot_meta = meta(c, (c->n_hot + 1) * sizeof(struct slot_meta))) ||
+	    !(c->cold_meta = meta(c, c->n_cold * sizeof(struct slot_meta))) ||
+	    !(c->reads = meta(c, (N + 1) * sizeof(struct read_rec))) ||
+	    !(c->sortbuf = meta(c, N * sizeof(uint64_t))) ||
+	    !(c->run_neurons = meta(c, N * sizeof(uint32_t))) ||
+	    !(c->run_slots = meta(c, N * sizeof(uint32_t))) ||
+	    !(c->order = meta(c, N * sizeof(uint32_t))) ||
+	    !(c->pinned_list = meta(c, N * sizeof(uint32_t))) ||
+	    !(c->ev = meta(c, (N + 2) * sizeof(struct event)))) {
+		rc = nf_diag_fail(d, -ENOMEM, "cache: out of memory");
+		goto fail;
+	}
+	c->ev_cap = N + 2;
+	for (uint32_t i = 0; i < c->n_hot; i++)
+		c->hot_meta[i].ffn = NO_SLOT;
+	for (uint32_t i = 0; i < c->n_cold; i++)
+		c->cold_meta[i].ffn = NO_SLOT;
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
+		const struct nf_store_object *ob = nf_store_object_get(s, i);
+		if (ob->kind != NF_STORE_KIND_FFN)
+			continue;
+		struct ffn_ent *f = &c->ffns[ob->layer * g->n_expert + ob->expert];
+		f->obj = ob;
+	}
+	for (uint32_t i = 0; i < c->n_ffn; i++) {
+		if (!(c->ffns[i].loc = meta(c, N * sizeof(uint32_t))) ||
+		    !(c->ffns[i].count = meta(c, N * sizeof(uint32_t)))) {
+			rc = nf_diag_fail(d, -ENOMEM, "cache: out of memory");
+			goto fail;
+		}
+		memset(c->ffns[i].loc, 0xff, N * sizeof(uint32_t));
+	}
+	if ((rc = nf_io_ctx_open(s, &o->io, &c->io, d)) < 0)
+		goto fail;
+	*out = c;
+	return 0;
+fail:
+	nf_cache_close(c);
+	return rc;
+}
+
+void nf_cache_close(struct nf_cache *c)
+{
+	if (!c)
+		return;
+	nf_io_ctx_close(c->io);
+	if (c->ffns)
+		for (uint32_t i = 0; i < c->n_ffn; i++) {
+			free(c->ffns[i].loc);
+			free(c->ffns[i].count);
+		}
+	free(c->ffns);
+	free(c->hot_meta);
+	free(c->cold_meta);
+	free(c->reads);
+	free(c->run_neurons);
+	free(c->run_slots);
+	free(c->order);
+	free(c->sortbuf);
+	free(c->pinned_list);
+	free(c->ev);
+	if (c->arena)
+		munmap(c->arena, c->arena_bytes);
+	pthread_mutex_destroy(&c->ev_lock);
+	pthread_mutex_destroy(&c->wait_lock);
+	free(c);
+}
+
+void nf_cache_geometry(const struct nf_cache *c, struct nf_cache_geom *g)
+{
+	*g = c->g;
+}
+
+/* ---- cold slots: CLOCK over runs ------------------------------------------------ */
+
+static void evict(struct nf_cache *c, struct slot_meta *m)
+{
+	if (m->ffn != NO_SLOT) {
+		c->ffns[m->ffn].loc[m->neuron] = NO_SLOT;
+		m->ffn = NO_SLOT;
+		c->st.evictions++;
+	}
+}
+
+/*
+ * Find k adjacent unpinned cold slots. First sweep: slots with their
+ * reference bit set get a second chance (bit cleared, window restarts
+ * past them); after two sweeps reference bits are ignored. Returns the
+ * first slot, or NO_SLOT when no k adjacent unpinned slots exist.
+ */
+static uint32_t clock_alloc(struct nf_cache *c, uint32_t k)
+{
+	if (k == 0 || k > c->n_cold)
+		return NO_SLOT;
+	uint64_t budget = 2ull * c->n_cold + k;
+	for (int pass = 0; pass < 2; pass++) {
+		uint64_t steps = 0;
+		uint32_t h = c->hand;
+		while (steps < budget) {
+			if (h + k > c->n_cold) {
+				steps += c->n_cold - h;
+				h = 0;
+				continue;
+			}
+			uint32_t bad = NO_SLOT;
+			for (uint32_t i = 0; i < k; i++) {
+				struct slot_meta *m = &c->cold_meta[h + i];
+				if (m->pinned || (pass == 0 && m->ref)) {
+					if (!m->pinned)
+						m->ref = 0;
+					bad = i;
+					break;
+				}
+			}
+			if (bad == NO_SLOT) {
+				c->hand = (h + k) % c->n_cold;
+				return h;
+			}
+			steps += bad + 1;
+			h += bad + 1;
+		}
+	}
+	return NO_SLOT;
+}
+
+/* ---- events ------------------------------------------------------------------------ */
+
+static void ev_push(struct nf_cache *c, struct read_rec *r)
+{
+	pthread_mutex_lock(&c->ev_lock);
+	c->ev[c->ev_tail].r = r;
+	c->ev_tail = (c->ev_tail + 1) % c->ev_cap;
+	pthread_mutex_unlock(&c->ev_lock);
+}
+
+static struct read_rec *ev_pop(struct nf_cache *c)
+{
+	struct read_rec *r = NULL;
+	pthread_mutex_lock(&c->ev_lock);
+	if (c->ev_head != c->ev_tail) {
+		r = c->ev[c->ev_head].r;
+		c->ev_head = (c->ev_head + 1) % c->ev_cap;
+	}
+	pthread_mutex_unlock(&c->ev_lock);
+	return r;
+}
+
+static void read_done(void *cookie, int result)
+{
+	struct read_rec *r = cookie;
+	r->result = result;
+	ev_push(r->c, r);
+}
+
+/* ---- requests ------------------------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NF_EUSAGE;
+	uint32_t fi = layer * c->g.n_expert + expert;
+	struct ffn_ent *f = &c->ffns[fi];
+	if (!f->obj)
+		return NF_EUSAGE;
+	const struct nf_store_object *obj = f->obj;
+	uint32_t stride = c->g.stride;
+
+	/* hits now; misses collected in c->order */
+	uint32_t n_miss = 0, n_hit = 0;
+	uint32_t *hits = c->run_neurons; /* free until the misses are laid out below */
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t j = neurons[k];
+		if (j >= c->g.n_neurons)
+			return NF_EUSAGE;
+		f->count[j]++;
+		c->st.lookups++;
+		uint32_t l = f->loc[j];
+		if (l == NO_SLOT) {
+			c->order[n_miss++] = j;
+			continue;
+		}
+		if (l & HOT_BIT) {
+			ptrs[j] = c->hot + (uint64_t)(l & ~HOT_BIT) * stride;
+			c->st.hits_hot++;
+		} else {
+			struct slot_meta *m = &c->cold_meta[l];
+			ptrs[j] = c->cold + (uint64_t)l * stride;
+			m->ref = 1;
+			if (!m->pinned) {
+				m->pinned = 1;
+				c->pinned_list[c->n_pinned_list++] = l;
+			}
+			c->st.hits_cold++;
+		}
+		hits[n_hit++] = j;
+	}
+	if (n_hit)
+		fn(user, hits, n_hit, 0);
+	c->st.misses += n_miss;
+	if (!n_miss)
+		return 0;
+
+	/* misses sorted by store slot, so adjacent bundles form runs */
+	bool sorted = true;
+	for (uint32_t k = 0; k < n_miss; k++) {
+		c->run_slots[k] = obj->perm[c->order[k]];
+		c->run_neurons[k] = c->order[k];
+		if (k && c->run_slots[k - 1] > c->run_slots[k])
+			sorted = false;
+	}
+	if (!sorted) {
+		uint64_t *pk = c->sortbuf;
+		for (uint32_t k = 0; k < n_miss; k++)
+			pk[k] = (uint64_t)c->run_slots[k] << 32 | c->run_neurons[k];
+		qsort(pk, n_miss, sizeof(uint64_t), cmp_u64);
+		for (uint32_t k = 0; k < n_miss; k++) {
+			c->run_slots[k] = (uint32_t)(pk[k] >> 32);
+			c->run_neurons[k] = (uint32_t)pk[k];
+		}
+	}
+
+	/* runs of adjacent store slots -> adjacent cold slots, one read each */
+	int rc = 0;
+	uint32_t k = 0;
+	while (k < n_miss) {
+		uint32_t len = 1;
+		while (k + len < n_miss && c->run_slots[k + len] == c->run_slots[k + len - 1] + 1)
+			len++;
+		uint32_t take = len, at;
+		while ((at = clock_alloc(c, take)) == NO_SLOT && take > 1)
+			take = (take + 1) / 2;
+		if (at == NO_SLOT) {
+			rc = NF_EBUDGET;
+			break;
+		}
+		for (uint32_t i = 0; i < take; i++) {
+			struct slot_meta *m = &c->cold_meta[at + i];
+			evict(c, m);
+			m->ffn = fi;
+			m->neuron = c->run_neurons[k + i];
+			m->ref = 1;
+			m->pinned = 1;
+			c->pinned_list[c->n_pinned_list++] = at + i;
+			f->loc[m->neuron] = at + i;
+			ptrs[m->neuron] = c->cold + (uint64_t)(at + i) * stride;
+		}
+		struct read_rec *r = &c->reads[c->n_reads++];
+		*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take,
+					.neurons = c->run_neurons + k, .store_slots = c->run_slots + k };
+		atomic_fetch_add(&c->outstanding, 1);
+		k += take;
+		/* the I/O context holds a bounded number of requests: when it is
+		 * full, let some complete (their events wait in the queue) */
+		while ((rc = nf_io_ctx_read_bundles(c->io, obj, r->store_slots, take,
+						    c->cold + (uint64_t)at * stride, read_done, r)) == -EAGAIN) {
+			int w = nf_io_ctx_wait(c->io, 1, -1);
+			if (w < 0 && w != -ETIMEDOUT) {
+				rc = w;
+				break;
+			}
+		}
+		if (rc < 0) {
+			/* not queued: its callback will not run; report it through reap */
+			r->result = rc;
+			ev_push(c, r);
+			break;
+		}
+		c->st.requests++;
+		c->st.bytes_read += (uint64_t)take * stride;
+	}
+	if (k < n_miss) {
+		/* neurons never submitted: report them failed */
+		struct read_rec *r = &c->reads[c->n_reads++];
+		*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = NO_SLOT, .n = n_miss - k,
+					.neurons = c->run_neurons + k, .result = rc };
+		atomic_fetch_add(&c->outstanding, 1);
+		ev_push(c, r);
+	}
+	if (rc < 0 && c->layer_err == 0)
+		c->layer_err = rc;
+	return rc;
+}
+
+/* Undo the slots of a failed read (invariant 6). */
+static void read_failed(struct nf_cache *c, struct read_rec *r)
+{
+	c->st.errors++;
+	if (c->layer_err == 0)
+		c->layer_err = r->result;
+	if (r->first_slot == NO_SLOT)
+		return;
+	for (uint32_t i = 0; i < r->n; i++) {
+		struct slot_meta *m = &c->cold_meta[r->first_slot + i];
+		if (m->ffn != NO_SLOT)
+			c->ffns[m->ffn].loc[m->neuron] = NO_SLOT;
+		m->ffn = NO_SLOT;
+	}
+}
+
+int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
+{
+	int handed = 0;
+	struct read_rec *r;
+	for (;;) {
+		while ((r = ev_pop(c))) {
+			if (r->result < 0) {
+				pthread_mutex_lock(&c->ev_lock);
+				read_failed(c, r);
+				pthread_mutex_unlock(&c->ev_lock);
+			}
+			fn(user, r->neurons, r->n, r->result);
+			atomic_fetch_sub(&c->outstanding, 1);
+			handed++;
+		}
+		if (handed || atomic_load(&c->outstanding) == 0)
+			return handed;
+		if (pthread_mutex_trylock(&c->wait_lock) != 0) {
+			sched_yield();
+			return 0;
+		}
+		int rc = nf_io_ctx_pending(c->io) ? nf_io_ctx_wait(c->io, 1, -1) : 0;
+		pthread_mutex_unlock(&c->wait_lock);
+		if (rc < 0 && rc != -ETIMEDOUT) {
+			/* the failed requests' callbacks have run (events queued) */
+			struct read_rec *q = ev_pop(c);
+			if (!q)
+				return rc;
+			if (q->result < 0) {
+				pthread_mutex_lock(&c->ev_lock);
+				read_failed(c, q);
+				pthread_mutex_unlock(&c->ev_lock);
+			}
+			fn(user, q->neurons, q->n, q->result);
+			atomic_fetch_sub(&c->outstanding, 1);
+			handed++;
+		}
+	}
+}
+
+static void ignore_ready(void *user, const uint32_t *neurons, uint32_t n, int result)
+{
+	(void)user;
+	(void)neurons;
+	(void)n;
+	(void)result;
+}
+
+int nf_cache_release(struct nf_cache *c)
+{
+	while (atomic_load(&c->outstanding)) {
+		int rc = nf_cache_reap(c, ignore_ready, NULL);
+		if (rc < 0 && c->layer_err == 0)
+			c->layer_err = rc;
+		if (rc < 0 && !nf_io_ctx_pending(c->io)) {
+			/* nothing more can land: drop what is left */
+			struct read_rec *r;
+			while ((r = ev_pop(c))) {
+				if (r->result < 0)
+					read_failed(c, r);
+				atomic_fetch_sub(&c->outstanding, 1);
+			}
+			break;
+		}
+	}
+	for (uint32_t i = 0; i < c->n_pinned_list; i++)
+		c->cold_meta[c->pinned_list[i]].pinned = 0;
+	c->n_pinned_list = 0;
+	c->n_reads = 0;
+	int err = c->layer_err;
+	c->layer_err = 0;
+	return err;
+}
+
+/* ---- hot segment ------------------------------------------------------------------- */
+
+struct hot_pick {
+	uint32_t count, neuron;
+};
+
+static int cmp_pick(const void *a, const void *b)
+{
+	const struct hot_pick *x = a, *y = b;
+	if (x->count != y->count)
+		return x->count > y->count ? -1 : 1;
+	return x->neuron < y->neuron ? -1 : x->neuron > y->neuron;
+}
+
+static void hot_done(void *cookie, int result)
+{
+	int *res = cookie;
+	if (result < 0 && *res == 0)
+		*res = result;
+}
+
+int nf_cache_set_counts(struct nf_cache *c, uint32_t layer, const uint32_t *counts)
+{
+	if (layer >= c->g.n_layer)
+		return NF_EUSAGE;
+	memcpy(c->ffns[layer * c->g.n_expert].count, counts, c->g.n_neurons * sizeof(uint32_t));
+	return 0;
+}
+
+int nf_cache_hot_load(struct nf_cache *c)
+{
+	uint32_t N = c->g.n_neurons, stride = c->g.stride;
+	if (!c->n_hot)
+		return 0;
+	/* forget the previous hot set */
+	for (uint32_t i = 0; i < c->n_hot; i++) {
+		struct slot_meta *m = &c->hot_meta[i];
+		if (m->ffn != NO_SLOT)
+			c->ffns[m->ffn].loc[m->neuron] = NO_SLOT;
+		m->ffn = NO_SLOT;
+	}
+	struct hot_pick *pk = malloc(N * sizeof(*pk));
+	uint64_t *sl = malloc(N * sizeof(uint64_t));
+	uint32_t *slots = malloc((size_t)c->n_hot * sizeof(uint32_t)); /* store slots, all runs */
+	int rc = 0, res = 0;
+	if (!pk || !sl || !slots) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	uint32_t per = c->n_hot / c->n_ffn, next = 0;
+	if (per > N)
+		per = N;
+	for (uint32_t fi = 0; fi < c->n_ffn && per; fi++) {
+		struct ffn_ent *f = &c->ffns[fi];
+		if (!f->obj)
+			continue;
+		for (uint32_t j = 0; j < N; j++)
+			pk[j] = (struct hot_pick){ .count = f->count[j], .neuron = j };
+		qsort(pk, N, sizeof(*pk), cmp_pick);
+		uint32_t take = 0;
+		while (take < per && pk[take].count > 0)
+			take++;
+		for (uint32_t i = 0; i < take; i++)
+			sl[i] = (uint64_t)f->obj->perm[pk[i].neuron] << 32 | pk[i].neuron;
+		qsort(sl, take, sizeof(uint64_t), cmp_u64);
+		/* runs of adjacent store slots, each one request, all submitted
+		 * before waiting; a neuron leaving a cold slot frees it
+		 * (invariant 2) */
+		uint32_t i = 0;
+		while (i < take) {
+			uint32_t len = 1;
+			while (i + len < take && (sl[i + len] >> 32) == (sl[i + len - 1] >> 32) + 1)
+				len++;
+			for (uint32_t q = 0; q < len; q++) {
+				uint32_t j = (uint32_t)sl[i + q];
+				uint32_t l = f->loc[j];
+				if (l != NO_SLOT && !(l & HOT_BIT))
+					c->cold_meta[l].ffn = NO_SLOT;
+				slots[next + q] = (uint32_t)(sl[i + q] >> 32);
+				struct slot_meta *m = &c->hot_meta[next + q];
+				m->ffn = fi;
+				m->neuron = j;
+				f->loc[j] = (next + q) | HOT_BIT;
+			}
+			while ((rc = nf_io_ctx_read_bundles(c->io, f->obj, slots + next, len,
+							    c->hot + (uint64_t)next * stride, hot_done, &res)) == -EAGAIN)
+				if ((rc = nf_io_ctx_wait(c->io, 1, -1)) < 0)
+					break;
+			if (rc < 0)
+				goto out;
+			c->st.hot_loads++;
+			c->st.hot_bytes += (uint64_t)len * stride;
+			c->st.bytes_read += (uint64_t)len * stride;
+			next += len;
+			i += len;
+		}
+	}
+	if ((rc = nf_io_ctx_wait(c->io, 0, -1)) < 0)
+		goto out;
+	rc = res;
+out:
+	if (rc < 0) {
+		nf_io_ctx_wait(c->io, 0, -1);
+		for (uint32_t i = 0; i < c->n_hot; i++) {
+			struct slot_meta *m = &c->hot_meta[i];
+			if (m->ffn != NO_SLOT)
+				c->ffns[m->ffn].loc[m->neuron] = NO_SLOT;
+			m->ffn = NO_SLOT;
+		}
+	}
+	free(pk);
+	free(sl);
+	free(slots);
+	return rc < 0 ? rc : 0;
+}
+
+/* ---- pinned -------------------------------------------------------------------------- */
+
+static void pin_done(void *cookie, int result)
+{
+	*(int *)cookie = result;
+}
+
+int nf_cache_pin_object(struct nf_cache *c, const struct nf_store_object *obj, const void **data,
+			struct nf_diag *d)
+{
+	uint32_t align = nf_io_ctx_align(c->io);
+	uint64_t need = nf_store_object_buf_size(obj, align);
+	uint64_t at = (c->pinned_used + align - 1) / align * align;
+	if (at + need > c->pinned_cap)
+		return nf_diag_fail(d, NF_EBUDGET,
+				    "cache: pinned segment of %llu bytes cannot hold %s (%llu bytes; %llu used)",
+				    (unsigned long long)c->pinned_cap, obj->name, (unsigned long long)need,
+				    (unsigned long long)c->pinned_used);
+	int res = 1;
+	int rc = nf_io_ctx_read_object(c->io, obj, c->pinned + at, pin_done, &res);
+	if (rc == 0)
+		rc = nf_io_ctx_wait(c->io, 0, -1);
+	if (rc >= 0)
+		rc = res;
+	if (rc < 0)
+		return nf_diag_fail(d, rc, "cache: reading %s: %s", obj->name, nf_strerror(rc));
+	c->pinned_used = at + need;
+	c->st.bytes_read += need;
+	*data = c->pinned + at;
+	return 0;
+}
+
+/* ---- stats --------------------------------------------------------------------------- */
+
+void nf_cache_stats_get(const struct nf_cache *c, struct nf_cache_stats *out)
+{
+	*out = c->st;
+}
+
+void nf_cache_stats_reset(struct nf_cache *c)
+{
+	memset(&c->st, 0, sizeof(c->st));
+}
+
+void nf_cache_layout_get(const struct nf_cache *c, struct nf_cache_layout *out)
+{
+	*out = (struct nf_cache_layout){
+		.arena = c->arena_bytes, .pinned_used = c->pinned_used, .pinned_cap = c->pinned_cap,
+		.hot = (uint64_t)c->n_hot * c->g.stride, .cold = (uint64_t)c->n_cold * c->g.stride,
+		.hot_slots = c->n_hot, .cold_slots = c->n_cold, .hugepages = c->hugepages, .numa = c->numa,
+	};
+}

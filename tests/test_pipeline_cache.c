@@ -1,0 +1,310 @@
+/*
+ * test_pipeline_cache.c - the segmented neuron cache on an imported store:
+ * bytes served equal the store's, misses of adjacent bundles coalesced into
+ * one read, hits afterwards, CLOCK eviction under a one-layer arena, the hot
+ * segment, a too-small arena refused with the minimum, and a failed read
+ * reported and forgotten (no later hit on bytes that never arrived).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nflash/cache.h"
+#include "nflash/store.h"
+#include "util_pipeline.h"
+
+#define MODEL "../shared/testdata/models/tiny-llama-f32.gguf"
+
+struct fx {
+	char path[256];
+	struct nf_store *store;
+	const void *ptrs[4096];
+	uint32_t got[4096];
+	int results[4096];
+	uint32_t n_got;
+};
+
+static void ready(void *user, const uint32_t *neurons, uint32_t n, int result)
+{
+	struct fx *f = user;
+	for (uint32_t i = 0; i < n; i++) {
+		f->got[f->n_got] = neurons[i];
+		f->results[f->n_got++] = result;
+	}
+}
+
+static void fx_open(struct fx *f, bool shuffle)
+{
+	memset(f, 0, sizeof(*f));
+	if (shuffle) {
+		pl_tmp_path(f->path, sizeof(f->path), "cache");
+		struct nf_model *m = pl_load(MODEL, false, false);
+		char msg[256] = "";
+		cr_assert_eq(pl_store_from_model(m, f->path, 8, true, msg, sizeof(msg)), 0, "%s", msg);
+		nf_model_free(m);
+	} else {
+		pl_import(MODEL, f->path, sizeof(f->path));
+	}
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_store_open(f->path, NULL, &f->store, &d), 0, "%s", d.msg);
+}
+
+static void fx_close(struct fx *f)
+{
+	nf_store_close(f->store);
+	unlink(f->path);
+}
+
+static struct nf_cache *cache_open(struct fx *f, uint64_t arena, double hot, const struct nf_io_fault_rule *rule)
+{
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.arena_bytes = arena;
+	o.hot_fraction = hot;
+	o.io.quiet = true;
+	if (rule) {
+		o.io.backend = NF_IO_FAULT;
+		o.io.fault.n_rules = 1;
+		o.io.fault.rules[0] = *rule;
+	}
+	struct nf_cache *c = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_cache_open(f->store, &o, &c, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	return c;
+}
+
+/* Request, then reap until every neuron was reported. */
+static void fetch(struct fx *f, struct nf_cache *c, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+	f->n_got = 0;
+	int rc = nf_cache_request(c, layer, 0, ids, n, f->ptrs, ready, f);
+	cr_assert(rc == 0 || rc == -EIO, "request: %s", nf_strerror(rc));
+	while (f->n_got < n) {
+		rc = nf_cache_reap(c, ready, f);
+		cr_assert(rc >= 0, "reap: %s", nf_strerror(rc));
+	}
+}
+
+/* The bytes at ptrs[j] are bundle j of layer's FFN object in the file. */
+static void check_bytes(struct fx *f, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+	const struct nf_store_object *o = nf_store_ffn_find(f->store, layer, 0);
+	int fd = open(f->path, O_RDONLY);
+	cr_assert(fd >= 0);
+	char *buf = malloc(o->stride);
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t j = ids[k];
+		cr_assert_eq(pread(fd, buf, o->bundle_bytes, (off_t)nf_store_bundle_offset(o, o->perm[j])),
+			     (ssize_t)o->bundle_bytes);
+		cr_assert(memcmp(buf, f->ptrs[j], o->bundle_bytes) == 0, "layer %u neuron %u: wrong bytes", layer, j);
+	}
+	free(buf);
+	close(fd);
+}
+
+Test(pipeline, cache_coalesces_and_hits)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	struct nf_cache *c = cache_open(&f, 4 * min, 0.0, NULL);
+	uint32_t ids[64];
+	for (uint32_t i = 0; i < 50; i++)
+		ids[i] = 10 + i;
+	fetch(&f, c, 0, ids, 50);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.misses, 50);
+	cr_expect_eq(st.requests, 1, "50 adjacent bundles took %llu requests", (unsigned long long)st.requests);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_eq(f.results[i], 0);
+	check_bytes(&f, 0, ids, 50);
+	cr_assert_eq(nf_cache_release(c), 0);
+	/* again: all hits, reported inside the request */
+	nf_cache_stats_reset(c);
+	f.n_got = 0;
+	cr_assert_eq(nf_cache_request(c, 0, 0, ids, 50, f.ptrs, ready, &f), 0);
+	cr_expect_eq(f.n_got, 50, "hits are reported at once");
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.hits_cold, 50);
+	cr_expect_eq(st.requests, 0);
+	check_bytes(&f, 0, ids, 50);
+	cr_assert_eq(nf_cache_release(c), 0);
+	/* two runs with a gap: two requests */
+	nf_cache_stats_reset(c);
+	uint32_t two[6] = { 100, 101, 102, 110, 111, 112 };
+	fetch(&f, c, 1, two, 6);
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.requests, 2);
+	check_bytes(&f, 1, two, 6);
+	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
+Test(pipeline, cache_runs_follow_the_permutation)
+{
+	struct fx f;
+	fx_open(&f, true);
+	const struct nf_store_object *o = nf_store_ffn_find(f.store, 0, 0);
+	struct nf_cache *c = cache_open(&f, 4 * nf_cache_min_bytes(f.store), 0.0, NULL);
+	/* neurons whose slots are 20..39: one run, whatever their ids */
+	uint32_t ids[20], n = 0;
+	for (uint32_t j = 0; j < o->n_bundles; j++)
+		if (o->perm[j] >= 20 && o->perm[j] < 40)
+			ids[n++] = j;
+	cr_assert_eq(n, 20);
+	fetch(&f, c, 0, ids, n);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.requests, 1);
+	check_bytes(&f, 0, ids, n);
+	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
+Test(pipeline, cache_clock_evicts_under_one_layer)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	const struct nf_store_object *o = nf_store_ffn_find(f.store, 0, 0);
+	uint32_t N = o->n_bundles;
+	cr_assert_eq(min, (uint64_t)N * o->stride);
+	struct nf_cache *c = cache_open(&f, min, 0.5, NULL);
+	struct nf_cache_layout L;
+	nf_cache_layout_get(c, &L);
+	cr_expect_eq(L.cold_slots, N);
+	cr_expect_eq(L.hot_slots, 0);
+	uint32_t *ids = malloc(N * sizeof(uint32_t));
+	for (uint32_t j = 0; j < N; j++)
+		ids[j] = j;
+	for (int round = 0; round < 2; round++)
+		for (uint32_t layer = 0; layer < 2; layer++) {
+			nf_cache_stats_reset(c);
+			fetch(&f, c, layer, ids, N);
+			struct nf_cache_stats st;
+			nf_cache_stats_get(c, &st);
+			cr_expect_eq(st.misses, N, "round %d layer %u: %llu misses", round, layer,
+				     (unsigned long long)st.misses);
+			if (round || layer)
+				cr_expect_eq(st.evictions, N);
+			check_bytes(&f, layer, ids, N);
+			cr_assert_eq(nf_cache_release(c), 0);
+		}
+	free(ids);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
+Test(pipeline, cache_hot_segment_from_counts)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	const struct nf_store_object *o = nf_store_ffn_find(f.store, 0, 0);
+	struct nf_cache *c = cache_open(&f, 2 * min, 0.5, NULL);
+	struct nf_cache_layout L;
+	nf_cache_layout_get(c, &L);
+	cr_assert(L.hot_slots >= 20, "%u hot slots", L.hot_slots);
+	uint32_t *counts = calloc(o->n_bundles, sizeof(uint32_t));
+	uint32_t hot[4] = { 3, 4, 5, 90 };
+	for (int i = 0; i < 4; i++)
+		counts[hot[i]] = 100 + i;
+	cr_assert_eq(nf_cache_set_counts(c, 0, counts), 0);
+	cr_assert_eq(nf_cache_hot_load(c), 0);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.hot_loads, 2, "neurons 3-5 and 90: two runs, %llu reads", (unsigned long long)st.hot_loads);
+	nf_cache_stats_reset(c);
+	f.n_got = 0;
+	cr_assert_eq(nf_cache_request(c, 0, 0, hot, 4, f.ptrs, ready, &f), 0);
+	cr_expect_eq(f.n_got, 4);
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.hits_hot, 4);
+	check_bytes(&f, 0, hot, 4);
+	cr_assert_eq(nf_cache_release(c), 0);
+	free(counts);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
+Test(pipeline, cache_refuses_a_too_small_arena)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.arena_bytes = min - 1;
+	struct nf_cache *c = NULL;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_cache_open(f.store, &o, &c, &d), NF_EBUDGET);
+	char want[64];
+	snprintf(want, sizeof(want), "at least %llu", (unsigned long long)min);
+	cr_expect(strstr(d.msg, want), "message does not state the minimum: %s", d.msg);
+	cr_expect_null(c);
+	fx_close(&f);
+}
+
+Test(pipeline, cache_read_error_is_reported_and_forgotten)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	struct nf_io_fault_rule rule = { .kind = NF_IO_FAULT_EIO, .nth = 0 };
+	struct nf_cache *c = cache_open(&f, 2 * min, 0.0, &rule);
+	uint32_t ids[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+	fetch(&f, c, 0, ids, 8);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_eq(f.results[i], -EIO, "neuron %u: result %d", f.got[i], f.results[i]);
+	cr_expect_eq(nf_cache_release(c), -EIO);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.errors, 1);
+	/* the failed neurons are not cached: asking again misses (and the
+	 * context's sticky error fails it again rather than serving garbage) */
+	nf_cache_stats_reset(c);
+	fetch(&f, c, 0, ids, 8);
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.hits_cold, 0);
+	cr_expect_eq(st.misses, 8);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_lt(f.results[i], 0);
+	nf_cache_release(c);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
+Test(pipeline, cache_waits_when_the_io_context_is_full)
+{
+	struct fx f;
+	fx_open(&f, false);
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.arena_bytes = 2 * nf_cache_min_bytes(f.store);
+	o.io.quiet = true;
+	o.io.max_requests = 2; /* far fewer than the runs below */
+	struct nf_cache *c = NULL;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_cache_open(f.store, &o, &c, &d), 0, "%s", d.msg);
+	uint32_t ids[40];
+	for (uint32_t i = 0; i < 40; i++)
+		ids[i] = 2 * i; /* 40 runs of one bundle */
+	fetch(&f, c, 0, ids, 40);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_eq(f.results[i], 0);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.requests, 40);
+	check_bytes(&f, 0, ids, 40);
+	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_close(c);
+	fx_close(&f);
+}

@@ -1,0 +1,120 @@
+/*
+ * test_pipeline_cli.c - the memory budget as the user sees it: `nflash
+ * eval` on a store whose FFNs (about 100 MB) do not fit the budget stays
+ * within budget + the fixed overhead it prints (VmHWM, from its --json),
+ * well below the whole model; a budget too small is refused with the
+ * minimum, and that minimum is enough.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "nflash/dtype.h"
+#include "nflash/import.h"
+#include "nflash/synth.h"
+#include "util_pipeline.h"
+
+#define NFLASH "build/nflash"
+
+static char gguf[256], store[256];
+
+static void make_model(void)
+{
+	struct nf_synth_params p;
+	struct nf_diag d = { 0 };
+	nf_synth_params_init(&p);
+	cr_assert_eq(nf_synth_shape(&p, "tiny", &d), 0);
+	p.n_embd = 256;
+	p.n_ff = 8192;
+	p.n_layer = 4;
+	p.n_head = 4;
+	p.n_head_kv = 2;
+	p.dtype = NF_DTYPE_F32;
+	p.n_threads = 2;
+	cr_assert_eq(nf_synth_validate(&p, &d), 0, "%s", d.msg);
+	pl_tmp_path(gguf, sizeof(gguf), "cli-gguf");
+	cr_assert_eq(nf_synth_write(&p, gguf, &d), 0, "%s", d.msg);
+	pl_tmp_path(store, sizeof(store), "cli-store");
+	struct nf_import_opts o;
+	nf_import_opts_default(&o);
+	struct nf_import_report r;
+	int rc = nf_import(gguf, store, &o, &r, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+}
+
+static void drop_model(void)
+{
+	unlink(gguf);
+	unlink(store);
+}
+
+/* Run nflash with args; stdout into out, stderr into err; exit status. */
+static int run_cli(const char *args, char *out, size_t out_len, char *err, size_t err_len)
+{
+	char ef[256], cmd[1024];
+	pl_tmp_path(ef, sizeof(ef), "cli-err");
+	snprintf(cmd, sizeof(cmd), NFLASH " %s 2>%s", args, ef);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	size_t n = fread(out, 1, out_len - 1, p);
+	out[n] = 0;
+	int st = pclose(p);
+	FILE *e = fopen(ef, "r");
+	n = e ? fread(err, 1, err_len - 1, e) : 0;
+	err[n] = 0;
+	if (e)
+		fclose(e);
+	unlink(ef);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static unsigned long long json_u64(const char *json, const char *key)
+{
+	char k[64];
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	const char *at = strstr(json, k);
+	cr_assert_not_null(at, "no %s in %s", key, json);
+	return strtoull(at + strlen(k), NULL, 10);
+}
+
+Test(pipeline, budget_holds_and_too_small_is_refused)
+{
+	if (access(NFLASH, X_OK) != 0)
+		cr_skip_test("%s is not built", NFLASH);
+	make_model();
+	struct stat sb;
+	cr_assert_eq(stat(gguf, &sb), 0);
+	static char out[1 << 16], err[1 << 16];
+	char args[1024];
+
+	/* too small: refused, the message states the minimum */
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13 -c 64 --memory-budget 20M --json", store);
+	int rc = run_cli(args, out, sizeof(out), err, sizeof(err));
+	cr_expect_eq(rc, 1, "exit %d: %s", rc, err);
+	const char *at = strstr(err, "at least ");
+	cr_assert_not_null(at, "no minimum in: %s", err);
+	double min_mib = strtod(at + 9, NULL);
+	cr_assert(min_mib > 20.0, "minimum %.1f MiB", min_mib);
+
+	/* the stated minimum (rounded up) runs, within budget + overhead */
+	unsigned long long budget = (unsigned long long)(min_mib + 1.0) << 20;
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13,300,72,101,259 -c 64 -t 2 --memory-budget %llu --json",
+		 store, budget);
+	rc = run_cli(args, out, sizeof(out), err, sizeof(err));
+	cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+	cr_expect(strstr(err, "fixed overhead"), "the overhead is not printed at start: %s", err);
+	unsigned long long hwm = json_u64(out, "vm_hwm_bytes"), over = json_u64(out, "overhead_bytes");
+	cr_expect_eq(json_u64(out, "budget_bytes"), budget);
+	cr_expect(json_u64(out, "bytes_read") > 0);
+	cr_expect(hwm <= budget + over, "VmHWM %llu > budget %llu + overhead %llu", hwm, budget, over);
+	cr_expect(hwm < (unsigned long long)sb.st_size,
+		  "VmHWM %llu is not below the model's %lld bytes: the check proves nothing", hwm,
+		  (long long)sb.st_size);
+	cr_expect(strstr(out, "\"hit_rate\":") && strstr(out, "\"io_wait_share\":") &&
+		  strstr(out, "\"requests\":"), "%s", out);
+	drop_model();
+}

@@ -1,0 +1,50 @@
+/*
+ * tests/util_pipeline.h - helpers of the pipeline tests: a store holding a
+ * GGUF model's FFNs as neuron bundles (float weights only: the store keeps
+ * gate, up and down column in one type; `import` does the general case),
+ * tiny synthetic models, logits comparison.
+ *
+ * Not thread-safe; used from one test at a time.
+ */
+#ifndef NFLASH_TESTS_UTIL_PIPELINE_H
+#define NFLASH_TESTS_UTIL_PIPELINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nflash/model.h"
+
+/*
+ * pl_store_from_model - write every dense layer's FFN of m to a store at
+ * path: bundle j = gate row j, up row j, down column j. With shuffle, the
+ * neuron -> slot permutation is a seeded shuffle. extent_bundles 0 takes
+ * the default. Returns 0 or a negative error (the message in msg).
+ */
+int pl_store_from_model(const struct nf_model *m, const char *path, uint32_t extent_bundles,
+			bool shuffle, char *msg, size_t msg_len);
+
+/* Write a tiny synthetic model (nflash synth --shape tiny) with activation
+ * act ("relu", "drelu", "silu"), dtype, and PowerInfer predictor or not. */
+int pl_synth_tiny(const char *path, const char *act, uint32_t dtype, bool predictor);
+
+/* Criterion-asserting helpers: load a model (GGUF or store; unpack: a
+ * store's FFN into memory), open a context (n_ctx 64), run the 8-token
+ * test prompt at once then n greedy tokens (EOS does not stop; logits of
+ * the prompt's last position into lg). */
+extern const int32_t pl_prompt[8];
+struct nf_model *pl_load(const char *path, bool prefault, bool unpack);
+struct nf_ctx *pl_open_ctx(struct nf_model *m, int threads);
+void pl_run(struct nf_ctx *c, const int32_t *ids, size_t n_ids, float *lg, int32_t *greedy, size_t n);
+
+/* nflash import gguf (bundles aligned to 512, extents of 8) to a fresh
+ * path under /tmp, written to out. */
+void pl_import(const char *gguf, char *out, size_t len);
+
+/* max |a[i] - b[i]| */
+double pl_max_diff(const float *a, const float *b, size_t n);
+
+/* Path of a fresh file under /tmp (name gets a unique suffix). */
+void pl_tmp_path(char *out, size_t len, const char *stem);
+
+#endif
