@@ -11,8 +11,8 @@
 #               coalesced; fio: randread, bs = bundle stride, offsets aligned
 #               to the stride (blockalign) over the FFN span
 #   sequential  nflash: whole extents in order; fio: read, bs = extent size
-# Each row alternates nflash and fio BENCH_REPS times (default 3) and
-# reports medians. Page caches are dropped between runs (when root). Prints a header, then
+# Each row alternates nflash and fio BENCH_REPS times (default 3; who goes
+# first alternates too) and reports medians. Page caches are dropped between runs (when root). Prints a header, then
 # one tab-separated row per configuration with the ratio nflash/fio of MB/s.
 #
 # nflash runs without crc32c verification (fio does not checksum); a third
@@ -101,9 +101,12 @@ for be in ${BENCH_BACKENDS:-aio uring}; do
 			N_MB="" N_P50="" N_P99="" F_MB="" F_P50="" F_P99=""
 			r=0
 			while [ $r -lt "$REPS" ]; do
+				# who goes first alternates, so neither side always reads
+				# right after the other warmed the host's cache
+				[ $((r % 2)) = 1 ] && run_fio "$engine" "$pat" "$qd"
 				run_nflash "$be" "$pat" "$qd" --no-verify
 				N_MB="$N_MB $n_mb" N_P50="$N_P50 $n_p50" N_P99="$N_P99 $n_p99"
-				run_fio "$engine" "$pat" "$qd"
+				[ $((r % 2)) = 0 ] && run_fio "$engine" "$pat" "$qd"
 				F_MB="$F_MB $f_mb" F_P50="$F_P50 $f_p50" F_P99="$F_P99 $f_p99"
 				r=$((r + 1))
 			done

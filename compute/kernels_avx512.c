@@ -599,6 +599,134 @@ XR_TILE(q8_0, sizeof(struct nf_block_q8_0))
 XR_ROWS(q4_0)
 XR_ROWS(q8_0)
 
+/* ---- Q4_0 gemv in llama.cpp's order ------------------------------------------
+ *
+ * One token, so the weights stream from memory once and the kernel must
+ * keep up with DRAM. Two facts of this machine shape it:
+ * - Each row's chain acc = fma(d_w * d_x, lanes, acc) is sequential over
+ *   the blocks (that is llama.cpp's order), so one row at a time is bound
+ *   by fma latency. Four rows run side by side instead, two per 512-bit
+ *   register (row A in lanes 0-7, row B in 8-15, as xr_ above).
+ * - Loads that straddle two cache lines and miss are slow: reading rows
+ *   straight from DRAM this way ran at a third of the speed the same code
+ *   has from L2. So the four rows are first copied with aligned 64-byte
+ *   loads into a stack buffer at the same offset within a line, and the
+ *   kernel reads them from there (L1), while it prefetches the next four
+ *   rows into L1 (one line per row per block step) so that memory keeps
+ *   streaming during the arithmetic.
+ * The activation row is repacked once per call (xr_pack) with each
+ * block's correction precomputed. Rows of more than GO_MAX_BLOCKS blocks, and Q8_0
+ * (whose four staged rows and prefetched successors overflow L1; measured
+ * slower than AVX2's), go to the AVX2 kernels, which sum in the same order.
+ * Stack: about 72 KiB.
+ */
+#define GO_MAX_BLOCKS 512   /* 16384 values: 32 KiB of repacked activations */
+#define GO_STAGE (GO_MAX_BLOCKS * 18 + 128)
+
+/*
+ * Copy bytes [src, src + len) to stage + (src % 64): whole lines with
+ * aligned loads, the partial first and last line byte-exact (so nothing
+ * outside the row is read). Returns the copy's address.
+ */
+static const char *go_stage(const char *src, size_t len, char *stage)
+{
+	size_t off = (uintptr_t)src & 63;
+	char *dst = stage + off;
+	size_t head = off ? 64 - off : 0;
+	if (head > len)
+		head = len;
+	memcpy(dst, src, head);
+	size_t i = head;
+	for (; i + 64 <= len; i += 64)
+		_mm512_store_si512((void *)(dst + i), _mm512_load_si512((const void *)(src + i)));
+	memcpy(dst + i, src + i, len - i);
+	return dst;
+}
+
+/* Blocks of rows A and B (at their fp16 scale) as unsigned nibbles in x's
+ * order: [A lo | A hi | B lo | B hi]. */
+INLINE __m512i go_w_q4_0(const char *a, const char *b)
+{
+	__m128i qa = _mm_loadu_si128((const __m128i *)(a + 2));
+	__m128i qb = _mm_loadu_si128((const __m128i *)(b + 2));
+	__m512i ab = _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(qa), qb, 1));
+	__m512i z = _mm512_shuffle_i64x2(ab, ab, 0x50);              /* qa qa qb qb */
+	const __m512i sh = _mm512_set_epi64(0x0004000400040004ll, 0x0004000400040004ll, 0, 0,
+					    0x0004000400040004ll, 0x0004000400040004ll, 0, 0);
+	return _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0x0f));
+}
+
+/* [d_A * d_x x8 | d_B * d_x x8] */
+INLINE __m512 go_scale(const char *a, const char *b, float dx)
+{
+	uint32_t dd = (uint32_t)*(const uint16_t *)a | (uint32_t)*(const uint16_t *)b << 16;
+	__m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
+	const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+	return _mm512_mul_ps(_mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f)), _mm512_set1_ps(dx));
+}
+
+/* acc += row pair (a, b) at block i */
+INLINE __m512 go_step_q4_0(const char *a, const char *b, const struct xr *x, float dx, __m512 acc)
+{
+	__m512i s = _mm512_dpbusd_epi32(_mm512_broadcast_i64x4(x->corr), go_w_q4_0(a, b),
+					_mm512_broadcast_i64x4(x->x));
+	return _mm512_fmadd_ps(go_scale(a, b, dx), _mm512_cvtepi32_ps(s), acc);
+}
+
+#define GO_GEMV(T, BSZ, SHIFT)                                                                \
+	static void go_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
+				const void *xq, float *y)                                     \
+	{                                                                                     \
+		size_t nb = n / NF_QK, len = nb * BSZ;                                        \
+		if (nb > GO_MAX_BLOCKS || nrows < 2) {                                        \
+			nf_kavx2_gemv_##T(n, nrows, w, row_bytes, xq, y);                     \
+			return;                                                               \
+		}                                                                             \
+		struct xr xp[GO_MAX_BLOCKS];                                                \
+		float dx[GO_MAX_BLOCKS];                                                      \
+		_Alignas(64) char stage[4][GO_STAGE];                                         \
+		xr_pack(xq, nb, SHIFT, xp, dx);                                               \
+		const char *wc = w;                                                           \
+		size_t r = 0;                                                                 \
+		for (; r + 4 <= nrows; r += 4) {                                              \
+			const char *a0 = go_stage(wc + r * row_bytes, len, stage[0]);         \
+			const char *b0 = go_stage(wc + (r + 1) * row_bytes, len, stage[1]);   \
+			const char *a1 = go_stage(wc + (r + 2) * row_bytes, len, stage[2]);   \
+			const char *b1 = go_stage(wc + (r + 3) * row_bytes, len, stage[3]);   \
+			__m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;                       \
+			const char *n0 = wc + (r + 4) * row_bytes, *n1 = n0 + row_bytes;      \
+			const char *n2 = n1 + row_bytes, *n3 = n2 + row_bytes;                \
+			size_t pl = r + 8 <= nrows ? (len + 63) / 64 : 0;                      \
+			for (size_t i = 0; i < nb; i++, a0 += BSZ, b0 += BSZ, a1 += BSZ, b1 += BSZ) { \
+				if (i < pl) {                                                   \
+					_mm_prefetch(n0 + 64 * i, _MM_HINT_T0);                      \
+					_mm_prefetch(n1 + 64 * i, _MM_HINT_T0);                      \
+					_mm_prefetch(n2 + 64 * i, _MM_HINT_T0);                      \
+					_mm_prefetch(n3 + 64 * i, _MM_HINT_T0);                      \
+				}                                                               \
+				acc0 = go_step_##T(a0, b0, xp + i, dx[i], acc0);              \
+				acc1 = go_step_##T(a1, b1, xp + i, dx[i], acc1);              \
+			}                                                                     \
+			y[r] = xr_hsum8(_mm512_castps512_ps256(acc0));                        \
+			y[r + 1] = xr_hsum8(_mm512_extractf32x8_ps(acc0, 1));                 \
+			y[r + 2] = xr_hsum8(_mm512_castps512_ps256(acc1));                    \
+			y[r + 3] = xr_hsum8(_mm512_extractf32x8_ps(acc1, 1));                 \
+		}                                                                             \
+		for (; r < nrows; r += 2) {                                                   \
+			/* the last one or two rows: a lone row pairs with itself */          \
+			const char *a0 = wc + r * row_bytes;                                  \
+			const char *b0 = r + 1 < nrows ? a0 + row_bytes : a0;                 \
+			__m512 acc0 = _mm512_setzero_ps();                                    \
+			for (size_t i = 0; i < nb; i++, a0 += BSZ, b0 += BSZ)                 \
+				acc0 = go_step_##T(a0, b0, xp + i, dx[i], acc0);              \
+			y[r] = xr_hsum8(_mm512_castps512_ps256(acc0));                        \
+			if (r + 1 < nrows)                                                    \
+				y[r + 1] = xr_hsum8(_mm512_extractf32x8_ps(acc0, 1));         \
+		}                                                                             \
+	}
+
+GO_GEMV(q4_0, sizeof(struct nf_block_q4_0), 3)
+
 /* ---- float weights -------------------------------------------------------------- */
 
 INLINE __m512 ld16_f32(const void *p, size_t i) { return _mm512_loadu_ps((const float *)p + i); }
@@ -827,10 +955,8 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
-		/* llama.cpp's summation order (see xr_ above), not gemv_q8/q4;
-		 * for one token AVX2's single sequential row stream reads DRAM
-		 * faster here than two interleaved rows */
-		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
+		/* llama.cpp's summation order: see go_gemv_q4_0 */
+		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0] = go_gemv_q4_0,
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,

@@ -19,6 +19,7 @@
 #include "nflash/pool.h"
 
 struct nf_store_object;
+struct nf_io_ctx;
 
 /* A store-backed model's FFN of one (layer, expert). */
 struct nf_model_ffn {
@@ -37,6 +38,7 @@ struct nf_model {
 	char (*st_names)[64];       /* names of the unpacked FFN tensors */
 	size_t n_st;
 	struct nf_model_ffn *ffn;   /* n_layer x max(1, n_expert) */
+	struct nf_io_ctx *load_io;  /* reads at load time only (one context: io_destroy is slow) */
 	bool ffn_unpacked;
 	struct nf_model_hparams hp;
 	struct nf_weight tok_embd;

@@ -32,6 +32,7 @@
 #include "model_impl.h"
 
 #define MEM_ALIGN 4096u
+#define UNPACK_CHUNK 64u   /* neurons unpacked together: each down row touched once per chunk */
 
 bool nf_model_path_is_store(const char *path)
 {
@@ -71,18 +72,22 @@ static void on_read(void *cookie, int result)
 }
 
 /* Read objs[0..n) into bufs[0..n) with the I/O engine (crc checked). */
-static int read_objects(struct nf_store *s, const struct nf_store_object *const *objs,
+static int read_objects(struct nf_model *m, const struct nf_store_object *const *objs,
 			void *const *bufs, size_t n, struct nf_diag *diag)
 {
-	struct nf_io_ctx *io = NULL;
-	struct nf_io_opts o;
-	nf_io_opts_default(&o);
-	o.quiet = true;
+	struct nf_store *s = m->store;
 	struct rd all = { 0 };
 	struct rd_one *one = calloc(n ? n : 1, sizeof(*one));
 	if (!one)
 		return nf_diag_fail(diag, -ENOMEM, "%s: out of memory", nf_store_path(s));
-	int rc = nf_io_ctx_open(s, &o, &io, diag);
+	int rc = 0;
+	if (!m->load_io) {
+		struct nf_io_opts o;
+		nf_io_opts_default(&o);
+		o.quiet = true;
+		rc = nf_io_ctx_open(s, &o, &m->load_io, diag);
+	}
+	struct nf_io_ctx *io = m->load_io;
 	for (size_t i = 0; rc == 0 && i < n; i++) {
 		one[i] = (struct rd_one){ .all = &all, .obj = objs[i] };
 		rc = nf_io_ctx_read_object(io, objs[i], bufs[i], on_read, &one[i]);
@@ -106,7 +111,6 @@ static int read_objects(struct nf_store *s, const struct nf_store_object *const 
 	if (rc == 0 && all.result < 0)
 		rc = nf_diag_fail(diag, all.result, "%s: object %s: %s", nf_store_path(s),
 				  all.bad->name, nf_strerror(all.result));
-	nf_io_ctx_close(io);
 	free(one);
 	return rc;
 }
@@ -173,7 +177,7 @@ int nf_model_store_open(struct nf_model *m, const char *path, struct nf_diag *di
 		off += round_up(nf_store_object_buf_size(o, bs), MEM_ALIGN);
 		k++;
 	}
-	if ((rc = read_objects(s, objs, bufs, k, diag)) < 0)
+	if ((rc = read_objects(m, objs, bufs, k, diag)) < 0)
 		goto out;
 	rc = nf_gguf_open_mem(m->meta, meta->length, &m->g, diag);
 	if (rc < 0)
@@ -200,7 +204,7 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 	const struct nf_model_hparams *hp = &m->hp;
 	struct nf_store *s = m->store;
 	uint32_t L = hp->n_layer, nx = X ? X : 1;
-	uint64_t gu, dn, total = 0, max_obj = 0;
+	uint64_t gu, dn, total = 0, max_obj = 0, max_stride = 0;
 	int rc = 0;
 	for (uint32_t i = 0; i < L * nx; i++) {
 		const struct nf_store_object *o = m->ffn[i].obj;
@@ -208,6 +212,8 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 		total += round_up(gu, 64) * 2 + round_up(dn, 64);
 		if (o->length > max_obj)
 			max_obj = o->length;
+		if (o->stride > max_stride)
+			max_stride = o->stride;
 	}
 	struct nf_gguf_tensor *st = realloc(m->st, (m->n_st + 3 * (size_t)L) * sizeof(*st));
 	if (st)
@@ -215,7 +221,8 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 	m->st_names = calloc(3 * (size_t)L, sizeof(*m->st_names));
 	m->ffn_mem = nf_io_buf_alloc(total ? total : 64, MEM_ALIGN);
 	uint8_t *buf = nf_io_buf_alloc(max_obj, MEM_ALIGN);
-	if (!st || !m->st_names || !m->ffn_mem || !buf) {
+	uint8_t *chunk = nf_io_buf_alloc((size_t)UNPACK_CHUNK * max_stride, MEM_ALIGN);
+	if (!st || !m->st_names || !m->ffn_mem || !buf || !chunk) {
 		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory to unpack %llu bytes of FFN weights",
 				  nf_store_path(s), (unsigned long long)total);
 		goto out;
@@ -245,7 +252,7 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 			const struct nf_store_object *o = f->obj;
 			const struct nf_store_object *one[1] = { o };
 			void *bufs[1] = { buf };
-			if ((rc = read_objects(s, one, bufs, 1, diag)) < 0)
+			if ((rc = read_objects(m, one, bufs, 1, diag)) < 0)
 				break;
 			struct nf_bundle_layout lay;
 			nf_store_ffn_layout(o, &lay);
@@ -254,14 +261,23 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 				.down = o->down_transposed ? NULL : d + e * dn,
 				.down_t = o->down_transposed ? d + e * dn : NULL,
 			};
-			for (uint32_t i = 0; i < o->n_bundles; i++)
-				nf_bundle_unpack(&lay, buf + (size_t)o->perm[i] * o->stride, i, f->scales,
-						 &dst);
+			for (uint32_t i0 = 0; i0 < o->n_bundles; i0 += UNPACK_CHUNK) {
+				uint32_t c = o->n_bundles - i0 < UNPACK_CHUNK ? o->n_bundles - i0 : UNPACK_CHUNK;
+				const uint8_t *src = buf + (size_t)o->perm[i0] * o->stride;
+				for (uint32_t k = 1; k < c && src != chunk; k++)
+					if (o->perm[i0 + k] != o->perm[i0] + k)
+						src = chunk;   /* slots not in neuron order: gather */
+				for (uint32_t k = 0; k < c && src == chunk; k++)
+					memcpy(chunk + (size_t)k * o->stride,
+					       buf + (size_t)o->perm[i0 + k] * o->stride, o->stride);
+				nf_bundle_unpack_many(&lay, src, i0, c, f->scales, &dst);
+			}
 		}
 	}
 	if (rc == 0)
 		m->ffn_unpacked = true;
 out:
+	nf_io_buf_free(chunk);
 	nf_io_buf_free(buf);
 	return rc;
 }
@@ -319,11 +335,16 @@ int nf_model_store_ffn(struct nf_model *m, bool unpack, struct nf_diag *diag)
 			}
 		}
 	}
-	return unpack ? unpack_all(m, X, diag) : 0;
+	int rc = unpack ? unpack_all(m, X, diag) : 0;
+	nf_io_ctx_close(m->load_io);
+	m->load_io = NULL;
+	return rc;
 }
 
 void nf_model_store_free(struct nf_model *m)
 {
+	nf_io_ctx_close(m->load_io);
+	m->load_io = NULL;
 	nf_io_buf_free(m->meta);
 	nf_io_buf_free(m->dense_mem);
 	nf_io_buf_free(m->ffn_mem);

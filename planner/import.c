@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -424,6 +425,31 @@ static int declare(struct import *im, struct nf_store_writer *w)
 	return 0;
 }
 
+/* Drop the mapped source pages of [p, p + n) from this process: they were
+ * copied, and a model larger than memory must not stay resident through
+ * the mapping (the page cache keeps them as long as the kernel likes). */
+static void drop_source(const void *p, uint64_t n)
+{
+	uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095, e = (uintptr_t)p + n;
+	if (n)
+		madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+/* Drop one FFN's source matrices (a page shared with a neighbouring
+ * expert's slice is simply read again if needed). */
+static void drop_ffn_source(const struct ffn *f, bool down_only)
+{
+	uint64_t gu = (uint64_t)f->L.n_neurons * f->L.row_bytes;
+	uint64_t dn = f->src.down_t ? (uint64_t)f->L.n_neurons * f->L.down_bytes
+				    : nf_dtype_row_size(f->src.dtype_down, f->L.n_neurons) * f->L.dim;
+	drop_source(f->src.down_t ? f->src.down_t : f->src.down, dn);
+	if (down_only)
+		return;
+	if (f->src.gate)
+		drop_source(f->src.gate, gu);
+	drop_source(f->src.up, gu);
+}
+
 static int write_bytes(struct import *im, struct nf_store_writer *w, const void *p, uint64_t n,
 		       const char *what)
 {
@@ -449,8 +475,10 @@ static int write_all(struct import *im, struct nf_store_writer *w)
 	for (size_t i = 0; rc == 0 && i < nf_gguf_n_tensors(im->g); i++) {
 		const struct nf_gguf_tensor *t = nf_gguf_tensor_at(im->g, i);
 		uint32_t l;
-		if (ffn_part(t->name, &l) < 0)
+		if (ffn_part(t->name, &l) < 0) {
 			rc = write_bytes(im, w, t->data, t->size, t->name);
+			drop_source(t->data, t->size);
+		}
 	}
 	uint16_t *scales = NULL;
 	uint8_t *buf = NULL;
@@ -468,6 +496,7 @@ static int write_all(struct import *im, struct nf_store_writer *w)
 		nf_bundle_pack_scales(&f->src, scales);
 		char nm[80];
 		scales_name(f, nm, sizeof(nm));
+		drop_ffn_source(f, true);
 		rc = write_bytes(im, w, scales, n * sizeof(*scales), nm);
 	}
 	free(scales);
@@ -492,6 +521,7 @@ static int write_all(struct import *im, struct nf_store_writer *w)
 			progress(im, NF_IMPORT_PHASE_WRITE, nf_store_writer_done(w),
 				 nf_store_writer_total(w));
 		}
+		drop_ffn_source(f, false);
 	}
 	free(buf);
 	return rc;
@@ -619,7 +649,8 @@ int nf_import(const char *gguf_path, const char *out_path, const struct nf_impor
 	}
 	struct stat st;
 	if (!opts->overwrite && stat(out_path, &st) == 0)
-		return nf_diag_fail(d, NF_EUSAGE, "%s: already exists (remove it or overwrite it)",
+		return nf_diag_fail(d, NF_EUSAGE,
+				    "%s: already exists and is kept (nflash import --force replaces it)",
 				    out_path);
 
 	double t0 = now_s();

@@ -89,35 +89,55 @@ int nf_bundle_layout_make(const struct nf_bundle_src *src, uint32_t block_size,
 	return 0;
 }
 
-/* Column i of a float matrix with n_rows rows of n_cols elements of esz bytes. */
-static void copy_column(const uint8_t *m, size_t esz, uint32_t n_rows, uint32_t n_cols,
-			uint32_t i, uint8_t *dst)
-{
-	for (uint32_t r = 0; r < n_rows; r++)
-		memcpy(dst + (size_t)r * esz, m + ((size_t)r * n_cols + i) * esz, esz);
-}
-
-static void qcol_q8_0(const struct nf_block_q8_0 *down, uint32_t n_embd, uint32_t n_ff,
-		      uint32_t i, int8_t *dst)
-{
-	size_t nb = n_ff / NF_QK;
-	for (uint32_t r = 0; r < n_embd; r++)
-		dst[r] = down[(size_t)r * nb + i / NF_QK].qs[i % NF_QK];
-}
-
 static uint8_t q4_nibble(const struct nf_block_q4_0 *b, uint32_t j)
 {
 	return j < NF_QK / 2 ? (b->qs[j] & 0x0f) : (b->qs[j - NF_QK / 2] >> 4);
 }
 
-static void qcol_q4_0(const struct nf_block_q4_0 *down, uint32_t n_embd, uint32_t n_ff,
-		      uint32_t i, uint8_t *dst)
+/*
+ * The down parts of neurons [first, first + n) from the regular down matrix
+ * (dim rows of n_ff values). Rows outer, neurons inner: each source row is
+ * read once, sequentially, for the whole chunk (a neuron-outer gather would
+ * touch one cache line per row per neuron).
+ */
+static void pack_down_columns(const struct nf_bundle_src *src, const struct nf_bundle_layout *L,
+			      uint32_t first, uint32_t n, uint8_t *out)
 {
+	uint32_t dim = L->dim, n_ff = L->n_neurons;
+	uint8_t *base = out + L->down_off;
+	size_t stride = L->stride;
+
+	if (L->down_form == NF_DOWN_ROW) {
+		size_t esz = nf_dtype_block_size(L->down_dtype);
+		const uint8_t *m = src->down;
+		for (uint32_t r = 0; r < dim; r++) {
+			const uint8_t *row = m + ((size_t)r * n_ff + first) * esz;
+			for (uint32_t k = 0; k < n; k++)
+				memcpy(base + k * stride + (size_t)r * esz, row + (size_t)k * esz, esz);
+		}
+		return;
+	}
 	size_t nb = n_ff / NF_QK;
-	for (uint32_t r = 0; r < n_embd; r += 2) {
-		uint8_t lo = q4_nibble(&down[(size_t)r * nb + i / NF_QK], i % NF_QK);
-		uint8_t hi = q4_nibble(&down[(size_t)(r + 1) * nb + i / NF_QK], i % NF_QK);
-		dst[r / 2] = (uint8_t)(lo | (hi << 4));
+	if (L->down_dtype == NF_DTYPE_Q8_0) {
+		const struct nf_block_q8_0 *down = src->down;
+		for (uint32_t r = 0; r < dim; r++) {
+			const struct nf_block_q8_0 *row = down + (size_t)r * nb;
+			for (uint32_t k = 0; k < n; k++) {
+				uint32_t i = first + k;
+				base[k * stride + r] = (uint8_t)row[i / NF_QK].qs[i % NF_QK];
+			}
+		}
+		return;
+	}
+	const struct nf_block_q4_0 *down = src->down;
+	for (uint32_t r = 0; r < dim; r += 2) {
+		const struct nf_block_q4_0 *lo_row = down + (size_t)r * nb, *hi_row = lo_row + nb;
+		for (uint32_t k = 0; k < n; k++) {
+			uint32_t i = first + k;
+			uint8_t lo = q4_nibble(&lo_row[i / NF_QK], i % NF_QK);
+			uint8_t hi = q4_nibble(&hi_row[i / NF_QK], i % NF_QK);
+			base[k * stride + r / 2] = (uint8_t)(lo | (hi << 4));
+		}
 	}
 }
 
@@ -136,20 +156,13 @@ void nf_bundle_pack(const struct nf_bundle_src *src, const struct nf_bundle_layo
 			p += L->row_bytes;
 		}
 		memcpy(p, up + (size_t)i * L->row_bytes, L->row_bytes);
-		p = o + L->down_off;
-		if (src->down_t) {
-			memcpy(p, (const uint8_t *)src->down_t + (size_t)i * L->down_bytes,
-			       L->down_bytes);
-		} else if (L->down_form == NF_DOWN_ROW) {
-			size_t esz = nf_dtype_block_size(L->down_dtype);
-			copy_column(src->down, esz, L->dim, L->n_neurons, i, p);
-		} else if (L->down_dtype == NF_DTYPE_Q8_0) {
-			qcol_q8_0(src->down, L->dim, L->n_neurons, i, (int8_t *)p);
-		} else {
-			qcol_q4_0(src->down, L->dim, L->n_neurons, i, p);
-		}
+		if (src->down_t)
+			memcpy(o + L->down_off,
+			       (const uint8_t *)src->down_t + (size_t)i * L->down_bytes, L->down_bytes);
 		memset(o + L->bundle_bytes, 0, L->stride - L->bundle_bytes);
 	}
+	if (!src->down_t)
+		pack_down_columns(src, L, first, n, out);
 }
 
 void nf_bundle_pack_scales(const struct nf_bundle_src *src, uint16_t *out)
@@ -166,6 +179,29 @@ void nf_bundle_pack_scales(const struct nf_bundle_src *src, uint16_t *out)
 			out[(size_t)b * src->n_embd + r] = d;
 		}
 	}
+}
+
+/* Row r of QCOL neuron i (down part p) into its block of the regular down
+ * matrix: the scale, and the one quant (Q4_0: nibble) of that column. */
+static void put_qcol(const struct nf_bundle_layout *L, void *down, const uint16_t *scales,
+		     uint32_t r, uint32_t i, const uint8_t *p)
+{
+	size_t blk_i = (size_t)r * (L->n_neurons / NF_QK) + i / NF_QK;
+	uint32_t j = i % NF_QK;
+	uint16_t d = scales[(size_t)(i / NF_QK) * L->dim + r];
+	if (L->down_dtype == NF_DTYPE_Q8_0) {
+		struct nf_block_q8_0 *blk = (struct nf_block_q8_0 *)down + blk_i;
+		blk->d = d;
+		blk->qs[j] = ((const int8_t *)p)[r];
+		return;
+	}
+	struct nf_block_q4_0 *blk = (struct nf_block_q4_0 *)down + blk_i;
+	uint8_t v = (p[r / 2] >> (4 * (r % 2))) & 0x0f;
+	blk->d = d;
+	if (j < NF_QK / 2)
+		blk->qs[j] = (uint8_t)((blk->qs[j] & 0xf0) | v);
+	else
+		blk->qs[j - NF_QK / 2] = (uint8_t)((blk->qs[j - NF_QK / 2] & 0x0f) | (v << 4));
 }
 
 void nf_bundle_unpack(const struct nf_bundle_layout *L, const void *bundle, uint32_t i,
@@ -192,22 +228,35 @@ void nf_bundle_unpack(const struct nf_bundle_layout *L, const void *bundle, uint
 			memcpy(d + ((size_t)r * n + i) * esz, p + (size_t)r * esz, esz);
 		return;
 	}
-	size_t nb = n / NF_QK;
-	uint32_t j = i % NF_QK;
-	for (uint32_t r = 0; r < dim; r++) {
-		uint16_t d = scales[(size_t)(i / NF_QK) * dim + r];
-		if (L->down_dtype == NF_DTYPE_Q8_0) {
-			struct nf_block_q8_0 *blk = (struct nf_block_q8_0 *)dst->down + (size_t)r * nb + i / NF_QK;
-			blk->d = d;
-			blk->qs[j] = ((const int8_t *)p)[r];
-		} else {
-			struct nf_block_q4_0 *blk = (struct nf_block_q4_0 *)dst->down + (size_t)r * nb + i / NF_QK;
-			uint8_t v = (p[r / 2] >> (4 * (r % 2))) & 0x0f;
-			blk->d = d;
-			if (j < NF_QK / 2)
-				blk->qs[j] = (uint8_t)((blk->qs[j] & 0xf0) | v);
-			else
-				blk->qs[j - NF_QK / 2] = (uint8_t)((blk->qs[j - NF_QK / 2] & 0x0f) | (v << 4));
+	for (uint32_t r = 0; r < dim; r++)
+		put_qcol(L, dst->down, scales, r, i, p);
+}
+
+void nf_bundle_unpack_many(const struct nf_bundle_layout *L, const void *bundles, uint32_t first,
+			   uint32_t n, const uint16_t *scales, const struct nf_bundle_dst *dst)
+{
+	const uint8_t *b = bundles;
+	struct nf_bundle_dst rows = *dst;
+	size_t stride = L->stride;
+
+	/* Gate, up and transposed down: whole rows per neuron. */
+	rows.down = NULL;
+	for (uint32_t k = 0; k < n; k++)
+		nf_bundle_unpack(L, b + k * stride, first + k, scales, &rows);
+	if (!dst->down || (dst->down_t && L->down_form == NF_DOWN_ROW))
+		return;
+	uint32_t dim = L->dim, n_ff = L->n_neurons;
+	const uint8_t *base = b + L->down_off;
+	if (L->down_form == NF_DOWN_ROW) {
+		size_t esz = nf_dtype_block_size(L->down_dtype);
+		for (uint32_t r = 0; r < dim; r++) {
+			uint8_t *row = (uint8_t *)dst->down + ((size_t)r * n_ff + first) * esz;
+			for (uint32_t k = 0; k < n; k++)
+				memcpy(row + (size_t)k * esz, base + k * stride + (size_t)r * esz, esz);
 		}
+		return;
 	}
+	for (uint32_t r = 0; r < dim; r++)
+		for (uint32_t k = 0; k < n; k++)
+			put_qcol(L, dst->down, scales, r, first + k, base + k * stride);
 }

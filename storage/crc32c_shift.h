@@ -1,6 +1,6 @@
 /*
  * crc32c_shift.h - generated constant tables for combining CRC-32C streams
- * (storage/crc32c.c). Generated once by a short script from the polynomial:
+ * (storage/crc32c.c), written by storage/gen_crc32c_shift.py from the polynomial:
  * column b of the operator is the register 1 << b after n zero bytes.
  */
 #ifndef NFLASH_CRC32C_SHIFT_H

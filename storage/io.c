@@ -8,8 +8,7 @@
  *     to the context's alignment; misaligned requests are refused before
  *     anything is queued, so a backend never sees one.
  *  2. At most qd segments are in the backend at once; the rest wait in a
- *     FIFO and are submitted in batches as completions free room (reads
- *     queued by callbacks go out after the whole batch of completions).
+ *     FIFO and are submitted in batches as completions free room.
  *  3. A request's callback runs exactly once, after all its segments
  *     finished, from nf_io_ctx_wait(); its result is the first error of its
  *     segments, else the verification result, else 0.
@@ -71,7 +70,6 @@ struct nf_io_ctx {
 	struct nf_io_seg **batch;        /* qd entries */
 	struct nf_io_stats stats;
 	uint64_t completed;              /* requests completed since open */
-	bool in_batch;                   /* running a batch of completions */
 	/* completion-thread mode */
 	bool threaded, thr_started, thr_stop;
 	pthread_t thr;
@@ -516,12 +514,13 @@ static int start(struct nf_io_ctx *io, struct nf_io_req *r, enum req_kind kind,
 	r->cb = cb;
 	r->cookie = cookie;
 	io->pending_reqs++;
-	/* Inside a completion batch the reads queued by callbacks go out
-	 * together after it: one io_submit for the batch, not one per read. A
-	 * submit failure is reported through the callbacks (the request is
-	 * queued); only pre-queue failures are returned. */
-	if (!io->in_batch)
-		kick(io);
+	/* Submit now, also from inside a callback: batching the reads queued
+	 * by a whole batch of completions into one io_submit let the block
+	 * layer merge adjacent extents into 1 MiB+ requests, which served the
+	 * same bytes at a lower device queue depth (docs/STORAGE.md). A submit
+	 * failure is reported through the callbacks (the request is queued);
+	 * only pre-queue failures are returned. */
+	kick(io);
 	return 0;
 }
 
@@ -815,10 +814,8 @@ static void *completion_main(void *arg)
 		pthread_mutex_lock(&io->mu);
 		if (n < 0 && n != -EINTR && !io->err)
 			io->err = n;
-		io->in_batch = true;
 		for (int i = 0; i < n; i++)
 			complete_seg(io, done[i]);
-		io->in_batch = false;
 		kick(io);
 		if (io->err)
 			cancel_queued(io);
@@ -857,10 +854,8 @@ int nf_io_ctx_wait(struct nf_io_ctx *io, unsigned int min_requests, int timeout_
 				io->err = n;
 			return n;
 		}
-		io->in_batch = true;
 		for (int i = 0; i < n; i++)
 			completed += complete_seg(io, done[i]);
-		io->in_batch = false;
 	}
 	return io->err ? io->err : completed;
 }

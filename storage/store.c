@@ -100,6 +100,62 @@ static uint64_t down_part_bytes(uint32_t form, uint32_t down_dtype, uint32_t dim
 	return 0;
 }
 
+int nf_store_table_encode(const struct nf_store_object *const *objs, uint32_t n, uint8_t **out,
+			  uint64_t *len, uint32_t *crc)
+{
+	uint64_t total = (uint64_t)n * sizeof(struct nf_store_obj_disk);
+	for (uint32_t i = 0; i < n; i++)
+		if (objs[i]->kind == NF_STORE_KIND_FFN)
+			total += 4ull * ((uint64_t)objs[i]->n_extents + objs[i]->n_bundles);
+	uint8_t *buf = malloc(total ? total : 1);
+	if (!buf)
+		return -ENOMEM;
+	uint64_t aux_off = (uint64_t)n * sizeof(struct nf_store_obj_disk);
+	for (uint32_t i = 0; i < n; i++) {
+		const struct nf_store_object *o = objs[i];
+		struct nf_store_obj_disk e;
+		nf_store_obj_encode(o, &e);
+		if (o->kind == NF_STORE_KIND_FFN) {
+			uint32_t *aux = (uint32_t *)(buf + aux_off);
+			uint64_t k = 0;
+			for (uint32_t j = 0; j < o->n_extents; j++)
+				aux[k++] = htole32(o->extent_crc[j]);
+			for (uint32_t j = 0; j < o->n_bundles; j++)
+				aux[k++] = htole32(o->perm[j]);
+			e.crc = htole32(nf_crc32c(0, aux, 4 * k));
+			e.aux_offset = htole64(aux_off);
+			e.aux_length = htole64(4 * k);
+			aux_off += 4 * k;
+		}
+		memcpy(buf + (uint64_t)i * sizeof(e), &e, sizeof(e));
+	}
+	*out = buf;
+	*len = total;
+	*crc = nf_crc32c(0, buf, total);
+	return 0;
+}
+
+void nf_store_sb_build(struct nf_store_sb_disk *sb, const struct nf_store_info *in, uint32_t table_crc)
+{
+	memset(sb, 0, sizeof(*sb));
+	sb->magic = htole64(NF_STORE_MAGIC);
+	sb->version = htole32(NF_STORE_VERSION);
+	sb->sb_size = htole32(sizeof(*sb));
+	sb->generation = htole64(in->generation);
+	sb->compat = htole64(in->compat);
+	sb->incompat = htole64(in->incompat);
+	sb->block_size = htole32(in->block_size);
+	sb->n_objects = htole32(in->n_objects);
+	sb->file_size = htole64(in->file_size);
+	sb->data_start = htole64(nf_store_data_start(in->block_size));
+	sb->table_offset = htole64(in->table_offset);
+	sb->table_length = htole64(in->table_length);
+	sb->table_crc = htole32(table_crc);
+	sb->created_ns = htole64(in->created_ns);
+	memcpy(sb->uuid, in->uuid, sizeof(sb->uuid));
+	sb->crc = htole32(nf_store_sb_crc(sb));
+}
+
 static int read_full(struct nf_store *s, int fd, void *buf, size_t len, uint64_t off)
 {
 	uint8_t *p = buf;
@@ -426,6 +482,12 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 		goto fail;
 	}
 	if (size < NF_STORE_SB_AREA) {
+		uint64_t magic = 0;
+		if (size >= sizeof(magic) && read_full(s, fd, &magic, sizeof(magic), 0) == 0 &&
+		    le64toh(magic) != NF_STORE_MAGIC) {
+			rc = nf_diag_fail(d, NF_EMAGIC, "%s: bad magic (not an nflash store)", path);
+			goto fail;
+		}
 		rc = nf_diag_fail(d, NF_ETRUNCATED,
 				  "%s: file is %llu bytes, shorter than its two superblocks (%u)",
 				  path, (unsigned long long)size, NF_STORE_SB_AREA);

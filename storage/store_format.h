@@ -95,10 +95,17 @@ struct nf_store_obj_disk {
 _Static_assert(sizeof(struct nf_store_obj_disk) == 256, "object entry is 256 bytes");
 
 struct nf_store_object;
+struct nf_store_info;
 
-/* Shared by the reader and the writer (store.c). */
+/* Shared by the reader and the writers (store.c). */
 uint32_t nf_store_sb_crc(const struct nf_store_sb_disk *sb);
 void nf_store_obj_encode(const struct nf_store_object *o, struct nf_store_obj_disk *e);
+/* The object table (entries, then FFN aux arrays from each object's
+ * extent_crc and perm) in a malloc'd buffer, its length and crc32c. */
+int nf_store_table_encode(const struct nf_store_object *const *objs, uint32_t n, uint8_t **out,
+			  uint64_t *len, uint32_t *crc);
+/* A sealed superblock from in (generation, sizes, table) and table_crc. */
+void nf_store_sb_build(struct nf_store_sb_disk *sb, const struct nf_store_info *in, uint32_t table_crc);
 /* data_start for block size bs. */
 static inline uint64_t nf_store_data_start(uint32_t bs)
 {

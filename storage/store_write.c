@@ -607,55 +607,20 @@ static int fsync_dir(struct nf_store_writer *w)
 
 static int write_table(struct nf_store_writer *w, uint32_t *table_crc)
 {
-	uint64_t aux_off = (uint64_t)w->n * sizeof(struct nf_store_obj_disk);
-	uint32_t crc = 0;
-	/* Entries first (they carry the aux crcs), so compute those first. */
-	for (uint32_t i = 0; i < w->n; i++) {
-		struct wobj *o = &w->objs[i];
-		if (o->o.kind != NF_STORE_KIND_FFN)
-			continue;
-		uint32_t c = 0;
-		for (uint32_t k = 0; k < o->o.n_extents; k++) {
-			uint32_t v = htole32(o->extent_crc[k]);
-			c = nf_crc32c(c, &v, 4);
-		}
-		for (uint32_t k = 0; k < o->o.n_bundles; k++) {
-			uint32_t v = htole32(o->perm[k]);
-			c = nf_crc32c(c, &v, 4);
-		}
-		o->o.crc = c;
-	}
-	for (uint32_t i = 0; i < w->n; i++) {
-		struct wobj *o = &w->objs[i];
-		struct nf_store_obj_disk e;
-		nf_store_obj_encode(&o->o, &e);
-		if (o->o.kind == NF_STORE_KIND_FFN) {
-			uint64_t len = 4ull * ((uint64_t)o->o.n_extents + o->o.n_bundles);
-			e.aux_offset = htole64(aux_off);
-			e.aux_length = htole64(len);
-			aux_off += len;
-		}
-		crc = nf_crc32c(crc, &e, sizeof(e));
-		if (append(w, &e, sizeof(e)) < 0)
-			return w->err;
-	}
-	for (uint32_t i = 0; i < w->n; i++) {
-		struct wobj *o = &w->objs[i];
-		if (o->o.kind != NF_STORE_KIND_FFN)
-			continue;
-		for (int pass = 0; pass < 2; pass++) {
-			const uint32_t *a = pass ? o->perm : o->extent_crc;
-			uint32_t cnt = pass ? o->o.n_bundles : o->o.n_extents;
-			for (uint32_t k = 0; k < cnt; k++) {
-				uint32_t v = htole32(a[k]);
-				crc = nf_crc32c(crc, &v, 4);
-				if (append(w, &v, 4) < 0)
-					return w->err;
-			}
-		}
-	}
-	*table_crc = crc;
-	return 0;
+	const struct nf_store_object **v = malloc((w->n ? w->n : 1) * sizeof(*v));
+	uint8_t *tbl = NULL;
+	uint64_t len;
+	if (!v)
+		return w->err = -ENOMEM;
+	for (uint32_t i = 0; i < w->n; i++)
+		v[i] = &w->objs[i].o;
+	int rc = nf_store_table_encode(v, w->n, &tbl, &len, table_crc);
+	free(v);
+	if (rc < 0)
+		return w->err = rc;
+	rc = append(w, tbl, len);
+	free(tbl);
+	return rc;
 }
 
 int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
@@ -685,36 +650,30 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
 	}
 	/* Superblocks last: generation 0 in slot 0, 1 in slot 1, same table. */
 	memset(w->stage, 0, NF_STORE_SB_AREA);
-	uint64_t created = now_ns(CLOCK_REALTIME), incompat = 0;
+	struct nf_store_info in;
+	memset(&in, 0, sizeof(in));
+	in.created_ns = now_ns(CLOCK_REALTIME);
+	uint64_t id0 = mix64(in.created_ns ^ ((uint64_t)getpid() << 20)), id1 = mix64(id0 ^ w->file_size);
+	memcpy(in.uuid, &id0, 8);
+	memcpy(in.uuid + 8, &id1, 8);
+	in.block_size = w->block_size;
+	in.n_objects = w->n;
+	in.file_size = w->file_size;
+	in.table_offset = w->table_offset;
+	in.table_length = w->table_length;
+	/* Features old readers must refuse (docs/FORMAT.md item 16). */
 	for (uint32_t i = 0; i < w->n; i++) {
 		const struct nf_store_object *o = &w->objs[i].o;
 		if (o->kind == NF_STORE_KIND_BLOB)
-			incompat |= NF_STORE_INCOMPAT_BLOB;
+			in.incompat |= NF_STORE_INCOMPAT_BLOB;
 		if (o->kind == NF_STORE_KIND_FFN &&
 		    (o->down_form != NF_DOWN_ROW || o->down_dtype != o->dtype))
-			incompat |= NF_STORE_INCOMPAT_DOWN_FORMS;
+			in.incompat |= NF_STORE_INCOMPAT_DOWN_FORMS;
 	}
-	uint64_t id0 = mix64(created ^ ((uint64_t)getpid() << 20)), id1 = mix64(id0 ^ w->file_size);
 	for (int slot = 0; slot < 2; slot++) {
 		struct nf_store_sb_disk sb;
-		memset(&sb, 0, sizeof(sb));
-		sb.magic = htole64(NF_STORE_MAGIC);
-		sb.version = htole32(NF_STORE_VERSION);
-		sb.sb_size = htole32(sizeof(sb));
-		sb.generation = htole64((uint64_t)slot);
-		sb.compat = 0;
-		sb.incompat = htole64(incompat);
-		sb.block_size = htole32(w->block_size);
-		sb.n_objects = htole32(w->n);
-		sb.file_size = htole64(w->file_size);
-		sb.data_start = htole64(nf_store_data_start(w->block_size));
-		sb.table_offset = htole64(w->table_offset);
-		sb.table_length = htole64(w->table_length);
-		sb.table_crc = htole32(table_crc);
-		sb.created_ns = htole64(created);
-		memcpy(sb.uuid, &id0, 8);
-		memcpy(sb.uuid + 8, &id1, 8);
-		sb.crc = htole32(nf_store_sb_crc(&sb));
+		in.generation = (uint64_t)slot;
+		nf_store_sb_build(&sb, &in, table_crc);
 		memcpy(w->stage + slot * NF_STORE_SB_SLOT, &sb, sizeof(sb));
 	}
 	w->stage_off = 0;

@@ -121,6 +121,18 @@ static void check_ffn(const char *file, int layer, int expert, const struct nf_b
 	cr_assert(memcmp(uu, src->up, gu) == 0, "%s L%d E%d: unpacked up", file, layer, expert);
 	cr_assert(memcmp(ud, src->down ? src->down : src->down_t, dsz) == 0,
 		  "%s L%d E%d: unpacked down", file, layer, expert);
+	/* The same through nf_bundle_unpack_many, in chunks of 64 (the last shorter). */
+	memset(ug, 0x5a, gu);
+	memset(uu, 0x5a, gu);
+	memset(ud, 0x5a, dsz);
+	for (uint32_t i0 = 0; i0 < n; i0 += 64)
+		nf_bundle_unpack_many(&L, buf + (size_t)i0 * L.stride, i0, n - i0 < 64 ? n - i0 : 64,
+				      scales, &dst);
+	if (src->gate)
+		cr_assert(memcmp(ug, src->gate, gu) == 0, "%s L%d E%d: unpack_many gate", file, layer, expert);
+	cr_assert(memcmp(uu, src->up, gu) == 0, "%s L%d E%d: unpack_many up", file, layer, expert);
+	cr_assert(memcmp(ud, src->down ? src->down : src->down_t, dsz) == 0,
+		  "%s L%d E%d: unpack_many down", file, layer, expert);
 	free(ug);
 	free(uu);
 	free(ud);

@@ -354,6 +354,10 @@ Test(storage, store_truncated_and_table_past_end)
 	cr_assert_eq(open_err(t.path, &d), NF_ETRUNCATED);
 	cr_assert_eq(truncate(t.path, 0), 0);
 	cr_assert_eq(open_err(t.path, &d), NF_ETRUNCATED);
+	/* A short file that is not a store at all says so. */
+	ts_patch(t.path, 0, "hello, world\n", 13);
+	cr_assert_eq(open_err(t.path, &d), NF_EMAGIC);
+	cr_assert(strstr(d.msg, "not an nflash store"), "%s", d.msg);
 	ts_dir_remove(&t);
 }
 
@@ -533,5 +537,85 @@ Test(storage, store_creation_killed_midway_leaves_nothing)
 	cr_assert_lt(ts_make_store(t.path, NF_DTYPE_F32, 0, 0, &sys), 0);
 	cr_assert_eq(stat(t.path, &sst), -1);
 	cr_assert_eq(ts_dir_count(&t), 1, "the failed writer removed its temporary file");
+	ts_dir_remove(&t);
+}
+
+/* ---- in-place updates: generations alternate between the two slots ---- */
+
+static int fsync_calls;
+
+static int fail_second_fsync(int fd)
+{
+	if (++fsync_calls == 2) {
+		errno = EIO;
+		return -1;
+	}
+	return fsync(fd);
+}
+
+Test(storage, store_update_alternates_superblocks)
+{
+	struct ts_dir t;
+	fresh(&t);
+	struct nf_store *s;
+	struct nf_diag d = {0};
+	const uint32_t ffn = 3;   /* blk.1.ffn */
+	uint32_t rev[TS_N], rot[TS_N], bad[TS_N];
+	for (uint32_t i = 0; i < TS_N; i++) {
+		rev[i] = TS_N - 1 - i;
+		rot[i] = (i + 5) % TS_N;
+		bad[i] = i;
+	}
+	bad[7] = 6;
+
+	cr_assert_eq(nf_store_update_perm(t.path, NULL, ffn, rev, &d), 0, "%s", d.msg);
+	cr_assert_eq(nf_store_open(t.path, NULL, &s, &d), 0, "%s", d.msg);
+	cr_assert_eq(nf_store_info(s)->generation, 2);
+	cr_assert_eq(nf_store_info(s)->sb_slot, 0);
+	cr_assert_eq(nf_store_info(s)->other_sb_error, 0);
+	cr_assert_str_eq(nf_store_object_get(s, ffn)->name, "blk.1.ffn");
+	for (uint32_t i = 0; i < TS_N; i++) {
+		cr_assert_eq(nf_store_object_get(s, ffn)->perm[i], rev[i]);
+		cr_assert_eq(nf_store_object_get(s, 2)->perm[i], i, "other FFNs unchanged");
+	}
+	nf_store_close(s);
+
+	cr_assert_eq(nf_store_update_perm(t.path, NULL, ffn, rot, &d), 0, "%s", d.msg);
+	cr_assert_eq(nf_store_open(t.path, NULL, &s, &d), 0, "%s", d.msg);
+	cr_assert_eq(nf_store_info(s)->generation, 3);
+	cr_assert_eq(nf_store_info(s)->sb_slot, 1);
+	cr_assert_eq(nf_store_object_get(s, ffn)->perm[0], 5);
+	nf_store_close(s);
+
+	/* Refused updates change nothing. */
+	memset(&d, 0, sizeof(d));
+	cr_assert_eq(nf_store_update_perm(t.path, NULL, ffn, bad, &d), NF_EUSAGE);
+	cr_assert(strstr(d.msg, "perm[7]"), "%s", d.msg);
+	cr_assert_eq(nf_store_update_perm(t.path, NULL, 0, rev, NULL), NF_EUSAGE, "dense object");
+	/* The fsync after the new table failing: generation 3 stays in use. */
+	struct nf_io_sys sys = nf_io_sys_default;
+	sys.fsync = fail_second_fsync;
+	struct nf_store_open_opts so = { .sys = &sys };
+	fsync_calls = 1;
+	memset(&d, 0, sizeof(d));
+	cr_assert_eq(nf_store_update_perm(t.path, &so, ffn, rev, &d), -EIO);
+	cr_assert(strstr(d.msg, "object table"), "%s", d.msg);
+	cr_assert_eq(nf_store_open(t.path, NULL, &s, &d), 0, "%s", d.msg);
+	cr_assert_eq(nf_store_info(s)->generation, 3);
+	cr_assert_eq(nf_store_object_get(s, ffn)->perm[0], 5);
+	nf_store_close(s);
+
+	/* The newest copy damaged: the previous generation and its table are used. */
+	ts_flip(t.path, 1 * NF_STORE_SB_SLOT + 30, 4);   /* generation 3 lives in slot 1 */
+	cr_assert_eq(nf_store_open(t.path, NULL, &s, &d), 0, "%s", d.msg);
+	cr_assert_eq(nf_store_info(s)->generation, 2);
+	cr_assert_eq(nf_store_info(s)->other_sb_error, NF_ECHECKSUM);
+	cr_assert_eq(nf_store_object_get(s, ffn)->perm[0], TS_N - 1, "generation 2's permutation");
+	nf_store_close(s);
+
+	/* And the data still reads back, verified, through the new table. */
+	char out[4096];
+	char *argv[] = { "store", "verify", t.path, NULL };
+	cr_assert_eq(ts_run_store_cmd(argv, out, sizeof(out)), 0, "%s", out);
 	ts_dir_remove(&t);
 }

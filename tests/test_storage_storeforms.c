@@ -132,9 +132,9 @@ static void round_trip(uint32_t block)
 	cr_assert(q && p);
 	struct nf_bundle_layout L;
 	nf_store_ffn_layout(q, &L);
-	cr_assert(memcmp(&L, &f->lq, sizeof(L)) == 0, "QCOL layout differs after a round trip");
+	cr_assert(ts_same_layout(&L, &f->lq), "QCOL layout differs after a round trip");
 	nf_store_ffn_layout(p, &L);
-	cr_assert(memcmp(&L, &f->lp, sizeof(L)) == 0, "ROW f16 layout differs after a round trip");
+	cr_assert(ts_same_layout(&L, &f->lp), "ROW f16 layout differs after a round trip");
 	cr_assert(p->down_transposed && !q->down_transposed);
 	cr_assert_eq(p->down_dtype, NF_DTYPE_F16);
 	const struct nf_store_object *sc = nf_store_ffn_scales(s, q);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "nflash/dtype.h"
+#include "nflash/bundle.h"
 #include "util_storage.h"
 
 int nf_cmd_store(int argc, char **argv);
@@ -166,6 +167,20 @@ void ts_flip(const char *path, uint64_t off, int bit)
 
 int ts_run_store_cmd(char *const argv[], char *out, size_t cap)
 {
+	return ts_run_cmd(nf_cmd_store, argv, out, cap);
+}
+
+bool ts_same_layout(const struct nf_bundle_layout *a, const struct nf_bundle_layout *b)
+{
+	return a->dtype == b->dtype && a->dim == b->dim && a->n_neurons == b->n_neurons &&
+	       a->has_gate == b->has_gate && a->row_bytes == b->row_bytes &&
+	       a->down_form == b->down_form && a->down_dtype == b->down_dtype &&
+	       a->down_off == b->down_off && a->down_bytes == b->down_bytes &&
+	       a->bundle_bytes == b->bundle_bytes && a->stride == b->stride;
+}
+
+int ts_run_cmd(int (*cmd)(int, char **), char *const argv[], char *out, size_t cap)
+{
 	char tmpl[] = "/tmp/nflash-out.XXXXXX";
 	int fd = mkstemp(tmpl);
 	if (fd < 0)
@@ -180,7 +195,7 @@ int ts_run_store_cmd(char *const argv[], char *out, size_t cap)
 		int argc = 0;
 		while (argv[argc])
 			argc++;
-		int rc = nf_cmd_store(argc, (char **)argv);
+		int rc = cmd(argc, (char **)argv);
 		fflush(stdout);
 		fflush(stderr);
 		_exit(rc);

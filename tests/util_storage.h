@@ -59,5 +59,11 @@ void ts_on_done(void *cookie, int result);
 /* Run nf_cmd_store(argv) in a child with stdout and stderr captured into
  * out (NUL-terminated, truncated to cap). Returns the exit code. */
 int ts_run_store_cmd(char *const argv[], char *out, size_t cap);
+/* The same for any subcommand function (nf_cmd_import, ...). */
+int ts_run_cmd(int (*cmd)(int, char **), char *const argv[], char *out, size_t cap);
+
+/* Field-by-field equality of two bundle layouts (memcmp would read padding). */
+struct nf_bundle_layout;
+bool ts_same_layout(const struct nf_bundle_layout *a, const struct nf_bundle_layout *b);
 
 #endif

@@ -15,6 +15,7 @@ int nf_cmd_import(int argc, char **argv);
 int nf_cmd_store(int argc, char **argv);
 int nf_cmd_synth(int argc, char **argv);
 int nf_cmd_tokenize(int argc, char **argv);
+int nf_cmd_trace(int argc, char **argv);
 
 static const struct nf_cmd nf_cmds[] = {
 	/* { "name", nf_cmd_name, "summary" }, kept in alphabetical order */
@@ -24,6 +25,7 @@ static const struct nf_cmd nf_cmds[] = {
 	{ "store", nf_cmd_store, "make, inspect, verify and benchmark stores" },
 	{ "synth", nf_cmd_synth, "write a synthetic sparse model (GGUF); --report measures one" },
 	{ "tokenize", nf_cmd_tokenize, "token ids of a text with a GGUF vocabulary" },
+	{ "trace", nf_cmd_trace, "eBPF histograms of a process's block I/O (latency, size, depth)" },
 	{ NULL, NULL, NULL },
 };
 

@@ -18,6 +18,7 @@
 #include "nflash/io.h"
 #include "nflash/store.h"
 #include "cli.h"
+#include "trace.h"
 
 int nf_cmd_store(int argc, char **argv);
 
@@ -471,26 +472,15 @@ static int cmd_verify(int argc, char **argv)
 		const struct nf_store_object *ob = nf_store_object_get(s, i);
 		v.objects++;
 		if (ob->kind != NF_STORE_KIND_FFN) {
-			/* Dense objects (and blobs) are checked whole, one at a time, in `big`. */
-			struct vslot *sl = free_slot(&v, io);
-			if (!sl)
-				break;
-			if (nf_io_ctx_wait(io, 0, -1) < 0)
-				break;
-			sl->obj = ob;
-			sl->busy = true;
-			uint8_t *keep = sl->buf;
-			sl->buf = big;
-			int rc = nf_io_ctx_read_object(io, ob, big, verify_done, sl);
+			/* Dense objects (and blobs) are checked whole, one at a time, in `big`
+			 * (the wait also drains the FFN reads still in flight). */
+			struct vslot dl = { .v = &v, .obj = ob, .buf = big, .busy = true };
+			int rc = nf_io_ctx_read_object(io, ob, big, verify_done, &dl);
 			if (rc == 0)
 				rc = nf_io_ctx_wait(io, 0, -1);
-			sl->buf = keep;
-			if (rc < 0) {
-				sl->busy = false;
-				if (!v.io_err) {
-					v.io_err = rc;
-					add_bad(&v, ob, -1, rc);
-				}
+			if (rc < 0 && !v.io_err) {   /* a failed read already reported itself */
+				v.io_err = rc;
+				add_bad(&v, ob, -1, rc);
 			}
 			v.bytes += ob->length;
 		} else {
@@ -593,6 +583,9 @@ static const char bench_usage[] =
 	"  --completion M     poll (default): completions reaped by this thread;\n"
 	"                     thread: by the I/O context's completion thread\n"
 	"  --seed S           random pattern seed (default 1)\n"
+	"  --trace            also trace this process's block I/O with eBPF over the\n"
+	"                     measured period: device latency next to the engine's\n"
+	"                     (needs root and BTF; warns and carries on otherwise)\n"
 	"  --json             one JSON object with backend, pattern, qd, bundle_bytes,\n"
 	"                     reads_per_s, mb_per_s, p50_us, p99_us and more\n";
 
@@ -610,11 +603,14 @@ struct bench {
 	struct nf_io_ctx *io;
 	const struct nf_store_object **ffn;
 	uint32_t n_ffn, per_step, n_steps;
+	uint64_t *ext_base;       /* sequential: extents before FFN k (n_ffn + 1 entries) */
+	uint64_t next_ext;        /* sequential: next extent in file order, atomic */
 	bool sequential;
 	double active;
 	uint8_t *bufs;
 	size_t step_bytes;
 	struct bstep *steps;
+	struct nf_trace_probe *probe;   /* --trace (tools/trace.h) */
 };
 
 static void bench_on_read(void *user, uint64_t off, uint32_t len, int64_t res, uint64_t lat_ns)
@@ -636,7 +632,6 @@ struct bstep {
 	uint32_t index, n;
 	uint32_t *slots, *pool;   /* random */
 	uint64_t seed;            /* random */
-	uint32_t cur_ffn, cur_ext;/* sequential: this step's next extent */
 };
 
 static int bench_issue(struct bench *b, struct bstep *sp);
@@ -683,17 +678,22 @@ static int bench_issue(struct bench *b, struct bstep *sp)
 	uint8_t *buf = b->bufs + (size_t)sp->index * b->step_bytes;
 	int rc;
 	if (b->sequential) {
-		/* Step i reads extents i, i + n_steps, ...: together, file order. */
-		const struct nf_store_object *ob = b->ffn[sp->cur_ffn];
-		uint32_t f, c;
-		nf_store_extent_bundles(ob, sp->cur_ext, &f, &c);
-		sp->n = c;
-		rc = nf_io_ctx_read_extents(b->io, ob, sp->cur_ext, 1, buf, bench_done, sp);
-		sp->cur_ext += b->n_steps;
-		while (sp->cur_ext >= b->ffn[sp->cur_ffn]->n_extents) {
-			sp->cur_ext -= b->ffn[sp->cur_ffn]->n_extents;
-			sp->cur_ffn = (sp->cur_ffn + 1) % b->n_ffn;
+		/* Whichever step is free takes the next extent in file order, as
+		 * fio does: the device sees one ascending stream. */
+		uint64_t g = __atomic_fetch_add(&b->next_ext, 1, __ATOMIC_RELAXED) % b->ext_base[b->n_ffn];
+		uint32_t lo = 0, hi = b->n_ffn - 1;
+		while (lo < hi) {   /* last FFN whose base <= g */
+			uint32_t mid = (lo + hi + 1) / 2;
+			if (b->ext_base[mid] <= g)
+				lo = mid;
+			else
+				hi = mid - 1;
 		}
+		const struct nf_store_object *ob = b->ffn[lo];
+		uint32_t e = (uint32_t)(g - b->ext_base[lo]), f, c;
+		nf_store_extent_bundles(ob, e, &f, &c);
+		sp->n = c;
+		rc = nf_io_ctx_read_extents(b->io, ob, e, 1, buf, bench_done, sp);
 	} else {
 		const struct nf_store_object *ob = b->ffn[xrand(&sp->seed) % b->n_ffn];
 		uint32_t k = (uint32_t)ceil(b->active * ob->n_bundles), *sl = sp->slots, *pool = sp->pool;
@@ -724,18 +724,20 @@ static int bench_issue(struct bench *b, struct bstep *sp)
  */
 static void measure_begin(struct bench *b)
 {
+	nf_trace_probe_mark(b->probe);
 	__atomic_store_n(&b->measuring, true, __ATOMIC_RELAXED);
 }
 
 static void measure_end(struct bench *b)
 {
 	__atomic_store_n(&b->measuring, false, __ATOMIC_RELAXED);
+	nf_trace_probe_collect(b->probe);
 }
 
 static int cmd_bench(int argc, char **argv)
 {
 	const char *path = NULL;
-	bool json = false, sequential = false;
+	bool json = false, sequential = false, trace = false;
 	double active = 0.1, seconds = 5;
 	uint64_t seed = 1;
 	struct nf_io_opts o;
@@ -751,6 +753,8 @@ static int cmd_bench(int argc, char **argv)
 			json = true;
 		} else if (!strcmp(a, "--no-verify")) {
 			o.no_verify = true;
+		} else if (!strcmp(a, "--trace")) {
+			trace = true;
 		} else if (!strcmp(a, "--completion")) {
 			VAL();
 			if (!strcmp(v, "poll"))
@@ -832,7 +836,10 @@ static int cmd_bench(int argc, char **argv)
 	int ret = NF_EXIT_FAIL;
 	struct nf_io_ctx *io = NULL;
 	struct bench b;
+	struct nf_trace_probe probe;
 	memset(&b, 0, sizeof(b));
+	memset(&probe, 0, sizeof(probe));
+	b.probe = &probe;
 	b.sequential = sequential;
 	b.active = active;
 	unsigned n_steps = 0;
@@ -858,6 +865,9 @@ static int cmd_bench(int argc, char **argv)
 		nf_cli_err("%s: no FFN objects to read", path);
 		goto out;
 	}
+	/* Attach (and hold SIGINT/SIGTERM) before the I/O context starts any
+	 * completion thread, which then inherits the mask; not measured. */
+	nf_trace_probe_start(&probe, trace);
 	o.on_read = bench_on_read;
 	o.on_read_user = &b;
 	struct nf_diag d = {0};
@@ -881,6 +891,14 @@ static int cmd_bench(int argc, char **argv)
 		b.step_bytes = (size_t)b.per_step * stride;
 	}
 	b.n_steps = n_steps;
+	b.ext_base = malloc((b.n_ffn + 1) * sizeof(uint64_t));
+	if (!b.ext_base) {
+		nf_cli_err("out of memory");
+		goto out;
+	}
+	b.ext_base[0] = 0;
+	for (uint32_t k = 0; k < b.n_ffn; k++)
+		b.ext_base[k + 1] = b.ext_base[k] + b.ffn[k]->n_extents;
 	b.steps = calloc(n_steps, sizeof(*b.steps));
 	b.bufs = nf_io_buf_alloc(b.step_bytes * n_steps, align);
 	if (!b.steps || !b.bufs) {
@@ -892,11 +910,6 @@ static int cmd_bench(int argc, char **argv)
 		sp->b = &b;
 		sp->index = i;
 		sp->seed = mix_seed(seed, i);
-		sp->cur_ext = i;
-		while (sp->cur_ext >= b.ffn[sp->cur_ffn]->n_extents) {
-			sp->cur_ext -= b.ffn[sp->cur_ffn]->n_extents;
-			sp->cur_ffn = (sp->cur_ffn + 1) % b.n_ffn;
-		}
 		if (!sequential && (!(sp->slots = malloc(b.per_step * sizeof(uint32_t))) ||
 				    !(sp->pool = malloc(max_bundles * sizeof(uint32_t))))) {
 			nf_cli_err("out of memory");
@@ -923,11 +936,14 @@ static int cmd_bench(int argc, char **argv)
 		rc = nf_io_ctx_wait(io, 1, 100);
 		if (rc < 0 && rc != -ETIMEDOUT && !b.err)
 			b.err = rc;
+		if (nf_trace_probe_interrupted(&probe) && !b.err)
+			b.err = -EINTR;   /* Ctrl-C while tracing: unpin first (probe_stop) */
 	}
 	__atomic_store_n(&b.stop, true, __ATOMIC_RELAXED);
 	nf_io_ctx_wait(io, 0, -1);
 	if (b.err) {
-		nf_cli_err("%s: reading failed: %s", path, nf_strerror(b.err));
+		if (!nf_trace_probe_interrupted(&probe))
+			nf_cli_err("%s: reading failed: %s", path, nf_strerror(b.err));
 		goto out;
 	}
 	nf_io_ctx_stats(io, &st1);
@@ -942,6 +958,11 @@ static int cmd_bench(int argc, char **argv)
 		verify_share = (double)(st1.verify_ns - st0.verify_ns) / meas_ns;
 	const char *bname = nf_io_backend_name(nf_io_ctx_backend(io));
 	double avg_read = b.reads ? (double)b.bytes / b.reads : 0;
+	struct nf_trace_engine_lat elat = { .reads = b.n_lat, .p50_us = p50, .p99_us = p99 };
+	for (size_t i = 0; i < b.n_lat; i++)
+		elat.mean_us += b.lat_us[i];
+	if (b.n_lat)
+		elat.mean_us /= (double)b.n_lat;
 	if (json) {
 		struct nf_json j;
 		nf_json_init(&j, stdout, false);
@@ -964,6 +985,7 @@ static int cmd_bench(int argc, char **argv)
 		nf_json_bool(&j, "verify", !o.no_verify);
 		nf_json_dbl(&j, "verified_mb", (double)(st1.verified - st0.verified) / 1e6);
 		nf_json_dbl(&j, "verify_cpu_share", verify_share);
+		nf_trace_probe_report(&probe, NULL, &j, &elat);
 		nf_json_obj_end(&j);
 		nf_json_finish(&j);
 	} else {
@@ -975,9 +997,11 @@ static int cmd_bench(int argc, char **argv)
 		       bps, mbps, rps, avg_read, p50, p99);
 		printf("  crc32c: %.1f MB verified, %.2f%% of the measured time\n",
 		       (double)(st1.verified - st0.verified) / 1e6, verify_share * 100);
+		nf_trace_probe_report(&probe, stdout, NULL, &elat);
 	}
 	ret = NF_EXIT_OK;
 out:
+	nf_trace_probe_stop(&probe);
 	nf_io_ctx_close(io);
 	nf_io_buf_free(b.bufs);
 	for (unsigned i = 0; b.steps && i < n_steps; i++) {
@@ -985,6 +1009,7 @@ out:
 		free(b.steps[i].pool);
 	}
 	free(b.steps);
+	free(b.ext_base);
 	free(b.ffn);
 	free(b.lat_us);
 	nf_store_close(s);

@@ -114,6 +114,17 @@ struct nf_bundle_dst {
 void nf_bundle_unpack(const struct nf_bundle_layout *L, const void *bundle, uint32_t neuron,
 		      const uint16_t *scales, const struct nf_bundle_dst *dst);
 
+/*
+ * nf_bundle_unpack_many - nf_bundle_unpack of neurons [first, first + n),
+ * whose bundles lie back to back at L->stride in `bundles` (as
+ * nf_bundle_pack writes them). The down part is scattered rows outer, so a
+ * chunk of a few dozen neurons touches each destination row once: call it
+ * per chunk of about 64 neurons for speed. Same result as one
+ * nf_bundle_unpack per neuron.
+ */
+void nf_bundle_unpack_many(const struct nf_bundle_layout *L, const void *bundles, uint32_t first,
+			   uint32_t n, const uint16_t *scales, const struct nf_bundle_dst *dst);
+
 #ifdef __cplusplus
 }
 #endif

@@ -190,7 +190,9 @@ typedef void (*nf_io_done_fn)(void *cookie, int result);
  */
 int nf_io_ctx_open(struct nf_store *s, const struct nf_io_opts *o, struct nf_io_ctx **out,
 		   struct nf_diag *d);
-/* Waits for reads in flight, then frees everything. NULL is allowed. */
+/* Waits for reads in flight (so no buffer is written after it returns), then
+ * frees everything; callbacks of requests still pending do not run. NULL is
+ * allowed. */
 void nf_io_ctx_close(struct nf_io_ctx *io);
 
 /*

@@ -258,7 +258,7 @@ struct nf_ffn_io {
 struct nf_ffn_env {
 	const struct nf_model *model;
 	const struct nf_kernels *k;
-	struct nf_pool *pool;
+	struct nf_pool *pool;   /* NULL when the context runs on one thread */
 };
 
 /*

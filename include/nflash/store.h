@@ -249,6 +249,23 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d);
 /* Free the writer; removes the temporary file unless finish succeeded. NULL allowed. */
 void nf_store_writer_close(struct nf_store_writer *w);
 
+/* ---- updating in place ------------------------------------------------------ */
+
+/*
+ * nf_store_update_perm - replace FFN object obj_index's neuron -> slot map
+ * in the store at path, in place, as a new generation: the new object table
+ * is appended after the current end of the file and fsync'd, then the
+ * superblock of generation g + 1 is written over the older of the two
+ * copies (slot (g + 1) % 2) and fsync'd. A crash at any point leaves the
+ * store readable at generation g or g + 1. The caller must have moved the
+ * bundles to match (a relayout); data is not touched here. Regular files
+ * only (the file grows by the table). Returns 0, or a negative error with d
+ * naming the cause (the store is then unchanged at generation g, or
+ * complete at g + 1 if only the final fsync failed).
+ */
+int nf_store_update_perm(const char *path, const struct nf_store_open_opts *o, uint32_t obj_index,
+			 const uint32_t *perm, struct nf_diag *d);
+
 /* ---- fake stores ---------------------------------------------------------- */
 
 /*
