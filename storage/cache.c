@@ -486,8 +486,16 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 					.neurons = c->run_neurons + k, .store_slots = c->run_slots + k };
 		atomic_fetch_add(&c->outstanding, 1);
 		k += take;
-		rc = nf_io_ctx_read_bundles(c->io, obj, r->store_slots, take, c->cold + (uint64_t)at * stride,
-					    read_done, r);
+		/* the I/O context holds a bounded number of requests: when it is
+		 * full, let some complete (their events wait in the queue) */
+		while ((rc = nf_io_ctx_read_bundles(c->io, obj, r->store_slots, take,
+						    c->cold + (uint64_t)at * stride, read_done, r)) == -EAGAIN) {
+			int w = nf_io_ctx_wait(c->io, 1, -1);
+			if (w < 0 && w != -ETIMEDOUT) {
+				rc = w;
+				break;
+			}
+		}
 		if (rc < 0) {
 			/* not queued: its callback will not run; report it through reap */
 			r->result = rc;

@@ -281,3 +281,30 @@ Test(pipeline, cache_read_error_is_reported_and_forgotten)
 	nf_cache_close(c);
 	fx_close(&f);
 }
+
+Test(pipeline, cache_waits_when_the_io_context_is_full)
+{
+	struct fx f;
+	fx_open(&f, false);
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.arena_bytes = 2 * nf_cache_min_bytes(f.store);
+	o.io.quiet = true;
+	o.io.max_requests = 2; /* far fewer than the runs below */
+	struct nf_cache *c = NULL;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_cache_open(f.store, &o, &c, &d), 0, "%s", d.msg);
+	uint32_t ids[40];
+	for (uint32_t i = 0; i < 40; i++)
+		ids[i] = 2 * i; /* 40 runs of one bundle */
+	fetch(&f, c, 0, ids, 40);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_eq(f.results[i], 0);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.requests, 40);
+	check_bytes(&f, 0, ids, 40);
+	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_close(c);
+	fx_close(&f);
+}
