@@ -28,6 +28,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,33 +178,62 @@ static float act1(enum nf_ffn_act act, float g, float u, bool has_gate)
 	}
 }
 
+/* y[i] = row[i] . xq for the neurons of mask, batching evenly spaced rows. */
+static void rows_gemv(const struct nf_sparse *s, const char *const row[GROUP], uint32_t mask, float *y)
+{
+	uint32_t i = 0;
+	while (i < GROUP) {
+		if (!(mask & (1u << i))) {
+			i++;
+			continue;
+		}
+		uint32_t n = 1;
+		ptrdiff_t step = 0;
+		if (i + 1 < GROUP && (mask & (1u << (i + 1)))) {
+			step = row[i + 1] - row[i];
+			if (step > 0)
+				while (i + n < GROUP && (mask & (1u << (i + n))) && row[i + n] - row[i + n - 1] == step)
+					n++;
+		}
+		s->k->gemv[s->kt_gu](s->E, n, row[i], n > 1 ? (size_t)step : 0, s->xq, y + i);
+		i += n;
+	}
+}
+
 /* Computes group gi of the current (layer, token) into out (E floats). */
 static void group_compute(struct nf_sparse *s, uint32_t gi, float *out, char *scratch)
 {
 	const struct nf_kernels *k = s->k;
 	uint32_t layer = s->cur_layer, E = s->E;
 	uint32_t mask = s->groups[gi].mask;
-	float a[GROUP];
-	const char *dp[GROUP];
+	float a[GROUP], gv[GROUP], uv[GROUP];
+	const char *gp[GROUP], *up[GROUP], *dp[GROUP];
 	memset(a, 0, sizeof(a));
 	for (uint32_t i = 0; i < GROUP; i++) {
-		dp[i] = NULL;
-		if (!(mask & (1u << i)))
+		gp[i] = up[i] = dp[i] = NULL;
+		gv[i] = 0.0f;
+		if (mask & (1u << i))
+			neuron_addr(s, layer, gi * GROUP + i, &gp[i], &up[i], &dp[i]);
+	}
+	/* gate rows first (exact mode drops the neurons whose gate is not
+	 * positive), then up rows; each as few gemv calls as possible: runs of
+	 * neurons whose rows are evenly spaced (one matrix in memory, adjacent
+	 * cache slots) go in one call, row by row the same sums as alone */
+	if (s->has_gate) {
+		rows_gemv(s, gp, mask, gv);
+		if (s->mode == NF_SPARSE_EXACT)
+			for (uint32_t i = 0; i < GROUP; i++)
+				if ((mask & (1u << i)) && !(gv[i] > 0.0f))
+					mask &= ~(1u << i);
+	}
+	rows_gemv(s, up, mask, uv);
+	for (uint32_t i = 0; i < GROUP; i++) {
+		if (!(mask & (1u << i)) ||
+		    (s->mode == NF_SPARSE_EXACT && s->act == NF_FFN_DRELU && !(uv[i] > 0.0f))) {
+			dp[i] = NULL;
 			continue;
-		uint32_t j = gi * GROUP + i;
-		const char *g, *u, *d;
-		neuron_addr(s, layer, j, &g, &u, &d);
-		float gv = 0.0f, uv;
-		if (s->has_gate) {
-			k->gemv[s->kt_gu](E, 1, g, 0, s->xq, &gv);
-			if (s->mode == NF_SPARSE_EXACT && !(gv > 0.0f))
-				continue;
 		}
-		k->gemv[s->kt_gu](E, 1, u, 0, s->xq, &uv);
-		if (s->mode == NF_SPARSE_EXACT && s->act == NF_FFN_DRELU && !(uv > 0.0f))
-			continue;
-		a[i] = act1(s->act, gv, uv, s->has_gate);
-		dp[i] = d;
+		a[i] = act1(s->act, gv[i], uv[i], s->has_gate);
 	}
 
 	if (s->form == DOWN_QCOL) {
