@@ -147,6 +147,14 @@ demo: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash
 	$(Q)sh tools/demo.sh $(B)
 
+# ---- make bench-decode: decode tokens/s under memory budgets vs mmap --------
+# (bench/bench_decode_budget.sh: 7B-shaped synth model, ~8 GB of disk in
+# NFLASH_BENCH_DIR, default $(B)/bench-data; needs root for the cgroup)
+.PHONY: bench-decode
+bench-decode: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+	$(Q)sh bench/bench_decode_budget.sh $(B)
+
 # ---- fuzzing: the GGUF reader (tests/fuzz/) --------------------------------
 # make fuzz [FUZZ_TIME=600]: libFuzzer + ASan + UBSan on one core. Seeds are
 # made fresh from ../shared/testdata by fuzz_seeds into build-fuzz/seeds (never

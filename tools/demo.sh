@@ -1,16 +1,98 @@
 #!/bin/sh
-# demo.sh BUILD_DIR - `make demo`: build a 7B-shaped fake store (once; it is
-# reused) and compare nflash's sparse-decode and sequential reads with fio
-# on it, briefly. A later issue turns this into text generation.
+# demo.sh BUILD_DIR - `make demo`: run a 7B-shaped model in less memory than
+# its size. Steps:
+#   1. synthesize a 7B-shaped sparse model (nflash synth: LLaMA-2 shape and
+#      vocabulary, q4_0, ReLU, sparsity 0.90), unless it is already there;
+#   2. import it into a store (nflash import), unless the store is newer;
+#   3. generate 64 tokens from a short text prompt under a 1.5 GiB memory
+#      budget with --stats, then the same generation from the GGUF fully in
+#      memory, and print both tokens/s side by side.
+# The fio storage comparison the demo used to run is `make bench`
+# (bench/bench_store.sh).
 #
-# Environment: DEMO_DIR (default ./demo), DEMO_SECONDS (per run, default 2),
-# DEMO_REPS (alternations per row, default 1).
+# Environment: DEMO_DIR (default ./demo; ~8 GB of disk), DEMO_BUDGET
+# (default 1.5G), DEMO_TOKENS (default 64), DEMO_PROMPT, DEMO_THREADS
+# (default: all CPUs).
 set -eu
 B=${1:-build}
+NF=$B/nflash
 DEMO_DIR=${DEMO_DIR:-demo}
+BUDGET=${DEMO_BUDGET:-1.5G}
+N=${DEMO_TOKENS:-64}
+PROMPT=${DEMO_PROMPT:-"Once upon a time, in a small village by the sea,"}
+GGUF=$DEMO_DIR/synth-7b.gguf
+STORE=$DEMO_DIR/synth-7b.nfl
+# the KV cache and scratch count against the budget: a short context in f16
+OPTS="-c 96 --kv-type f16 -b 16 --temp 0 --ignore-eos -n $N"
+[ -n "${DEMO_THREADS:-}" ] && OPTS="$OPTS -t $DEMO_THREADS"
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/nflash-demo.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+trap 'exit 130' INT TERM
+
+say() { echo "demo: $*" >&2; }
+
+[ -x "$NF" ] || { say "$NF is not built (run make)"; exit 1; }
 mkdir -p "$DEMO_DIR"
-echo "demo: 7B-shaped store in $DEMO_DIR (dim 4096, ffn 11008, 32 layers, q4_0)" >&2
-NFLASH_BENCH_DIR=$DEMO_DIR BENCH_SECONDS=${DEMO_SECONDS:-2} BENCH_REPS=${DEMO_REPS:-1} \
-	BENCH_BACKENDS=aio BENCH_QDS="1 32" \
-	sh bench/bench_store.sh "$B"
-"$B/nflash" store inspect "$DEMO_DIR/7b-q4_0.nfs" | sed -n '1,6p'
+need_kb=0
+[ -s "$GGUF" ] || need_kb=$((need_kb + 3900000))
+{ [ -s "$STORE" ] && [ ! "$GGUF" -nt "$STORE" ]; } || need_kb=$((need_kb + 4300000))
+if [ "$need_kb" -gt 0 ]; then
+	avail_kb=$(df -Pk "$DEMO_DIR" | awk 'NR == 2 { print $4 }')
+	if [ "$avail_kb" -lt "$need_kb" ]; then
+		say "$DEMO_DIR has $((avail_kb / 1048576)) GiB free; about $((need_kb / 1048576 + 1)) GiB are needed (set DEMO_DIR elsewhere)"
+		exit 1
+	fi
+fi
+
+say "step 1/3: a 7B-shaped sparse model (32 layers, dim 4096, ffn 11008, q4_0, ReLU, 90% of neurons idle per token)"
+if [ -s "$GGUF" ]; then
+	say "  $GGUF is there; reusing it"
+else
+	"$NF" synth --shape 7b --dtype q4_0 --activation relu --sparsity 0.90 --seed 1 -o "$GGUF"
+fi
+
+say "step 2/3: import it into a store (dense objects + one neuron bundle per FFN neuron)"
+if [ -s "$STORE" ] && [ ! "$GGUF" -nt "$STORE" ]; then
+	say "  $STORE is there; reusing it"
+else
+	rm -f "$STORE"
+	"$NF" import "$GGUF" "$STORE"
+fi
+
+# tokens/s of generation from generate's timing lines
+tok_s() {
+	awk '/nflash: +eval time/ { for (i = 1; i < NF; i++) if ($i == "tokens" && $(i + 1) == "per") v = $(i - 1) }
+		END { if (v == "") print "-"; else printf "%.2f\n", v }' "$1"
+}
+
+gsize=$(du -m "$GGUF" | cut -f1)
+say "step 3/3: $N tokens under a $BUDGET memory budget (the model is $gsize MiB), streaming FFN neurons from the store"
+say "  nflash generate -m $STORE --memory-budget $BUDGET --stats $OPTS -p \"$PROMPT\""
+# stdout: the text as it is generated; stderr: the memory plan and totals
+# (per-token --stats lines go to $TMP/budget.err only)
+{ "$NF" generate -m "$STORE" --memory-budget "$BUDGET" --stats $OPTS -p "$PROMPT" 2>&1 1>&3 |
+	tee "$TMP/budget.err" | grep -v '^nflash: token' >&2; } 3>&1 | tee "$TMP/budget.out"
+echo
+
+say "the same generation from the GGUF fully in memory (no budget)"
+# (without --stats: in memory it also measures the predictor's recall with a
+# dense gate pass, which slows the run down)
+"$NF" generate -m "$GGUF" --json $OPTS -p "$PROMPT" > "$TMP/mem.json" 2> "$TMP/mem.err" ||
+	{ tail -3 "$TMP/mem.err" >&2; exit 1; }
+
+tb=$(tok_s "$TMP/budget.err")
+hb=$(awk '/^nflash: peak resident/ { print $4; exit }' "$TMP/budget.err")
+# tokens/s, peak resident MiB, and whether the texts match, from the JSON
+set -- $(python3 - "$TMP/mem.json" "$TMP/budget.out" <<'EOF'
+import json, sys
+j = json.loads(open(sys.argv[1], encoding="utf-8", errors="replace").read())
+streamed = open(sys.argv[2], encoding="utf-8", errors="replace").read().rstrip("\n")
+same = "yes" if streamed.endswith(j["text"]) else "no"
+print("%.2f %.1f %s" % (j["gen_tok_per_s"], j["vm_hwm_bytes"] / 1048576.0, same))
+EOF
+)
+echo
+printf '%-34s %12s %18s\n' "run" "tokens/s" "peak resident MiB"
+printf '%-34s %12s %18s\n' "store, --memory-budget $BUDGET" "$tb" "${hb:--}"
+printf '%-34s %12s %18s\n' "GGUF fully in memory" "${1:--}" "${2:--}"
+echo "same text from both: ${3:-unknown}"

@@ -74,11 +74,13 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 		if (!(mc->ffn_store = nf_cli_value(argc, argv, i)))
 			return NF_EUSAGE;
 	} else if (!strcmp(f, "--io")) {
-		if (!(mc->io_backend = nf_cli_value(argc, argv, i)))
+		if (!(v = nf_cli_value(argc, argv, i)))
 			return NF_EUSAGE;
-		int b = nf_io_backend_parse(mc->io_backend);
+		mc->io_mmap = !strcmp(v, "mmap");
+		mc->io_backend = mc->io_mmap ? NULL : v;
+		int b = mc->io_mmap ? 0 : nf_io_backend_parse(v);
 		if (b < 0 || b == NF_IO_FAULT) {
-			nf_cli_err("%s: expected auto, aio, uring or sync, got '%s'", f, mc->io_backend);
+			nf_cli_err("%s: expected auto, aio, uring, sync or mmap, got '%s'", f, v);
 			return NF_EUSAGE;
 		}
 	} else if (!strcmp(f, "--qd")) {
@@ -108,7 +110,10 @@ void nf_model_cli_help(FILE *f)
 		"  --stats               per-token and total FFN statistics on stderr\n"
 		"  --ffn-store FILE      read the FFN neuron bundles from this store through the\n"
 		"                        segmented cache (O_DIRECT) instead of the GGUF's weights\n"
-		"  --io aio|uring|sync   I/O backend for --ffn-store (default auto)\n"
+		"  --io aio|uring|sync   I/O backend for --ffn-store and stores (default auto)\n"
+		"  --io mmap             baseline (llama.cpp's default loader): a GGUF run dense\n"
+		"                        through its read-only mapping, pages faulted in on demand\n"
+		"                        through the page cache (no prefault, no budget, no store)\n"
 		"  --qd N                reads in flight for --ffn-store (default 32)\n");
 }
 
@@ -435,6 +440,37 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_u64(j, "vm_hwm_bytes", nf_model_cli_vm_hwm());
 }
 
+/*
+ * --io mmap runs a GGUF from its mapping; it refuses a store (-m or
+ * --ffn-store) and --memory-budget (the page cache, under whatever memory
+ * limit the caller sets, e.g. a cgroup, decides what stays resident).
+ */
+static int mmap_check(const struct nf_model_cli *mc)
+{
+	if (mc->ffn_store) {
+		nf_cli_err("--io mmap: cannot be combined with --ffn-store (mmap mode maps the GGUF's own "
+			   "weights; drop --io mmap to stream from the store)");
+		return NF_EXIT_USAGE;
+	}
+	if (mc->budget) {
+		nf_cli_err("--io mmap: cannot be combined with --memory-budget (the page cache holds the "
+			   "weights; limit memory with a cgroup instead)");
+		return NF_EXIT_USAGE;
+	}
+	unsigned char magic[4] = { 0 };
+	FILE *f = fopen(mc->path, "rb");
+	if (!f)
+		return NF_EXIT_OK;  /* the load names the error */
+	size_t n = fread(magic, 1, sizeof(magic), f);
+	fclose(f);
+	if (n == sizeof(magic) && memcmp(magic, "GGUF", 4) && memcmp(magic, "PWRI", 4)) {
+		nf_cli_err("--io mmap: %s is not a GGUF file (a store from `nflash import` is read with "
+			   "O_DIRECT through the neuron cache; mmap mode needs the GGUF)", mc->path);
+		return NF_EXIT_USAGE;
+	}
+	return NF_EXIT_OK;
+}
+
 int nf_model_cli_open(struct nf_model_cli *mc)
 {
 	if (!mc->path) {
@@ -443,12 +479,16 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	}
 	struct nf_diag d = { 0 };
 	double t0 = nf_cli_now();
+	if (mc->io_mmap && mmap_check(mc) != NF_EXIT_OK)
+		return NF_EXIT_USAGE;
 	/* Streamed FFNs (--ffn-store, or a store-backed model's own) are never
 	 * brought into memory: a GGUF's FFN pages are not prefaulted, a store's
 	 * FFN stays in the store. The built-in FFN (--sparse-mode off, MoE)
 	 * needs a store's FFN unpacked (store_unpack_ffn). */
+	if (mc->io_mmap && mc->sparse_mode < 0)
+		mc->sparse_mode = NF_SPARSE_OFF;
 	bool off = mc->sparse_mode == NF_SPARSE_OFF;
-	struct nf_model_opts mo = { .prefault = !mc->ffn_store, .store_unpack_ffn = off };
+	struct nf_model_opts mo = { .prefault = !mc->ffn_store && !mc->io_mmap, .store_unpack_ffn = off };
 	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
 	if (rc == 0 && nf_model_store(mc->model) && !off && nf_model_hparams(mc->model)->n_expert) {
 		/* mixture of experts: not streamed yet, the built-in FFN runs */

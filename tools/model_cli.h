@@ -28,7 +28,8 @@ struct nf_model_cli {
 	uint64_t budget;        /* --memory-budget, 0: none */
 	bool stats;             /* --stats */
 	const char *ffn_store;  /* --ffn-store: FFN bundles from this store */
-	const char *io_backend; /* --io */
+	const char *io_backend; /* --io (an I/O backend) */
+	bool io_mmap;           /* --io mmap: dense from the GGUF's mapping, no prefault */
 	long qd;                /* --qd */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
