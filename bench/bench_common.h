@@ -5,6 +5,7 @@
 #ifndef NF_BENCH_COMMON_H
 #define NF_BENCH_COMMON_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,15 @@ static inline double nf_bench_median(double *v, size_t n)
 {
 	qsort(v, n, sizeof(*v), nf_bench_cmp_double);
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* xorshift64: deterministic inputs for benchmarks. */
+static inline uint64_t nf_bench_rng(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
 }
 
 #endif /* NF_BENCH_COMMON_H */

@@ -125,20 +125,12 @@ static void read_fn(void *arg, int ith, int nth)
 	j->cpu[ith] = thread_cpu() - t0;
 }
 
-static uint64_t rng_next(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
-}
-
 /* Random weights whose fp16 scales and values are finite and modest. */
 static void fill_weights(enum nf_ktype kt, char *w, size_t rows, size_t row_bytes, uint64_t seed)
 {
 	uint64_t s = seed | 1;
 	for (size_t i = 0; i + 8 <= rows * row_bytes; i += 8) {
-		uint64_t v = rng_next(&s);
+		uint64_t v = nf_bench_rng(&s);
 		memcpy(w + i, &v, 8);
 	}
 	for (size_t r = 0; r < rows; r++) {
@@ -214,7 +206,7 @@ int main(int argc, char **argv)
 		return 1;
 	uint64_t s = 42;
 	for (size_t i = 0; i < N_COLS; i++)
-		x[i] = (float)(rng_next(&s) % 2001) / 1000.0f - 1.0f;
+		x[i] = (float)(nf_bench_rng(&s) % 2001) / 1000.0f - 1.0f;
 
 	/* memory-read reference: the same bytes as a matrix set, read by the
 	 * same threads in passes interleaved with the gemv passes, so that both
@@ -272,7 +264,7 @@ int main(int argc, char **argv)
 			size_t as = nf_act_size(kt, N_COLS);
 			for (size_t b = 0; b < GEMM_BATCH; b++) {
 				for (size_t i = 0; i < N_COLS; i++)
-					x[i] = (float)(rng_next(&s) % 2001) / 1000.0f - 1.0f;
+					x[i] = (float)(nf_bench_rng(&s) % 2001) / 1000.0f - 1.0f;
 				k->act_prepare[kt](x, xq + b * as, N_COLS);
 			}
 			for (int nt = 1; nt <= 2; nt++) {

@@ -49,7 +49,9 @@
 /* Active neurons a chunk collects before it closes: 64 keeps ~20 chunks
  * per layer at 13% activity (their output rows stay in L2, and two
  * threads still balance) and the gather kernels' lists long. */
+#ifndef CHUNK_NEURONS
 #define CHUNK_NEURONS 64u
+#endif
 #define CHUNK_MAX (CHUNK_NEURONS + GROUP - 1u)
 
 enum down_form { DOWN_ROW, DOWN_QCOL };

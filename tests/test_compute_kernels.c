@@ -510,13 +510,13 @@ static void check_gemv_list(const struct nf_kernels *k, const struct nf_kernels 
 {
 	struct rng r = { 9 };
 	const size_t ns[] = { 32, 96, 4096 + 32, 16384 + 64 };
-	const size_t counts[] = { 1, 2, 3, 7, 8, 9, 16, 17, 32, 33 };
+	const size_t counts[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 16, 17, 32, 33 };
 	enum { MAXR = 33 };
 	for (size_t t = 0; t < NF_KT_COUNT; t++) {
 		enum nf_ktype kt = all_kt[t];
 		size_t step = kt == NF_KT_F32 ? 4 : 2;
 		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
-			size_t n = ns[ni], rb = nf_dtype_row_size(kt_dtype[kt], n), slot = rb + 128;
+			size_t n = ns[ni], rb = nf_dtype_row_size(kt_dtype[kt], n), slot = (rb + 128 + 63) & ~(size_t)63;
 			unsigned char *buf = aligned_alloc(64, MAXR * slot);
 			unsigned char *xq = xmalloc(nf_act_size(kt, n));
 			float *xf = xmalloc(n * sizeof(float)), *wf = xmalloc(n * sizeof(float));

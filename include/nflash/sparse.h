@@ -16,13 +16,15 @@
  *    the dense output up to summation order.
  *  - DENSE: every neuron through the same path (SiLU models).
  *
- * Work unit: a group of 32 consecutive neurons (one Q8_0 block of the
- * activation vector). Workers of the context's pool take groups as they
- * become ready (all in memory: at once; from a cache: when their last
- * pending bundle lands), compute gate/up, the activation and the down
- * contribution of the group as one unit, into that group's output row; the
- * rows are summed in group order when every group of the layer is done, so
- * the result does not depend on thread count or read completion order.
+ * Work unit: a chunk of consecutive 32-neuron groups (a group is one Q8_0
+ * block of the activation vector), closed once it holds 64 active neurons;
+ * chunk bounds depend on the layer's masks only. Workers of the context's
+ * pool take chunks as they become ready (all in memory: at once; from a
+ * cache: when their last pending bundle lands), compute gate/up, the
+ * activations and the down contributions of the chunk as one unit, into
+ * that chunk's output row; the rows are summed in chunk order when every
+ * chunk of the layer is done, so the result does not depend on thread
+ * count or read completion order.
  *
  *	struct nf_sparse_params sp;
  *	nf_sparse_params_init(&sp);
@@ -89,8 +91,8 @@ struct nf_sparse_stats {
 	uint64_t ffn_calls;       /* (layer, token) pairs */
 	uint64_t neurons_total;   /* n_ff per call */
 	uint64_t neurons_active;  /* computed */
-	uint64_t groups_ready_now;    /* groups whose bytes were all hits */
-	uint64_t groups_ready_later;  /* groups that waited for a read */
+	uint64_t groups_ready_now;    /* active groups whose chunk's bytes were all hits */
+	uint64_t groups_ready_later;  /* active groups whose chunk waited for a read */
 	double t_ffn;             /* wall time inside the sparse FFN */
 	double t_wait;            /* of which the caller waited for reads with nothing to compute */
 	double t_io;              /* per layer with misses: first submit to last completion, summed */
