@@ -125,6 +125,8 @@ struct nf_sparse {
 	double t_req;                /* this layer: request time */
 	_Atomic double t_last_ready; /* and its last completion (set by reapers) */
 	const float *cur_x;          /* token being computed */
+	const struct nf_weight *cur_pred; /* predictor matrix being computed */
+	float *pred_out;             /* and its output */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
 };
@@ -235,8 +237,8 @@ static void chunk_compute(struct nf_sparse *s, uint32_t ci, float *out, char *sc
 	const struct chunk_state *c = &s->chunks[ci];
 	uint32_t layer = s->cur_layer, E = s->E;
 	uint32_t ids[CHUNK_MAX], n = 0;
-	float gv[CHUNK_MAX], uv[CHUNK_MAX], coef[CHUNK_MAX];
-	const void *gp[CHUNK_MAX], *up[CHUNK_MAX], *dp[CHUNK_MAX], *cols[CHUNK_MAX];
+	float gv[2 * CHUNK_MAX], coef[CHUNK_MAX], *uv;
+	const void *gp[2 * CHUNK_MAX], *up[CHUNK_MAX], *dp[CHUNK_MAX], *cols[CHUNK_MAX];
 	for (uint32_t gi = c->g0; gi < c->g1; gi++) {
 		uint32_t m = s->groups[gi].mask;
 		while (m) {
@@ -252,14 +254,18 @@ static void chunk_compute(struct nf_sparse *s, uint32_t ci, float *out, char *sc
 			n++;
 		}
 	}
-	/* gate rows first (exact mode drops the neurons whose gate is not
-	 * positive), then up rows: one gather call each for the chunk, each
-	 * row the same sum as gemv alone */
+	/* gate and up rows in one gather call for the chunk (exact mode:
+	 * gate rows first, dropping the neurons whose gate is not positive,
+	 * then the up rows of the others); each row the same sum as gemv alone */
 	if (!n)
 		return;
-	if (s->has_gate) {
-		k->gemv_list[s->kt_gu](E, n, gp, s->xq, gv);
-		if (s->mode == NF_SPARSE_EXACT) {
+	if (s->has_gate && s->mode != NF_SPARSE_EXACT) {
+		memcpy(gp + n, up, n * sizeof(*up));
+		k->gemv_list[s->kt_gu](E, 2 * n, gp, s->xq, gv);
+		uv = gv + n;
+	} else {
+		if (s->has_gate) {
+			k->gemv_list[s->kt_gu](E, n, gp, s->xq, gv);
 			uint32_t kept = 0;
 			for (uint32_t j = 0; j < n; j++) {
 				if (!(gv[j] > 0.0f))
@@ -272,9 +278,10 @@ static void chunk_compute(struct nf_sparse *s, uint32_t ci, float *out, char *sc
 			}
 			n = kept;
 		}
+		uv = gv + CHUNK_MAX;
+		if (n)
+			k->gemv_list[s->kt_gu](E, n, up, s->xq, uv);
 	}
-	if (n)
-		k->gemv_list[s->kt_gu](E, n, up, s->xq, uv);
 
 	/* per group: activations, rounded or quantized as one block, then the
 	 * group's (coefficient, down part) pairs in neuron order */
@@ -412,15 +419,32 @@ static void reduce_worker(void *arg, int ith, int nth)
 
 /* ---- one token ------------------------------------------------------------------- */
 
-static void predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid)
+/* Rows of s->cur_pred split over the threads (gemv rows are independent:
+ * the same bits whatever the split). */
+static void predict_worker(void *arg, int ith, int nth)
+{
+	struct nf_sparse *s = arg;
+	const struct nf_weight *w = s->cur_pred;
+	size_t r0 = (size_t)w->nrows * (size_t)ith / (size_t)nth;
+	size_t r1 = (size_t)w->nrows * (size_t)(ith + 1) / (size_t)nth;
+	s->k->gemv[w->kt](w->n, r1 - r0, (const char *)w->data + r0 * w->row_bytes, w->row_bytes, s->hq,
+			  s->pred_out + r0);
+}
+
+static void predict(struct nf_sparse *s, const struct nf_ffn_env *env, const struct layer_tab *t,
+		    const float *resid)
 {
 	const struct nf_kernels *k = s->k;
 	k->act_prepare[t->fc1->kt](resid, s->hq, s->E);
-	k->gemv[t->fc1->kt](t->fc1->n, t->fc1->nrows, t->fc1->data, t->fc1->row_bytes, s->hq, s->h1);
+	s->cur_pred = t->fc1;
+	s->pred_out = s->h1;
+	run_workers(s, env, predict_worker);
 	for (uint32_t i = 0; i < s->rank; i++)
 		s->h1[i] = s->h1[i] > 0.0f ? s->h1[i] : 0.0f;
 	k->act_prepare[t->fc2->kt](s->h1, s->hq, s->rank);
-	k->gemv[t->fc2->kt](t->fc2->n, t->fc2->nrows, t->fc2->data, t->fc2->row_bytes, s->hq, s->score);
+	s->cur_pred = t->fc2;
+	s->pred_out = s->score;
+	run_workers(s, env, predict_worker);
 }
 
 /* Gate values of every neuron (in memory) for recall. */
@@ -450,7 +474,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	s->cur_x = x;
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
 	if (s->mode == NF_SPARSE_PREDICTOR)
-		predict(s, t, resid);
+		predict(s, env, t, resid);
 
 	uint64_t active = 0;
 	atomic_store(&s->n_ready, 0);
