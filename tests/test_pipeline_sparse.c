@@ -290,6 +290,36 @@ Test(pipeline, exact_mode_equals_dense)
 	check_exact("drelu", NF_DTYPE_Q4_0);
 }
 
+/* Chunk bounds come from the masks and chunks are summed in chunk order:
+ * the same bits on any thread count. */
+Test(pipeline, predictor_same_bits_on_any_thread_count)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "synth-threads");
+	/* f32: a quantized model re-rounds activations and could hide a
+	 * changed summation order */
+	cr_assert_eq(pl_synth_tiny(p, "relu", NF_DTYPE_F32, true), 0);
+	struct nf_model *m = pl_load(p, true, false);
+	uint32_t nv = nf_model_hparams(m)->n_vocab;
+	float *a = malloc(nv * sizeof(float)), *b = malloc(nv * sizeof(float));
+	int32_t ga[8], gb[8];
+	for (int threads = 1; threads <= 3; threads++) {
+		struct nf_ctx *c = pl_open_ctx(m, threads);
+		struct nf_sparse *s = engine(c, NF_SPARSE_PREDICTOR, NULL);
+		pl_run(c, pl_prompt, 8, threads == 1 ? a : b, threads == 1 ? ga : gb, 8);
+		if (threads > 1) {
+			cr_expect(!memcmp(a, b, nv * sizeof(float)), "%d threads: logits differ from 1 thread", threads);
+			cr_expect_arr_eq(ga, gb, sizeof(ga), "%d threads: greedy differs", threads);
+		}
+		nf_sparse_close(s);
+		nf_ctx_close(c);
+	}
+	free(a);
+	free(b);
+	nf_model_free(m);
+	unlink(p);
+}
+
 Test(pipeline, mode_errors_name_the_problem)
 {
 	struct nf_model *m = pl_load("../shared/testdata/models/tiny-llama-f32.gguf", true, false);
