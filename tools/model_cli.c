@@ -114,7 +114,7 @@ void nf_model_cli_help(FILE *f)
 		"  --io mmap             baseline (llama.cpp's default loader): a GGUF run dense\n"
 		"                        through its read-only mapping, pages faulted in on demand\n"
 		"                        through the page cache (no prefault, no budget, no store)\n"
-		"  --qd N                reads in flight for --ffn-store (default 32)\n");
+		"  --qd N                reads in flight for stores and --ffn-store (default 128)\n");
 }
 
 /* Bytes the process holds before the model: program, libraries, thread
@@ -200,6 +200,7 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 			return NF_EXIT_FAIL;
 		}
 		o.arena_bytes = mc->budget - fixed;
+		o.prefault = true;
 	} else {
 		/* no budget: room for every bundle of the store */
 		uint64_t all = 0;

@@ -55,7 +55,8 @@ struct nf_cache_opts {
 	uint64_t pinned_bytes;     /* capacity of the pinned segment (default 0) */
 	double hot_fraction;       /* of what pinned leaves, for the hot segment (default 0.5) */
 	int numa_node;             /* -1: the caller's node */
-	struct nf_io_opts io;      /* backend, queue depth, faults (nf_io_opts_default) */
+	bool prefault;             /* touch the whole arena at open (no page faults later) */
+	struct nf_io_opts io;      /* backend, queue depth (default 128), faults */
 };
 
 void nf_cache_opts_default(struct nf_cache_opts *o);
