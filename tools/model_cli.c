@@ -70,6 +70,8 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 		}
 	} else if (!strcmp(f, "--stats")) {
 		mc->stats = true;
+	} else if (!strcmp(f, "--stream-attn")) {
+		mc->stream_attn = true;
 	} else if (!strcmp(f, "--ffn-store")) {
 		if (!(mc->ffn_store = nf_cli_value(argc, argv, i)))
 			return NF_EUSAGE;
@@ -108,6 +110,9 @@ void nf_model_cli_help(FILE *f)
 		"  --memory-budget SIZE  limit on what the engine holds (K/M/G suffixes); the KV cache\n"
 		"                        for -c counts against it\n"
 		"  --stats               per-token and total FFN statistics on stderr\n"
+		"  --stream-attn         store only: read each layer's attention weights from the store\n"
+		"                        at every step through 2 layer buffers, instead of pinning them\n"
+		"                        (automatic when the pinned dense weights do not fit the budget)\n"
 		"  --ffn-store FILE      read the FFN neuron bundles from this store through the\n"
 		"                        segmented cache (O_DIRECT) instead of the GGUF's weights\n"
 		"  --io aio|uring|sync   I/O backend for --ffn-store and stores (default auto)\n"
@@ -190,15 +195,59 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 		o.io.backend = (enum nf_io_backend)nf_io_backend_parse(mc->io_backend);
 	if (mc->qd)
 		o.io.qd = (unsigned)mc->qd;
+	/* Attention left in the store at load: pinned if the budget holds it,
+	 * else streamed per layer through two buffers (docs/PIPELINE.md). */
+	uint64_t attn = nf_model_attn_in_memory(mc->model) ? 0 : nf_model_attn_bytes(mc->model);
+	struct nf_stream_opts so;
+	nf_stream_opts_default(&so);
+	so.io.backend = o.io.backend;
+	uint64_t sbytes = nf_model_attn_stream_bytes(mc->model, so.n_slots);
+	bool stream = attn && (mc->stream_attn || (mc->budget && mc->budget < fixed + attn + min));
 	if (mc->budget) {
-		if (mc->budget < fixed + min) {
-			nf_cli_err("--memory-budget %.1f MiB is too small for %s: at least %.1f MiB "
-				   "needed (%.1f MiB dense weights + %.1f MiB KV cache and scratch + %.1f MiB engine "
-				   "tables + %.1f MiB: one layer's neurons in the cache)",
-				   mib(mc->budget), spath, mib(fixed + min), mib(*weights),
+		uint64_t need = fixed + (stream ? sbytes : attn) + min;
+		if (mc->budget < need && stream) {
+			nf_cli_err("--memory-budget %.1f MiB is too small for %s even with attention streamed: "
+				   "at least %.1f MiB needed (%.1f MiB pinned dense weights + %.1f MiB attention "
+				   "buffers (%u layers' worth) + %.1f MiB KV cache and scratch + %.1f MiB engine "
+				   "tables + %.1f MiB: one layer's neurons in the cache; a smaller -c lowers the "
+				   "KV cache)",
+				   mib(mc->budget), spath, mib(need), mib(*weights), mib(sbytes), so.n_slots,
 				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
 			return NF_EXIT_FAIL;
 		}
+		if (mc->budget < need) {
+			nf_cli_err("--memory-budget %.1f MiB is too small for %s: at least %.1f MiB "
+				   "needed (%.1f MiB dense weights + %.1f MiB KV cache and scratch + %.1f MiB engine "
+				   "tables + %.1f MiB: one layer's neurons in the cache)",
+				   mib(mc->budget), spath, mib(need), mib(*weights + attn),
+				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
+			return NF_EXIT_FAIL;
+		}
+	}
+	if (stream) {
+		if ((rc = nf_ctx_stream_attn(mc->ctx, &so, &d)) < 0) {
+			nf_cli_err("%s: streaming attention: %s", spath, nf_diag_msg(&d, rc));
+			return NF_EXIT_FAIL;
+		}
+		mc->attn_streamed = true;
+		fprintf(stderr,
+			"nflash: attention streamed from the store%s: %u layers x %.1f MiB read at every "
+			"forward step through %u buffers (%.1f MiB); pinned: norms, embeddings, output%s "
+			"(%.1f MiB, where the pinned set would be %.1f MiB)\n",
+			mc->stream_attn ? " (--stream-attn)" : " (the pinned dense weights do not fit the budget)",
+			hp->n_layer, mib(attn / hp->n_layer), so.n_slots, mib(sbytes),
+			nf_model_layer(mc->model, 0)->fc1.data ? ", predictors" : "", mib(*weights),
+			mib(*weights + attn));
+		fixed += sbytes;
+	} else if (attn) {
+		if ((rc = nf_model_attn_load(mc->model, &d)) < 0) {
+			nf_cli_err("%s", nf_diag_msg(&d, rc));
+			return NF_EXIT_FAIL;
+		}
+		*weights += attn;
+		fixed += attn;
+	}
+	if (mc->budget) {
 		o.arena_bytes = mc->budget - fixed;
 		o.prefault = true;
 	} else {
@@ -263,15 +312,19 @@ static int open_engine(struct nf_model_cli *mc)
 	if (streamed) {
 		struct nf_cache_layout cl;
 		nf_cache_layout_get(mc->cache, &cl);
+		char abuf[64] = "";
+		if (mc->attn_streamed)
+			snprintf(abuf, sizeof(abuf), " + attention buffers %.1f MiB (streamed)",
+				 mib(nf_ctx_attn_stream_bytes(mc->ctx)));
 		fprintf(stderr,
-			"nflash: memory: dense weights %.1f MiB (pinned), neuron cache %.1f MiB (hot %.1f MiB / %u "
+			"nflash: memory: dense weights %.1f MiB (pinned)%s, neuron cache %.1f MiB (hot %.1f MiB / %u "
 			"slots, cold %.1f MiB / %u slots%s%s), reserved %.1f MiB (KV cache %.1f MiB for -c %u, "
 			"scratch and tables %.1f MiB); fixed overhead %.1f MiB\n",
-			mib(weights), mib(cl.arena), mib(cl.hot), cl.hot_slots, mib(cl.cold), cl.cold_slots,
+			mib(weights), abuf, mib(cl.arena), mib(cl.hot), cl.hot_slots, mib(cl.cold), cl.cold_slots,
 			cl.hugepages ? ", hugepages" : "", cl.numa ? ", NUMA-placed" : "", mib(mc->reserved),
 			mib(nf_ctx_bytes_kv(mc->ctx)), nf_ctx_n_ctx(mc->ctx),
 			mib(mc->reserved - nf_ctx_bytes_kv(mc->ctx)), mib(mc->overhead));
-		weights += cl.arena;
+		weights += cl.arena + nf_ctx_attn_stream_bytes(mc->ctx);
 		if (mc->budget && weights + mc->reserved > mc->budget) {
 			nf_cli_err("--memory-budget %.1f MiB: the engine's tables came to %.1f MiB, more than "
 				   "estimated; at least %.1f MiB needed",
@@ -302,7 +355,7 @@ static int open_engine(struct nf_model_cli *mc)
 }
 
 static void stats_line(FILE *f, const char *label, const struct nf_sparse_stats *d,
-		       const struct nf_cache_stats *c, double t)
+		       const struct nf_cache_stats *c, const struct nf_stream_stats *a, double t)
 {
 	double act = d->neurons_total ? 100.0 * (double)d->neurons_active / (double)d->neurons_total : 0.0;
 	double wait = t > 0 ? 100.0 * d->t_wait / t : 0.0;
@@ -325,7 +378,22 @@ static void stats_line(FILE *f, const char *label, const struct nf_sparse_stats 
 		fprintf(f, ", hot segment refilled in %.2f ms", d->t_hot * 1e3);
 	if (d->recall_fired)
 		fprintf(f, ", predictor recall %.1f%%", 100.0 * (double)d->recall_hit / (double)d->recall_fired);
+	if (a)
+		fprintf(f, "; attention streamed: read %.1f MiB (%llu layers), waited %.2f ms = %.1f%%",
+			(double)a->bytes_read / (1024.0 * 1024.0), (unsigned long long)a->groups_read,
+			a->t_wait * 1e3, t > 0 ? 100.0 * a->t_wait / t : 0.0);
 	fprintf(f, "\n");
+}
+
+static void attn_delta(const struct nf_stream_stats *a, const struct nf_stream_stats *b,
+		       struct nf_stream_stats *d)
+{
+	d->bytes_read = a->bytes_read - b->bytes_read;
+	d->objects_read = a->objects_read - b->objects_read;
+	d->groups_read = a->groups_read - b->groups_read;
+	d->acquires = a->acquires - b->acquires;
+	d->waits = a->waits - b->waits;
+	d->t_wait = a->t_wait - b->t_wait;
 }
 
 static void stats_delta(const struct nf_sparse_stats *a, const struct nf_sparse_stats *b,
@@ -373,8 +441,14 @@ void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label
 		cache_delta(&cnow, &mc->clast, &cd);
 		mc->clast = cnow;
 	}
+	struct nf_stream_stats anow, ad;
+	bool attn = nf_ctx_attn_stats(mc->ctx, &anow);
+	if (attn) {
+		attn_delta(&anow, &mc->alast, &ad);
+		mc->alast = anow;
+	}
 	double t = nf_cli_now();
-	stats_line(f, label, &d, mc->cache ? &cd : NULL, t - mc->t_last);
+	stats_line(f, label, &d, mc->cache ? &cd : NULL, attn ? &ad : NULL, t - mc->t_last);
 	mc->last = now;
 	mc->t_last = t;
 }
@@ -388,7 +462,9 @@ void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 	nf_sparse_stats_get(mc->sparse, &now);
 	if (mc->cache)
 		nf_cache_stats_get(mc->cache, &c);
-	stats_line(f, "total", &now, mc->cache ? &c : NULL, t_total);
+	struct nf_stream_stats a;
+	bool attn = nf_ctx_attn_stats(mc->ctx, &a);
+	stats_line(f, "total", &now, mc->cache ? &c : NULL, attn ? &a : NULL, t_total);
 	fprintf(f, "nflash: peak resident %.1f MiB (VmHWM)", mib(nf_model_cli_vm_hwm()));
 	if (mc->budget)
 		fprintf(f, ", budget %.1f MiB + fixed overhead %.1f MiB", mib(mc->budget), mib(mc->overhead));
@@ -434,6 +510,14 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_u64(j, "neurons_active", st.neurons_active);
 	if (st.recall_fired)
 		nf_json_dbl(j, "predictor_recall", (double)st.recall_hit / (double)st.recall_fired);
+	struct nf_stream_stats a = { 0 };
+	bool attn = mc->ctx && nf_ctx_attn_stats(mc->ctx, &a);
+	nf_json_bool(j, "attn_streamed", attn);
+	nf_json_u64(j, "attn_bytes_read", a.bytes_read);
+	nf_json_u64(j, "attn_layers_read", a.groups_read);
+	nf_json_dbl(j, "attn_wait_ms", a.t_wait * 1e3);
+	nf_json_dbl(j, "attn_wait_share", t_total > 0 ? a.t_wait / t_total : 0.0);
+	nf_json_u64(j, "attn_buffer_bytes", mc->ctx ? nf_ctx_attn_stream_bytes(mc->ctx) : 0);
 	nf_json_u64(j, "budget_bytes", mc->budget);
 	nf_json_u64(j, "reserved_bytes", mc->reserved);
 	nf_json_u64(j, "overhead_bytes", mc->overhead);
@@ -489,18 +573,38 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	if (mc->io_mmap && mc->sparse_mode < 0)
 		mc->sparse_mode = NF_SPARSE_OFF;
 	bool off = mc->sparse_mode == NF_SPARSE_OFF;
-	struct nf_model_opts mo = { .prefault = !mc->ffn_store && !mc->io_mmap, .store_unpack_ffn = off };
+	/* A store's attention stays in the store until the budget is sized
+	 * (open_cache pins or streams it). */
+	struct nf_model_opts mo = { .prefault = !mc->ffn_store && !mc->io_mmap, .store_unpack_ffn = off,
+				    .store_defer_attn = !off };
+	if (mc->stream_attn && (off || mc->ffn_store || mc->io_mmap)) {
+		nf_cli_err("--stream-attn: needs a store (-m OUT.nfl from nflash import) whose FFN is streamed "
+			   "(not --sparse-mode off, --ffn-store or --io mmap)");
+		return NF_EXIT_USAGE;
+	}
 	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
 	if (rc == 0 && nf_model_store(mc->model) && !off && nf_model_hparams(mc->model)->n_expert) {
 		/* mixture of experts: not streamed yet, the built-in FFN runs */
 		nf_model_free(mc->model);
 		mc->model = NULL;
 		mo.store_unpack_ffn = true;
+		mo.store_defer_attn = false;
+		if (mc->stream_attn) {
+			nf_cli_err("--stream-attn: mixture-of-experts FFNs are not streamed from a store yet");
+			return NF_EXIT_USAGE;
+		}
 		rc = nf_model_load(mc->path, &mo, &mc->model, &d);
 	}
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;
+	}
+	if (mc->stream_attn && !nf_model_store(mc->model)) {
+		nf_cli_err("--stream-attn: %s is a GGUF; attention is streamed from a store (nflash import)",
+			   mc->path);
+		nf_model_free(mc->model);
+		mc->model = NULL;
+		return NF_EXIT_USAGE;
 	}
 	if (mc->ffn_store && nf_model_store(mc->model)) {
 		nf_cli_err("--ffn-store: %s is a store already; its own bundles are used", mc->path);

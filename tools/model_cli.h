@@ -13,6 +13,7 @@
 #include "nflash/model.h"
 #include "nflash/cache.h"
 #include "nflash/sparse.h"
+#include "nflash/stream.h"
 
 struct nf_json;
 
@@ -31,6 +32,7 @@ struct nf_model_cli {
 	const char *io_backend; /* --io (an I/O backend) */
 	bool io_mmap;           /* --io mmap: dense from the GGUF's mapping, no prefault */
 	long qd;                /* --qd */
+	bool stream_attn;       /* --stream-attn: stream attention even if it fits */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
 	struct nf_ctx *ctx;
@@ -42,6 +44,8 @@ struct nf_model_cli {
 	uint64_t overhead;      /* fixed overhead beside the budget */
 	struct nf_sparse_stats last; /* at the previous per-token report */
 	struct nf_cache_stats clast;
+	bool attn_streamed;     /* attention read per layer per step (nf_ctx_stream_attn) */
+	struct nf_stream_stats alast;
 	double t_last;
 };
 
