@@ -13,8 +13,9 @@
  *     to fp16 for the V sum; with an F32 cache everything stays f32.
  *  4. Each (token, head) pair is computed by one thread into its own output
  *     slice, using that thread's score row.
- *  5. Streamed attention (c->attn) holds the layer's buffer from before the
- *     Q/K/V products until after the output product, and only then.
+ *  5. Streamed attention (c->attn, layers from c->attn_first on) holds the
+ *     layer's buffer from before the Q/K/V products until after the output
+ *     product, and only then.
  */
 #include <math.h>
 #include <string.h>
@@ -151,9 +152,10 @@ int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0)
 	/* Streamed: this layer's matrices from the stream's buffer (read
 	 * while the previous layer ran), same shapes and types as bound. */
 	struct nf_weight wq = L->wq, wk = L->wk, wv = L->wv, wo = L->wo;
-	if (c->attn) {
+	bool streamed = c->attn && il >= c->attn_first;
+	if (streamed) {
 		const void *d[4];
-		int rc = nf_stream_acquire(c->attn, il, d);
+		int rc = nf_stream_acquire(c->attn, il - c->attn_first, d);
 		if (rc < 0)
 			return rc;
 		wq.data = d[0];
@@ -177,8 +179,8 @@ int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0)
 	nf_ctx_matmul(c, &o, 1, c->att, E, nb);
 	/* The buffer now takes a later layer. A failed prefetch is not this
 	 * layer's error: the acquire of the layer it was for reports it. */
-	if (c->attn)
-		(void)nf_stream_release(c->attn, il);
+	if (streamed)
+		(void)nf_stream_release(c->attn, il - c->attn_first);
 	nf_ctx_parallel(c, nb, add_rows, &j);
 	return 0;
 }

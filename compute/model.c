@@ -512,6 +512,11 @@ bool nf_model_attn_in_memory(const struct nf_model *m)
 	return !m->attn_deferred;
 }
 
+uint32_t nf_model_attn_layers_in_memory(const struct nf_model *m)
+{
+	return m->attn_deferred ? m->attn_in_mem : m->hp.n_layer;
+}
+
 uint64_t nf_model_attn_bytes(const struct nf_model *m)
 {
 	if (m->store)

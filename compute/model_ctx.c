@@ -296,7 +296,11 @@ int nf_ctx_stream_attn(struct nf_ctx *c, const struct nf_stream_opts *o, struct 
 	if (!m->store || !m->attn_obj)
 		return nf_diag_fail(d, NF_EUNSUPPORTED,
 				    "context: attention can only be streamed from a store (nflash import)");
-	return nf_stream_open(m->store, m->attn_obj, m->hp.n_layer, 4, o, &c->attn, d);
+	/* the layers whose attention is not in memory; all of them if every
+	 * layer's is (a stream over pinned weights, for comparisons) */
+	c->attn_first = m->attn_deferred ? m->attn_in_mem : 0;
+	return nf_stream_open(m->store, m->attn_obj + (size_t)c->attn_first * 4,
+			      m->hp.n_layer - c->attn_first, 4, o, &c->attn, d);
 }
 
 uint64_t nf_model_attn_stream_bytes(const struct nf_model *m, uint32_t n_slots)

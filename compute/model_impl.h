@@ -43,6 +43,7 @@ struct nf_model {
 	/* store_defer_attn: attention objects not read at load (data NULL
 	 * until nf_model_attn_load; a context may stream them instead) */
 	bool attn_deferred;
+	uint32_t attn_in_mem;       /* layers [0, attn_in_mem) have their attention in memory */
 	const struct nf_store_object **attn_obj; /* n_layer x 4: q, k, v, output */
 	void *attn_mem;             /* attention read by nf_model_attn_load */
 	uint64_t attn_bytes;        /* bytes of the attention weights */
@@ -71,6 +72,7 @@ struct nf_stream;
 struct nf_ctx {
 	const struct nf_model *m;
 	struct nf_stream *attn;     /* streamed attention (nf_ctx_stream_attn), or NULL */
+	uint32_t attn_first;        /* first streamed layer (stream group 0) */
 	const struct nf_kernels *k;
 	struct nf_pool *pool;       /* NULL with one thread */
 	int n_threads;

@@ -364,13 +364,17 @@ int nf_model_store_ffn(struct nf_model *m, bool unpack, struct nf_diag *diag)
 	return rc;
 }
 
-int nf_model_attn_load(struct nf_model *m, struct nf_diag *diag)
+int nf_model_attn_load(struct nf_model *m, uint32_t n_layers, struct nf_diag *diag)
 {
-	if (!m->attn_deferred)
-		return 0;
 	const struct nf_model_hparams *hp = &m->hp;
+	uint32_t n_l = n_layers < hp->n_layer ? n_layers : hp->n_layer;
+	if (!m->attn_deferred || n_l <= m->attn_in_mem)
+		return 0;
+	if (m->attn_mem)
+		return nf_diag_fail(diag, NF_EUSAGE, "%s: attention already loaded for %u layers",
+				    nf_store_path(m->store), m->attn_in_mem);
 	uint32_t bs = nf_store_info(m->store)->block_size;
-	size_t n = (size_t)hp->n_layer * 4;
+	size_t n = (size_t)n_l * 4;
 	void **bufs = calloc(n, sizeof(*bufs));
 	uint64_t total = 0;
 	for (size_t i = 0; i < n; i++)
@@ -392,18 +396,20 @@ int nf_model_attn_load(struct nf_model *m, struct nf_diag *diag)
 	m->load_io = NULL;
 	if (rc < 0)
 		goto out;
-	for (uint32_t il = 0; il < hp->n_layer; il++) {
+	for (uint32_t il = 0; il < n_l; il++) {
 		struct nf_layer_weights *L = &m->layers[il];
 		struct nf_weight *w[4] = { &L->wq, &L->wk, &L->wv, &L->wo };
-		for (size_t k = 0; k < 4; k++)
+		for (size_t k = 0; k < 4; k++) {
 			w[k]->data = bufs[(size_t)il * 4 + k];
+			m->weight_bytes += (uint64_t)w[k]->row_bytes * w[k]->nrows;
+		}
 	}
 	for (size_t i = 0; i < m->n_st; i++)
 		for (size_t j = 0; j < n; j++)
 			if (!m->st[i].data && !strcmp(m->st[i].name, m->attn_obj[j]->name))
 				m->st[i].data = bufs[j];
-	m->weight_bytes += m->attn_bytes;
-	m->attn_deferred = false;
+	m->attn_in_mem = n_l;
+	m->attn_deferred = n_l < hp->n_layer;
 out:
 	free(bufs);
 	if (rc < 0) {

@@ -14,8 +14,14 @@
  *     release never allocate.
  *  4. Errors stick: the first failed read is returned by every call after
  *     it (the I/O context's own errors stick too).
+ *  5. Completions may run in the I/O context's own thread (crc32c checks
+ *     then overlap compute): a slot's pending count, state and the sticky
+ *     error are atomics; the callback writes the slot's result before it
+ *     publishes the state (release), the caller reads the state (acquire)
+ *     before the result or the bytes.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,10 +37,10 @@ struct slot {
 	struct nf_stream *st;
 	uint8_t *buf;
 	uint32_t group;
-	enum slot_state state;
+	_Atomic int state;         /* enum slot_state */
 	bool held;
-	uint32_t pending;          /* object reads not yet completed */
-	int result;
+	atomic_uint pending;       /* object reads not yet completed, + 1 while queueing */
+	_Atomic int result;
 };
 
 struct nf_stream {
@@ -45,7 +51,8 @@ struct nf_stream {
 	uint32_t n_groups, per_group, n_slots;
 	uint64_t slot_bytes;
 	struct slot *slots;
-	int error;                 /* sticky */
+	_Atomic int error;         /* sticky */
+	atomic_ullong groups_done;
 	struct nf_stream_stats st;
 };
 
@@ -56,6 +63,7 @@ void nf_stream_opts_default(struct nf_stream_opts *o)
 	nf_io_opts_default(&o->io);
 	o->io.qd = 64;
 	o->io.quiet = true;
+	o->io.completion = NF_IO_COMPLETION_THREAD;  /* crc checks off the compute thread */
 }
 
 static uint64_t round_up(uint64_t v, uint64_t a)
@@ -129,7 +137,8 @@ int nf_stream_open(struct nf_store *s, const struct nf_store_object *const *objs
 		}
 	}
 	for (uint32_t i = 0; i < o->n_slots; i++) {
-		st->slots[i] = (struct slot){ .st = st, .state = SLOT_EMPTY };
+		st->slots[i].st = st;
+		atomic_init(&st->slots[i].state, SLOT_EMPTY);
 		if (!(st->slots[i].buf = nf_io_buf_alloc(sb, SLOT_ALIGN)))
 			goto fail_nomem;
 	}
@@ -161,29 +170,36 @@ void nf_stream_close(struct nf_stream *st)
 static void on_read(void *cookie, int result)
 {
 	struct slot *sl = cookie;
-	if (result < 0 && sl->result == 0)
-		sl->result = result;
-	if (--sl->pending)
+	int zero = 0;
+	if (result < 0)
+		atomic_compare_exchange_strong(&sl->result, &zero, result);
+	if (atomic_fetch_sub(&sl->pending, 1) != 1)
 		return;
-	if (sl->result < 0) {
-		sl->state = SLOT_FAILED;
-		if (sl->st->error == 0)
-			sl->st->error = sl->result;
+	int r = atomic_load(&sl->result);
+	if (r < 0) {
+		zero = 0;
+		atomic_compare_exchange_strong(&sl->st->error, &zero, r);
+		atomic_store_explicit(&sl->state, SLOT_FAILED, memory_order_release);
 		return;
 	}
-	sl->state = SLOT_READY;
-	sl->st->st.groups_read++;
+	atomic_fetch_add(&sl->st->groups_done, 1);
+	atomic_store_explicit(&sl->state, SLOT_READY, memory_order_release);
+}
+
+static int slot_state(struct slot *sl)
+{
+	return atomic_load_explicit(&sl->state, memory_order_acquire);
 }
 
 /* Wait until slot sl is no longer LOADING. */
 static int wait_slot(struct nf_stream *st, struct slot *sl)
 {
-	while (sl->state == SLOT_LOADING) {
+	while (slot_state(sl) == SLOT_LOADING) {
 		int w = nf_io_ctx_wait(st->io, 1, -1);
-		if (w < 0 && sl->state == SLOT_LOADING) {
+		if (w < 0 && slot_state(sl) == SLOT_LOADING) {
 			/* the context failed: the slot's reads never report */
-			if (st->error == 0)
-				st->error = w;
+			int zero = 0;
+			atomic_compare_exchange_strong(&st->error, &zero, w);
 			return w;
 		}
 	}
@@ -195,16 +211,16 @@ static int load(struct nf_stream *st, struct slot *sl, uint32_t g)
 {
 	uint32_t bs = nf_store_info(st->store)->block_size;
 	sl->group = g;
-	sl->state = SLOT_LOADING;
-	sl->result = 0;
-	sl->pending = 1;  /* held until every read is queued */
+	atomic_store(&sl->result, 0);
+	atomic_store(&sl->pending, 1);  /* held until every read is queued */
+	atomic_store(&sl->state, SLOT_LOADING);
 	for (uint32_t k = 0; k < st->per_group; k++) {
 		size_t i = (size_t)g * st->per_group + k;
-		sl->pending++;
+		atomic_fetch_add(&sl->pending, 1);
 		int rc = nf_io_ctx_read_object(st->io, st->objs[i], sl->buf + st->off[i], on_read, sl);
 		if (rc == -EAGAIN) {
 			/* the engine's request limit: let some finish, then retry */
-			sl->pending--;
+			atomic_fetch_sub(&sl->pending, 1);
 			int w = nf_io_ctx_wait(st->io, 1, -1);
 			if (w < 0) {
 				rc = w;
@@ -214,7 +230,9 @@ static int load(struct nf_stream *st, struct slot *sl, uint32_t g)
 			}
 		}
 		if (rc < 0) {
-			sl->pending--;
+			int zero = 0;
+			atomic_compare_exchange_strong(&st->error, &zero, rc);
+			atomic_fetch_sub(&sl->pending, 1);
 			on_read(sl, rc);  /* drops the queueing reference: FAILED once reads land */
 			return rc;
 		}
@@ -228,7 +246,7 @@ static int load(struct nf_stream *st, struct slot *sl, uint32_t g)
 static struct slot *find(struct nf_stream *st, uint32_t g)
 {
 	for (uint32_t i = 0; i < st->n_slots; i++)
-		if (st->slots[i].state != SLOT_EMPTY && st->slots[i].group == g)
+		if (slot_state(&st->slots[i]) != SLOT_EMPTY && st->slots[i].group == g)
 			return &st->slots[i];
 	return NULL;
 }
@@ -250,9 +268,10 @@ static struct slot *victim(struct nf_stream *st, uint32_t g, uint32_t w)
 	uint32_t best_d = 0;
 	for (uint32_t i = 0; i < st->n_slots; i++) {
 		struct slot *sl = &st->slots[i];
-		if (sl->held || sl->state == SLOT_LOADING)
+		int state = slot_state(sl);
+		if (sl->held || state == SLOT_LOADING)
 			continue;
-		if (sl->state == SLOT_EMPTY || sl->state == SLOT_FAILED)
+		if (state == SLOT_EMPTY || state == SLOT_FAILED)
 			return sl;
 		uint32_t d = ahead(st, g, sl->group);
 		if (d == 0)
@@ -285,8 +304,9 @@ static int prefetch(struct nf_stream *st, uint32_t g)
 
 int nf_stream_acquire(struct nf_stream *st, uint32_t g, const void **data)
 {
-	if (st->error)
-		return st->error;
+	int err = atomic_load(&st->error);
+	if (err)
+		return err;
 	if (g >= st->n_groups)
 		return NF_EUSAGE;
 	struct slot *sl = find(st, g);
@@ -302,7 +322,7 @@ int nf_stream_acquire(struct nf_stream *st, uint32_t g, const void **data)
 		while (!(sl = victim(st, g, 0))) {
 			struct slot *busy = NULL;
 			for (uint32_t i = 0; i < st->n_slots && !busy; i++)
-				if (!st->slots[i].held && st->slots[i].state == SLOT_LOADING)
+				if (!st->slots[i].held && slot_state(&st->slots[i]) == SLOT_LOADING)
 					busy = &st->slots[i];
 			if (!busy)
 				return NF_EBUDGET;
@@ -313,7 +333,7 @@ int nf_stream_acquire(struct nf_stream *st, uint32_t g, const void **data)
 		if ((rc = load(st, sl, g)) < 0)
 			return rc;
 	}
-	if (sl->state == SLOT_LOADING) {
+	if (slot_state(sl) == SLOT_LOADING) {
 		waited = true;
 		if ((rc = wait_slot(st, sl)) < 0)
 			return rc;
@@ -322,8 +342,10 @@ int nf_stream_acquire(struct nf_stream *st, uint32_t g, const void **data)
 		st->st.waits++;
 		st->st.t_wait += now_s() - t0;
 	}
-	if (sl->state != SLOT_READY)
-		return st->error ? st->error : NF_EUSAGE;
+	if (slot_state(sl) != SLOT_READY) {
+		err = atomic_load(&st->error);
+		return err ? err : NF_EUSAGE;
+	}
 	sl->held = true;
 	for (uint32_t k = 0; k < st->per_group; k++) {
 		size_t i = (size_t)g * st->per_group + k;
@@ -337,8 +359,9 @@ int nf_stream_release(struct nf_stream *st, uint32_t g)
 	struct slot *sl = g < st->n_groups ? find(st, g) : NULL;
 	if (sl)
 		sl->held = false;
-	if (st->error)
-		return st->error;
+	int err = atomic_load(&st->error);
+	if (err)
+		return err;
 	return g < st->n_groups ? prefetch(st, g) : NF_EUSAGE;
 }
 
@@ -355,4 +378,5 @@ uint32_t nf_stream_n_slots(const struct nf_stream *st)
 void nf_stream_stats_get(const struct nf_stream *st, struct nf_stream_stats *out)
 {
 	*out = st->st;
+	out->groups_read = atomic_load(&st->groups_done);
 }

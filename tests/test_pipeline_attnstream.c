@@ -158,9 +158,26 @@ Test(pipeline, attn_streamed_rereads_each_layer_every_step)
 	cr_expect_geq(st.groups_read, 4ull * L);
 	cr_expect_leq(st.groups_read, 4ull * L + 2);
 	cr_expect_geq(st.bytes_read, 4 * nf_model_attn_bytes(deferred));
-	/* attention now loaded into memory: runs without a stream, same output */
+	/* the first 3 layers pinned, the other 5 streamed: same output, 5
+	 * layers read a step */
+	struct nf_model *part = load(store, true);
 	struct nf_diag d = { 0 };
-	cr_assert_eq(nf_model_attn_load(deferred, &d), 0, "%s", d.msg);
+	cr_assert_eq(nf_model_attn_load(part, 3, &d), 0, "%s", d.msg);
+	cr_expect_eq(nf_model_attn_layers_in_memory(part), 3);
+	cr_expect(!nf_model_attn_in_memory(part));
+	struct nf_ctx *p = pl_open_ctx(part, 2);
+	stream(p, 2, NULL);
+	pl_run(p, pl_prompt, 8, lb, gb, 4);
+	cr_expect(pl_max_diff(la, lb, nv) <= 1e-5);
+	cr_expect_arr_eq(ga, gb, sizeof(ga));
+	cr_assert(nf_ctx_attn_stats(p, &st));
+	cr_expect_geq(st.groups_read, 4ull * (L - 3));
+	cr_expect_leq(st.groups_read, 4ull * (L - 3) + 2);
+	cr_expect_eq(st.acquires, 4ull * (L - 3));
+	nf_ctx_close(p);
+	nf_model_free(part);
+	/* attention now loaded into memory: runs without a stream, same output */
+	cr_assert_eq(nf_model_attn_load(deferred, UINT32_MAX, &d), 0, "%s", d.msg);
 	struct nf_ctx *c = pl_open_ctx(deferred, 2);
 	pl_run(c, pl_prompt, 8, lb, gb, 4);
 	cr_expect(pl_max_diff(la, lb, nv) <= 1e-5);

@@ -72,6 +72,9 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 		mc->stats = true;
 	} else if (!strcmp(f, "--stream-attn")) {
 		mc->stream_attn = true;
+	} else if (!strcmp(f, "--attn-pin-layers")) {
+		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 1 << 20, &mc->attn_pin) < 0)
+			return NF_EUSAGE;
 	} else if (!strcmp(f, "--ffn-store")) {
 		if (!(mc->ffn_store = nf_cli_value(argc, argv, i)))
 			return NF_EUSAGE;
@@ -113,6 +116,8 @@ void nf_model_cli_help(FILE *f)
 		"  --stream-attn         store only: read each layer's attention weights from the store\n"
 		"                        at every step through 2 layer buffers, instead of pinning them\n"
 		"                        (automatic when the pinned dense weights do not fit the budget)\n"
+		"  --attn-pin-layers N   when attention is streamed, keep the first N layers' attention\n"
+		"                        pinned (default 0: the budget left goes to the neuron cache)\n"
 		"  --ffn-store FILE      read the FFN neuron bundles from this store through the\n"
 		"                        segmented cache (O_DIRECT) instead of the GGUF's weights\n"
 		"  --io aio|uring|sync   I/O backend for --ffn-store and stores (default auto)\n"
@@ -196,22 +201,28 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 	if (mc->qd)
 		o.io.qd = (unsigned)mc->qd;
 	/* Attention left in the store at load: pinned if the budget holds it,
-	 * else streamed per layer through two buffers (docs/PIPELINE.md). */
+	 * else streamed per layer through two buffers, but for the first
+	 * --attn-pin-layers layers (docs/PIPELINE.md "Streamed attention"). */
 	uint64_t attn = nf_model_attn_in_memory(mc->model) ? 0 : nf_model_attn_bytes(mc->model);
 	struct nf_stream_opts so;
 	nf_stream_opts_default(&so);
 	so.io.backend = o.io.backend;
 	uint64_t sbytes = nf_model_attn_stream_bytes(mc->model, so.n_slots);
 	bool stream = attn && (mc->stream_attn || (mc->budget && mc->budget < fixed + attn + min));
+	uint32_t pin = stream ? (uint32_t)(mc->attn_pin < (long)hp->n_layer ? mc->attn_pin : hp->n_layer) : hp->n_layer;
+	uint64_t pin_bytes = attn / hp->n_layer * pin;
+	if (pin == hp->n_layer)
+		stream = false;
 	if (mc->budget) {
-		uint64_t need = fixed + (stream ? sbytes : attn) + min;
+		uint64_t need = fixed + (stream ? sbytes + pin_bytes : attn) + min;
 		if (mc->budget < need && stream) {
 			nf_cli_err("--memory-budget %.1f MiB is too small for %s even with attention streamed: "
-				   "at least %.1f MiB needed (%.1f MiB pinned dense weights + %.1f MiB attention "
+				   "at least %.1f MiB needed (%.1f MiB pinned dense weights%s + %.1f MiB attention "
 				   "buffers (%u layers' worth) + %.1f MiB KV cache and scratch + %.1f MiB engine "
 				   "tables + %.1f MiB: one layer's neurons in the cache; a smaller -c lowers the "
 				   "KV cache)",
-				   mib(mc->budget), spath, mib(need), mib(*weights), mib(sbytes), so.n_slots,
+				   mib(mc->budget), spath, mib(need), mib(*weights + pin_bytes),
+				   pin ? " with --attn-pin-layers' attention" : "", mib(sbytes), so.n_slots,
 				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
 			return NF_EXIT_FAIL;
 		}
@@ -224,26 +235,30 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 			return NF_EXIT_FAIL;
 		}
 	}
+	if (attn && pin && (rc = nf_model_attn_load(mc->model, pin, &d)) < 0) {
+		nf_cli_err("%s", nf_diag_msg(&d, rc));
+		return NF_EXIT_FAIL;
+	}
 	if (stream) {
 		if ((rc = nf_ctx_stream_attn(mc->ctx, &so, &d)) < 0) {
 			nf_cli_err("%s: streaming attention: %s", spath, nf_diag_msg(&d, rc));
 			return NF_EXIT_FAIL;
 		}
 		mc->attn_streamed = true;
+		char pinned[64] = "";
+		if (pin)
+			snprintf(pinned, sizeof(pinned), ", attention of layers 0-%u", pin - 1);
 		fprintf(stderr,
 			"nflash: attention streamed from the store%s: %u layers x %.1f MiB read at every "
-			"forward step through %u buffers (%.1f MiB); pinned: norms, embeddings, output%s "
+			"forward step through %u buffers (%.1f MiB); pinned: norms, embeddings, output%s%s "
 			"(%.1f MiB, where the pinned set would be %.1f MiB)\n",
 			mc->stream_attn ? " (--stream-attn)" : " (the pinned dense weights do not fit the budget)",
-			hp->n_layer, mib(attn / hp->n_layer), so.n_slots, mib(sbytes),
-			nf_model_layer(mc->model, 0)->fc1.data ? ", predictors" : "", mib(*weights),
-			mib(*weights + attn));
-		fixed += sbytes;
+			hp->n_layer - pin, mib(attn / hp->n_layer), so.n_slots, mib(sbytes),
+			nf_model_layer(mc->model, 0)->fc1.data ? ", predictors" : "", pinned,
+			mib(*weights + pin_bytes), mib(*weights + attn));
+		*weights += pin_bytes;
+		fixed += sbytes + pin_bytes;
 	} else if (attn) {
-		if ((rc = nf_model_attn_load(mc->model, &d)) < 0) {
-			nf_cli_err("%s", nf_diag_msg(&d, rc));
-			return NF_EXIT_FAIL;
-		}
 		*weights += attn;
 		fixed += attn;
 	}

@@ -33,6 +33,7 @@ struct nf_model_cli {
 	bool io_mmap;           /* --io mmap: dense from the GGUF's mapping, no prefault */
 	long qd;                /* --qd */
 	bool stream_attn;       /* --stream-attn: stream attention even if it fits */
+	long attn_pin;          /* --attn-pin-layers: when streamed, keep the first N pinned */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
 	struct nf_ctx *ctx;

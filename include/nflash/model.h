@@ -159,15 +159,20 @@ uint64_t nf_model_weight_bytes(const struct nf_model *m);
 /*
  * Attention weights. nf_model_attn_bytes: bytes of every layer's attn_q,
  * attn_k, attn_v and attn_output, in memory or not. nf_model_attn_in_memory:
- * false while a store's attention is deferred (store_defer_attn).
- * nf_model_attn_load: read deferred attention into memory (O_DIRECT,
- * checksums verified) and bind it; 0 at once if not deferred; else 0,
- * -ENOMEM or the read's error (d names the object; the model stays
- * deferred). Not thread-safe: call before any context runs.
+ * false while some layer's attention is deferred (store_defer_attn);
+ * nf_model_attn_layers_in_memory: how many leading layers have theirs.
+ * nf_model_attn_load: read the deferred attention of layers [0, n_layers)
+ * (UINT32_MAX: all) into memory (O_DIRECT, checksums verified) and bind
+ * it; the other layers stay deferred, for a stream. Once per model.
+ * Returns 0 (at once if nothing is deferred there), NF_EUSAGE (called
+ * before with fewer layers), -ENOMEM or the read's error (d names the
+ * object; the model stays deferred). Not thread-safe: call before any
+ * context runs or streams.
  */
 uint64_t nf_model_attn_bytes(const struct nf_model *m);
 bool nf_model_attn_in_memory(const struct nf_model *m);
-int nf_model_attn_load(struct nf_model *m, struct nf_diag *diag);
+uint32_t nf_model_attn_layers_in_memory(const struct nf_model *m);
+int nf_model_attn_load(struct nf_model *m, uint32_t n_layers, struct nf_diag *diag);
 
 /* ---- store-backed models: the FFN seam for the pipeline ------------------ */
 
@@ -271,8 +276,9 @@ struct nf_stream_stats;
  * nf_ctx_stream_attn - read each layer's attention matrices (q, k, v,
  * output) from the model's store at every forward step through
  * o->n_slots rotating buffers of one layer each (nflash/stream.h): layer
- * L + 1 is read while layer L computes. Works whether or not the model
- * holds its attention in memory (the stream is used either way). o may be
+ * L + 1 is read while layer L computes. Streams the layers whose attention
+ * is not in memory (nf_model_attn_load of the first layers pins those);
+ * if every layer's is in memory, streams them all anyway. o may be
  * NULL for defaults (2 buffers). Returns 0, NF_EUSAGE (already streaming),
  * NF_EUNSUPPORTED (the model is not store-backed), or the stream's open
  * errors. A read error fails the nf_ctx_eval that needed the layer, and
