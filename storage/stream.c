@@ -195,7 +195,11 @@ static int slot_state(struct slot *sl)
 static int wait_slot(struct nf_stream *st, struct slot *sl)
 {
 	while (slot_state(sl) == SLOT_LOADING) {
-		int w = nf_io_ctx_wait(st->io, 1, -1);
+		/* A short timeout: with completions in the I/O thread, the
+		 * slot's last read may land just before the wait starts. */
+		int w = nf_io_ctx_wait(st->io, 1, 2);
+		if (w == -ETIMEDOUT)
+			continue;
 		if (w < 0 && slot_state(sl) == SLOT_LOADING) {
 			/* the context failed: the slot's reads never report */
 			int zero = 0;
