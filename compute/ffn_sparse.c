@@ -25,6 +25,12 @@
  *     any thread may take any ready group; with a cache, a thread with
  *     nothing to do reaps completions (the cache serialises that) and
  *     appends the groups they complete.
+ *  5. A batch of tokens (prefill) from a cache makes one request per layer
+ *     for the union of its tokens' neurons, so a long prompt reads the FFN
+ *     as large sequential runs; each thread owns a slice of the tokens and
+ *     walks the groups in group order as they land, adding each group's
+ *     contribution straight into the token's output: the same sums in the
+ *     same order as invariant 2, so a batch equals its tokens one by one.
  */
 #include <errno.h>
 #include <math.h>
@@ -107,6 +113,14 @@ struct nf_sparse {
 	uint64_t tokens, next_hot;
 	double t_req;                /* this layer: request time */
 	_Atomic double t_last_ready; /* and its last completion (set by reapers) */
+	/* batches (prefill) from a cache: one request per layer for the
+	 * union of the tokens' neurons, groups consumed in group order */
+	uint32_t n_batch;            /* most tokens per call */
+	size_t xq_size;              /* bytes of one prepared input */
+	char *bxq;                   /* n_batch prepared inputs */
+	uint32_t *bmask;             /* n_batch x n_groups neuron masks */
+	float *bsum;                 /* nth x E: one group's contribution */
+	size_t cur_nb;
 	const float *cur_x;          /* token being computed */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
@@ -179,7 +193,8 @@ static float act1(enum nf_ffn_act act, float g, float u, bool has_gate)
 }
 
 /* y[i] = row[i] . xq for the neurons of mask, batching evenly spaced rows. */
-static void rows_gemv(const struct nf_sparse *s, const char *const row[GROUP], uint32_t mask, float *y)
+static void rows_gemv(const struct nf_sparse *s, const void *xq, const char *const row[GROUP], uint32_t mask,
+		      float *y)
 {
 	uint32_t i = 0;
 	while (i < GROUP) {
@@ -195,17 +210,18 @@ static void rows_gemv(const struct nf_sparse *s, const char *const row[GROUP], u
 				while (i + n < GROUP && (mask & (1u << (i + n))) && row[i + n] - row[i + n - 1] == step)
 					n++;
 		}
-		s->k->gemv[s->kt_gu](s->E, n, row[i], n > 1 ? (size_t)step : 0, s->xq, y + i);
+		s->k->gemv[s->kt_gu](s->E, n, row[i], n > 1 ? (size_t)step : 0, xq, y + i);
 		i += n;
 	}
 }
 
-/* Computes group gi of the current (layer, token) into out (E floats). */
-static void group_compute(struct nf_sparse *s, uint32_t gi, float *out, char *scratch)
+/* Computes group gi of the current layer for the token whose prepared
+ * input is xq and whose neurons to compute are mask, into out (E floats). */
+static void group_compute(struct nf_sparse *s, uint32_t gi, uint32_t mask, const void *xq, float *out,
+			  char *scratch)
 {
 	const struct nf_kernels *k = s->k;
 	uint32_t layer = s->cur_layer, E = s->E;
-	uint32_t mask = s->groups[gi].mask;
 	float a[GROUP], gv[GROUP], uv[GROUP];
 	const char *gp[GROUP], *up[GROUP], *dp[GROUP];
 	memset(a, 0, sizeof(a));
@@ -220,13 +236,13 @@ static void group_compute(struct nf_sparse *s, uint32_t gi, float *out, char *sc
 	 * neurons whose rows are evenly spaced (one matrix in memory, adjacent
 	 * cache slots) go in one call, row by row the same sums as alone */
 	if (s->has_gate) {
-		rows_gemv(s, gp, mask, gv);
+		rows_gemv(s, xq, gp, mask, gv);
 		if (s->mode == NF_SPARSE_EXACT)
 			for (uint32_t i = 0; i < GROUP; i++)
 				if ((mask & (1u << i)) && !(gv[i] > 0.0f))
 					mask &= ~(1u << i);
 	}
-	rows_gemv(s, up, mask, uv);
+	rows_gemv(s, xq, up, mask, uv);
 	for (uint32_t i = 0; i < GROUP; i++) {
 		if (!(mask & (1u << i)) ||
 		    (s->mode == NF_SPARSE_EXACT && s->act == NF_FFN_DRELU && !(uv[i] > 0.0f))) {
@@ -331,7 +347,7 @@ static void worker(void *arg, int ith, int nth)
 				;
 			float *out = s->gout + (size_t)gi * s->E;
 			memset(out, 0, s->E * sizeof(float));
-			group_compute(s, gi, out, scratch);
+			group_compute(s, gi, s->groups[gi].mask, s->xq, out, scratch);
 			continue;
 		}
 		/* Nothing ready: reap completions (serialised by the cache). */
@@ -496,6 +512,132 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	return 0;
 }
 
+/* ---- a batch of tokens from the cache (prefill) ------------------------------------ */
+
+/*
+ * Thread ith's share of a batch: tokens [b0, b1). Walks the layer's groups
+ * in group order; each group is computed for these tokens once its bundles
+ * are in memory (reaping completions while they are not), and added to
+ * each token's output at once: out = 0, then += each group's contribution
+ * in group order, the very sums reduce_worker makes for one token.
+ */
+static void batch_worker(void *arg, int ith, int nth)
+{
+	struct nf_sparse *s = arg;
+	size_t nb = s->cur_nb, E = s->E;
+	size_t b0 = nb * (size_t)ith / (size_t)nth, b1 = nb * (size_t)(ith + 1) / (size_t)nth;
+	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
+	float *g = s->bsum + (size_t)ith * E;
+	for (size_t b = b0; b < b1; b++)
+		memset(s->cur_out + b * E, 0, E * sizeof(float));
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		if (!s->groups[gi].mask)
+			continue;
+		while (atomic_load(&s->groups[gi].pending) != 0) {
+			if (atomic_load(&s->err))
+				return;
+			double t0 = ith == 0 ? now_s() : 0.0;
+			int rc = nf_cache_reap(s->cache, on_ready, s);
+			if (ith == 0)
+				s->st.t_wait += now_s() - t0;
+			if (rc < 0) {
+				int expect = 0;
+				atomic_compare_exchange_strong(&s->err, &expect, rc);
+				return;
+			}
+		}
+		for (size_t b = b0; b < b1; b++) {
+			uint32_t m = s->bmask[b * s->n_groups + gi];
+			if (!m)
+				continue;
+			memset(g, 0, E * sizeof(float));
+			group_compute(s, gi, m, s->bxq + b * s->xq_size, g, scratch);
+			float *out = s->cur_out + b * E;
+			for (size_t r = 0; r < E; r++)
+				out[r] += g[r];
+		}
+	}
+}
+
+/*
+ * Tokens x[0..nb) of one layer with a cache: one request for every neuron
+ * any of them needs (for a long prompt nearly the whole FFN: adjacent
+ * misses coalesce into reads of up to max_coalesce bytes, the FFN read as
+ * large sequential extents), and compute proceeds group by group as those
+ * reads land. Same results, bit for bit, as the tokens one at a time.
+ */
+static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	const struct layer_tab *t = &s->tabs[io->layer];
+	uint64_t later0 = s->st.groups_ready_later, active = 0;
+	s->cur_layer = io->layer;
+	s->cur_nb = io->nb;
+	s->cur_out = io->out;
+	memset(s->bmask, 0, io->nb * s->n_groups * sizeof(uint32_t));
+	for (uint32_t gi = 0; gi < s->n_groups; gi++)
+		s->groups[gi].mask = 0;
+	for (size_t b = 0; b < io->nb; b++) {
+		s->k->act_prepare[s->kt_gu](io->x + b * s->E, s->bxq + b * s->xq_size, s->E);
+		if (s->mode == NF_SPARSE_PREDICTOR)
+			predict(s, t, io->resid + b * s->E);
+		uint32_t *bm = s->bmask + b * s->n_groups;
+		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+			uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
+			if (s->mode == NF_SPARSE_PREDICTOR) {
+				for (uint32_t i = 0; i < GROUP; i++)
+					if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
+						m |= 1u << i;
+			} else {
+				m = valid;
+			}
+			bm[gi] = m;
+			s->groups[gi].mask |= m;
+			active += (uint64_t)__builtin_popcount(m);
+		}
+	}
+	atomic_store(&s->n_ready, 0);
+	atomic_store(&s->next, 0);
+	atomic_store(&s->err, 0);
+	uint32_t n = 0;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		uint32_t m = s->groups[gi].mask;
+		s->ready[gi] = UINT32_MAX;
+		atomic_store(&s->groups[gi].pending, (unsigned)__builtin_popcount(m) + 1u);
+		for (uint32_t i = 0; i < GROUP; i++)
+			if (m & (1u << i))
+				s->req[n++] = gi * GROUP + i;
+	}
+	s->t_req = now_s();
+	atomic_store(&s->t_last_ready, 0.0);
+	int rc = nf_cache_request(s->cache, io->layer, 0, s->req, n, s->ptrs, on_ready, s);
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		if (!s->groups[gi].mask)
+			continue;
+		if (atomic_fetch_sub(&s->groups[gi].pending, 1) == 1)
+			s->st.groups_ready_now++;
+		else
+			s->st.groups_ready_later++;
+	}
+	if (rc < 0) {
+		nf_cache_release(s->cache);
+		return rc;
+	}
+	run_workers(s, env, batch_worker);
+	int err = atomic_load(&s->err);
+	rc = nf_cache_release(s->cache);
+	if (!err && rc < 0)
+		err = rc;
+	double last = atomic_load(&s->t_last_ready);
+	if (s->st.groups_ready_later > later0 && last > s->t_req)
+		s->st.t_io += last - s->t_req;
+	if (err < 0)
+		return err;
+	s->st.ffn_calls += io->nb;
+	s->st.neurons_total += (uint64_t)s->F * io->nb;
+	s->st.neurons_active += active;
+	return 0;
+}
+
 static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	struct nf_sparse *s = self;
@@ -515,6 +657,11 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 		s->tokens += io->nb;
 	}
 	double t0 = now_s();
+	if (s->cache && io->nb > 1 && io->nb <= s->n_batch) {
+		rc = batch_forward(s, env, io);
+		s->st.t_ffn += now_s() - t0;
+		return rc;
+	}
 	for (size_t b = 0; b < io->nb && rc == 0; b++)
 		rc = token_forward(s, env, io->layer, io->x + b * s->E, io->resid + b * s->E,
 				   io->out + b * s->E);
@@ -756,6 +903,8 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		hq = a > b ? a : b;
 	}
 	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
+	s->xq_size = (xq + 63) & ~(size_t)63;
+	s->n_batch = s->cache ? nf_ctx_n_batch(ctx) : 0;
 	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
 	    !(s->h1 = zalloc(s, (s->rank + 1) * sizeof(float))) ||
 	    !(s->score = zalloc(s, s->F * sizeof(float))) ||
@@ -765,6 +914,11 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	    !(s->req = zalloc(s, s->F * sizeof(uint32_t))) ||
 	    !(s->gout = zalloc(s, (size_t)s->n_groups * s->E * sizeof(float))) ||
 	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)))
+		goto nomem;
+	if (s->n_batch > 1 &&
+	    (!(s->bxq = zalloc(s, (size_t)s->n_batch * s->xq_size)) ||
+	     !(s->bmask = zalloc(s, (size_t)s->n_batch * s->n_groups * sizeof(uint32_t))) ||
+	     !(s->bsum = zalloc(s, (size_t)s->nth * s->E * sizeof(float)))))
 		goto nomem;
 
 	for (uint32_t il = 0; il < hp->n_layer; il++)
@@ -800,6 +954,9 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->req);
 	free(s->gout);
 	free(s->tscratch);
+	free(s->bxq);
+	free(s->bmask);
+	free(s->bsum);
 	free(s);
 }
 

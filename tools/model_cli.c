@@ -181,7 +181,10 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 	 * per-thread scratch) and the cache's metadata, rounded up */
 	uint64_t groups = (hp->n_ff + 31) / 32;
 	uint64_t engine = groups * hp->n_embd * 4 + (uint64_t)hp->n_ff * 72 +
-			  (uint64_t)hp->n_layer * hp->n_ff * 8 + 64ull * (hp->n_embd * 4 + 256) + (1u << 20);
+			  (uint64_t)hp->n_layer * hp->n_ff * 8 + 64ull * (hp->n_embd * 4 + 256) + (1u << 20) +
+			  /* batches: each token's prepared input and neuron masks */
+			  (uint64_t)nf_ctx_n_batch(mc->ctx) * (hp->n_embd * 4 + 64 + groups * 4) +
+			  64ull * hp->n_embd * 4;
 	uint64_t fixed = *weights + nf_ctx_bytes(mc->ctx) + engine;
 	struct nf_cache_opts o;
 	nf_cache_opts_default(&o);

@@ -233,6 +233,8 @@ const float *nf_ctx_logits(const struct nf_ctx *c);
 uint32_t nf_ctx_n_past(const struct nf_ctx *c);
 uint32_t nf_ctx_n_ctx(const struct nf_ctx *c);
 int nf_ctx_n_threads(const struct nf_ctx *c);
+/* Most tokens one forward step (and so one FFN call) carries. */
+uint32_t nf_ctx_n_batch(const struct nf_ctx *c);
 const struct nf_kernels *nf_ctx_kernels(const struct nf_ctx *c);
 /* The model the context runs. */
 const struct nf_model *nf_ctx_model(const struct nf_ctx *c);
