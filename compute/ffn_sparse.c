@@ -327,6 +327,22 @@ static void on_ready(void *user, const uint32_t *neurons, uint32_t n, int result
 	}
 }
 
+/* Reap completions (serialised by the cache); thread 0 times its waits.
+ * Returns false after recording an error. */
+static bool reap_some(struct nf_sparse *s, int ith)
+{
+	double t0 = ith == 0 ? now_s() : 0.0;
+	int rc = nf_cache_reap(s->cache, on_ready, s);
+	if (ith == 0)
+		s->st.t_wait += now_s() - t0;
+	if (rc < 0) {
+		int expect = 0;
+		atomic_compare_exchange_strong(&s->err, &expect, rc);
+		return false;
+	}
+	return true;
+}
+
 static void worker(void *arg, int ith, int nth)
 {
 	(void)nth;
@@ -350,16 +366,9 @@ static void worker(void *arg, int ith, int nth)
 			group_compute(s, gi, s->groups[gi].mask, s->xq, out, scratch);
 			continue;
 		}
-		/* Nothing ready: reap completions (serialised by the cache). */
-		double t0 = ith == 0 ? now_s() : 0.0;
-		int rc = nf_cache_reap(s->cache, on_ready, s);
-		if (ith == 0)
-			s->st.t_wait += now_s() - t0;
-		if (rc < 0) {
-			int expect = 0;
-			atomic_compare_exchange_strong(&s->err, &expect, rc);
+		/* Nothing ready: reap completions. */
+		if (!reap_some(s, ith))
 			return;
-		}
 	}
 }
 
@@ -403,6 +412,19 @@ static void predict(struct nf_sparse *s, const struct layer_tab *t, const float 
 	k->gemv[t->fc2->kt](t->fc2->n, t->fc2->nrows, t->fc2->data, t->fc2->row_bytes, s->hq, s->score);
 }
 
+/* Neurons of group gi to compute: the predicted ones (score >= threshold,
+ * after predict()), or every neuron that exists. */
+static uint32_t group_mask(const struct nf_sparse *s, uint32_t gi)
+{
+	uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
+	if (s->mode != NF_SPARSE_PREDICTOR)
+		return valid;
+	for (uint32_t i = 0; i < GROUP; i++)
+		if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
+			m |= 1u << i;
+	return m;
+}
+
 /* Gate values of every neuron (in memory) for recall. */
 static void measure_recall(struct nf_sparse *s, uint32_t layer)
 {
@@ -438,14 +460,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	atomic_store(&s->next, 0);
 	atomic_store(&s->err, 0);
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-		uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
-		if (s->mode == NF_SPARSE_PREDICTOR) {
-			for (uint32_t i = 0; i < GROUP; i++)
-				if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
-					m |= 1u << i;
-		} else {
-			m = valid;
-		}
+		uint32_t m = group_mask(s, gi);
 		s->groups[gi].mask = m;
 		active += (uint64_t)__builtin_popcount(m);
 		if (m)
@@ -534,17 +549,8 @@ static void batch_worker(void *arg, int ith, int nth)
 		if (!s->groups[gi].mask)
 			continue;
 		while (atomic_load(&s->groups[gi].pending) != 0) {
-			if (atomic_load(&s->err))
+			if (atomic_load(&s->err) || !reap_some(s, ith))
 				return;
-			double t0 = ith == 0 ? now_s() : 0.0;
-			int rc = nf_cache_reap(s->cache, on_ready, s);
-			if (ith == 0)
-				s->st.t_wait += now_s() - t0;
-			if (rc < 0) {
-				int expect = 0;
-				atomic_compare_exchange_strong(&s->err, &expect, rc);
-				return;
-			}
 		}
 		for (size_t b = b0; b < b1; b++) {
 			uint32_t m = s->bmask[b * s->n_groups + gi];
@@ -582,14 +588,7 @@ static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, cons
 			predict(s, t, io->resid + b * s->E);
 		uint32_t *bm = s->bmask + b * s->n_groups;
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-			uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
-			if (s->mode == NF_SPARSE_PREDICTOR) {
-				for (uint32_t i = 0; i < GROUP; i++)
-					if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
-						m |= 1u << i;
-			} else {
-				m = valid;
-			}
+			uint32_t m = group_mask(s, gi);
 			bm[gi] = m;
 			s->groups[gi].mask |= m;
 			active += (uint64_t)__builtin_popcount(m);
