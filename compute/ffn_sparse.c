@@ -57,6 +57,7 @@ struct layer_tab {
 	const char *gate, *up, *down;
 	size_t gate_stride, up_stride, down_stride;
 	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16 */
+	const uint16_t **xscales;    /* MoE from a cache: scales per expert */
 	void *owned;                 /* transposed / repacked down (ours) */
 	const struct nf_weight *fc1, *fc2;
 };
@@ -121,6 +122,12 @@ struct nf_sparse {
 	uint32_t *bmask;             /* n_batch x n_groups neuron masks */
 	float *bsum;                 /* nth x E: one group's contribution */
 	size_t cur_nb;
+	/* mixture of experts (from a cache only): each token's routed experts
+	 * run as dense FFNs one after the other */
+	uint32_t n_expert, n_expert_used;
+	uint32_t cur_expert;
+	const uint16_t *cur_scales;  /* QCOL scales of (cur_layer, cur_expert) */
+	float *eout;                 /* n_expert_used x E: each routed expert's output */
 	const float *cur_x;          /* token being computed */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
@@ -276,7 +283,7 @@ static void group_compute(struct nf_sparse *s, uint32_t gi, uint32_t mask, const
 				}
 			}
 		}
-		const uint16_t *sc = s->tabs[layer].scales + (size_t)gi * E;
+		const uint16_t *sc = s->cur_scales + (size_t)gi * E;
 		for (uint32_t r = 0; r < E; r++)
 			out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc[r];
 		return;
@@ -449,6 +456,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	const struct layer_tab *t = &s->tabs[layer];
 	uint64_t later0 = s->st.groups_ready_later;
 	s->cur_layer = layer;
+	s->cur_scales = t->xscales ? t->xscales[s->cur_expert] : t->scales;
 	s->cur_x = x;
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
 	if (s->mode == NF_SPARSE_PREDICTOR)
@@ -487,7 +495,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 		}
 		s->t_req = now_s();
 		atomic_store(&s->t_last_ready, 0.0);
-		int rc = nf_cache_request(s->cache, layer, 0, s->req, n, s->ptrs, on_ready, s);
+		int rc = nf_cache_request(s->cache, layer, s->cur_expert, s->req, n, s->ptrs, on_ready, s);
 		/* drop the guard count: groups whose bundles were all hits are ready now */
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 			if (!s->groups[gi].mask)
@@ -577,6 +585,7 @@ static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, cons
 	const struct layer_tab *t = &s->tabs[io->layer];
 	uint64_t later0 = s->st.groups_ready_later, active = 0;
 	s->cur_layer = io->layer;
+	s->cur_scales = t->scales;
 	s->cur_nb = io->nb;
 	s->cur_out = io->out;
 	memset(s->bmask, 0, io->nb * s->n_groups * sizeof(uint32_t));
@@ -608,7 +617,7 @@ static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, cons
 	}
 	s->t_req = now_s();
 	atomic_store(&s->t_last_ready, 0.0);
-	int rc = nf_cache_request(s->cache, io->layer, 0, s->req, n, s->ptrs, on_ready, s);
+	int rc = nf_cache_request(s->cache, io->layer, s->cur_expert, s->req, n, s->ptrs, on_ready, s);
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 		if (!s->groups[gi].mask)
 			continue;
@@ -637,6 +646,37 @@ static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, cons
 	return 0;
 }
 
+/* ---- mixture of experts from a cache --------------------------------------------- */
+
+/*
+ * Each token: the router (the built-in FFN's, nf_ctx_moe_route), then each
+ * routed expert in rank order as a dense FFN through the cache (one request
+ * for its neurons), then out = sum over ranks of w * expert(x), summed as
+ * the built-in FFN does.
+ */
+static int moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	const int32_t *sel;
+	const float *w;
+	int rc = nf_ctx_moe_route(s->ctx, io, &sel, &w);
+	size_t E = s->E, U = s->n_expert_used;
+	for (size_t b = 0; b < io->nb && rc == 0; b++) {
+		for (size_t k = 0; k < U && rc == 0; k++) {
+			s->cur_expert = (uint32_t)sel[b * U + k];
+			rc = token_forward(s, env, io->layer, io->x + b * E, io->resid + b * E, s->eout + k * E);
+		}
+		float *o = io->out + b * E;
+		for (size_t i = 0; i < E && rc == 0; i++) {
+			float acc = 0.0f;
+			for (size_t k = 0; k < U; k++)
+				acc += s->eout[k * E + i] * w[b * U + k];
+			o[i] = acc;
+		}
+	}
+	s->cur_expert = 0;
+	return rc;
+}
+
 static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	struct nf_sparse *s = self;
@@ -656,6 +696,11 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 		s->tokens += io->nb;
 	}
 	double t0 = now_s();
+	if (s->n_expert) {
+		rc = moe_forward(s, env, io);
+		s->st.t_ffn += now_s() - t0;
+		return rc;
+	}
 	if (s->cache && io->nb > 1 && io->nb <= s->n_batch) {
 		rc = batch_forward(s, env, io);
 		s->st.t_ffn += now_s() - t0;
@@ -783,12 +828,17 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		*out = s;
 		return 0;
 	}
-	if (hp->n_expert) {
+	if (hp->n_expert && (!s->cache || s->mode != NF_SPARSE_DENSE)) {
 		rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
-				  "--sparse-mode %s: mixture-of-experts FFNs are not sparse yet (use --sparse-mode off)",
+				  s->cache ? "--sparse-mode %s: the experts of a mixture-of-experts model stream from "
+					     "the store as dense FFNs only (--sparse-mode dense)"
+					   : "--sparse-mode %s: mixture-of-experts FFNs are not sparse in memory (use "
+					     "--sparse-mode off)",
 				  nf_sparse_mode_name(s->mode));
 		goto fail;
 	}
+	s->n_expert = hp->n_expert;
+	s->n_expert_used = hp->n_expert_used;
 	if (s->mode == NF_SPARSE_PREDICTOR && !has_pred) {
 		rc = nf_diag_fail(diag, NF_EUSAGE,
 				  "--sparse-mode predictor: the model has no predictor (blk.N.fc1/fc2)");
@@ -869,12 +919,23 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		if (t->fc1)
 			s->rank = t->fc1->nrows > s->rank ? t->fc1->nrows : s->rank;
 		if (s->cache) {
-			if (s->form == DOWN_QCOL &&
-			    (nf_model_ffn_layout(m, il, 0, NULL, NULL, &t->scales, NULL) < 0 || !t->scales)) {
-				rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
-						  "sparse FFN: layer %u: QCOL bundles need their scales: run the store itself "
-						  "(-m STORE), not a GGUF with --ffn-store", il);
-				goto fail;
+			if (s->form != DOWN_QCOL)
+				continue;
+			uint32_t nx = s->n_expert ? s->n_expert : 1;
+			if (s->n_expert && !(t->xscales = zalloc(s, nx * sizeof(*t->xscales))))
+				goto nomem;
+			for (uint32_t e = 0; e < nx; e++) {
+				const uint16_t *sc = NULL;
+				if (nf_model_ffn_layout(m, il, e, NULL, NULL, &sc, NULL) < 0 || !sc) {
+					rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
+							  "sparse FFN: layer %u expert %u: QCOL bundles need their scales: run "
+							  "the store itself (-m STORE), not a GGUF with --ffn-store", il, e);
+					goto fail;
+				}
+				if (s->n_expert)
+					t->xscales[e] = sc;
+				else
+					t->scales = sc;
 			}
 			continue;
 		}
@@ -912,7 +973,8 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
 	    !(s->req = zalloc(s, s->F * sizeof(uint32_t))) ||
 	    !(s->gout = zalloc(s, (size_t)s->n_groups * s->E * sizeof(float))) ||
-	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)))
+	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
+	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))))
 		goto nomem;
 	if (s->n_batch > 1 &&
 	    (!(s->bxq = zalloc(s, (size_t)s->n_batch * s->xq_size)) ||
@@ -940,6 +1002,7 @@ void nf_sparse_close(struct nf_sparse *s)
 		for (uint32_t il = 0; il < s->n_layer; il++) {
 			nf_ctx_set_ffn(s->ctx, il, NULL, NULL);
 			free(s->tabs[il].owned);
+			free(s->tabs[il].xscales);
 		}
 	}
 	free(s->tabs);
@@ -956,6 +1019,7 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->bxq);
 	free(s->bmask);
 	free(s->bsum);
+	free(s->eout);
 	free(s);
 }
 

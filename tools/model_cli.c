@@ -231,7 +231,8 @@ static int open_engine(struct nf_model_cli *mc)
 	nf_sparse_params_init(&sp);
 	sp.mode = mc->sparse_mode < 0 ? NF_SPARSE_AUTO : (enum nf_sparse_mode)mc->sparse_mode;
 	/* In memory, "dense" by default is the built-in FFN (the same sums);
-	 * MoE FFNs are not sparse yet. */
+	 * MoE FFNs are not sparse: in memory the built-in FFN runs them, from
+	 * a store their routed experts stream as dense FFNs. */
 	if (mc->sparse_mode < 0) {
 		bool pred = !hp->n_expert && nf_model_layer(mc->model, 0)->fc1.data;
 		if (hp->n_expert || (!pred && hp->act == NF_FFN_SILU))
@@ -244,13 +245,8 @@ static int open_engine(struct nf_model_cli *mc)
 	uint64_t weights = nf_model_weight_bytes(mc->model);
 	mc->overhead = NF_CLI_OVERHEAD;
 	if (streamed) {
-		if (sp.mode == NF_SPARSE_OFF) {
-			if (hp->n_expert) {
-				nf_cli_err("%s: mixture-of-experts FFNs are not streamed from a store yet", mc->path);
-				return NF_EXIT_USAGE;
-			}
+		if (sp.mode == NF_SPARSE_OFF)
 			sp.mode = NF_SPARSE_DENSE;
-		}
 		int rc = open_cache(mc, &weights);
 		if (rc != NF_EXIT_OK)
 			return rc;
@@ -494,13 +490,6 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	bool off = mc->sparse_mode == NF_SPARSE_OFF;
 	struct nf_model_opts mo = { .prefault = !mc->ffn_store && !mc->io_mmap, .store_unpack_ffn = off };
 	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
-	if (rc == 0 && nf_model_store(mc->model) && !off && nf_model_hparams(mc->model)->n_expert) {
-		/* mixture of experts: not streamed yet, the built-in FFN runs */
-		nf_model_free(mc->model);
-		mc->model = NULL;
-		mo.store_unpack_ffn = true;
-		rc = nf_model_load(mc->path, &mo, &mc->model, &d);
-	}
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;
