@@ -672,13 +672,19 @@ static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, cons
 		s->k->act_prepare[s->kt_gu](io->x + b * s->E, s->bxq + b * s->xq_size, s->E);
 		if (s->mode == NF_SPARSE_PREDICTOR)
 			predict(s, t, io->resid + b * s->E);
-		uint32_t *bm = s->bmask + b * s->n_groups;
+		uint32_t *bm = s->bmask + b * s->n_groups, n = 0;
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 			uint32_t m = group_mask(s, gi);
 			bm[gi] = m;
 			s->gmask[gi] |= m;
 			active += (uint64_t)__builtin_popcount(m);
+			for (; m; m &= m - 1)
+				s->req[n++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
 		}
+		/* for the online hot set, count each token's own neurons; the
+		 * request of the union counts once more, standing in for the last */
+		if (b + 1 < io->nb)
+			nf_cache_count(s->cache, io->layer, 0, s->req, n);
 	}
 	atomic_store(&s->err, 0);
 	uint32_t n = 0;
