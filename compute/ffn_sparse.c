@@ -11,20 +11,33 @@
  *     group are quantized together as one Q8_0 block, and neuron i's
  *     coefficient is d * q[i] (PowerInfer's axpy_q4_0_q8_0; QCOL: ggml's
  *     integer dot). Inactive neurons have activation 0 in that block.
- *  2. A group is computed by one thread, start to end (gate, up, act,
- *     down), only once all its active neurons' bytes are in memory: the Q8_0
- *     block of a group depends on exactly that group, so no barrier per
- *     matrix exists. Each group writes its own down contribution; when the
- *     layer's groups are done they are summed in group order (rows split
- *     over the threads), so the output does not depend on the thread count
- *     nor on the order reads completed: store-backed equals in-memory bit
- *     for bit.
+ *  2. The work unit is a chunk: consecutive groups, closed once it holds
+ *     CHUNK_NEURONS active neurons (the last one may hold fewer), so its
+ *     bounds depend on the masks only. A chunk is computed by one thread,
+ *     start to end (gate, up, act, down), only once all its active
+ *     neurons' bytes are in memory: the Q8_0 block of a group depends on
+ *     exactly that group, and a chunk is whole groups, so no barrier per
+ *     matrix exists. A chunk adds its neurons' down contributions in
+ *     ascending neuron order (one fma chain per element, as axpy neuron by
+ *     neuron) into its own output row; when the layer's chunks are done the
+ *     rows are summed in chunk order (rows split over the threads). So the
+ *     output does not depend on the thread count nor on the order reads
+ *     completed: store-backed equals in-memory bit for bit.
  *  3. Everything is allocated in nf_sparse_open(); forward() never
  *     allocates.
- *  4. Groups are taken through one atomic counter over the ready list, so
- *     any thread may take any ready group; with a cache, a thread with
+ *  4. Chunks are taken through one atomic counter over the ready list, so
+ *     any thread may take any ready chunk; with a cache, a thread with
  *     nothing to do reaps completions (the cache serialises that) and
- *     appends the groups they complete.
+ *     appends the chunks they complete.
+ *  5. A batch of tokens (prefill) from a cache makes one request per layer
+ *     for the union of its tokens' neurons, so a long prompt reads the FFN
+ *     as large sequential runs; each thread owns a slice of the tokens and
+ *     walks the groups in group order as they land, each token cutting its
+ *     own chunks from its own masks and adding each closed chunk straight
+ *     into its output: the same sums in the same order as invariant 2, so
+ *     a batch equals its tokens one by one, bit for bit.
+ *  6. Mixture-of-experts layers (from a cache only) route as the built-in
+ *     FFN and run each routed expert as a dense FFN of (layer, expert).
  */
 #include <errno.h>
 #include <math.h>
@@ -42,6 +55,11 @@
 #include "nflash/sparse.h"
 
 #define GROUP 32u
+/* Active neurons a chunk collects before it closes: 64 keeps ~20 chunks
+ * per layer at 13% activity (their output rows stay in L2, and two
+ * threads still balance) and the gather kernels' lists long. */
+#define CHUNK_NEURONS 64u
+#define CHUNK_MAX (CHUNK_NEURONS + GROUP - 1u)
 
 enum down_form { DOWN_ROW, DOWN_QCOL };
 
@@ -51,12 +69,19 @@ struct layer_tab {
 	const char *gate, *up, *down;
 	size_t gate_stride, up_stride, down_stride;
 	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16 */
+	const uint16_t **xscales;    /* MoE from a cache: scales per expert */
 	void *owned;                 /* transposed / repacked down (ours) */
 	const struct nf_weight *fc1, *fc2;
 };
 
 struct group_state {
-	uint32_t mask;               /* neurons to compute (bit i: neuron 32g + i) */
+	uint32_t chunk;              /* the chunk it belongs to (if active) */
+	atomic_uint pending;         /* batches: bundles not yet in memory */
+};
+
+struct chunk_state {
+	uint32_t g0, g1;             /* groups [g0, g1); inactive ones are skipped */
+	uint32_t n_groups;           /* active groups among them */
 	atomic_uint pending;         /* bundles not yet in memory */
 };
 
@@ -87,18 +112,19 @@ struct nf_sparse {
 	float *h1;                   /* fc1 output (rank) */
 	float *score;                /* fc2 output, then gate values for recall (n_ff) */
 	uint32_t rank;
+	uint32_t *gmask;             /* n_groups: neurons to compute (bit i: neuron 32g + i) */
 	struct group_state *groups;  /* n_groups */
-	uint32_t *ready;             /* group ids in the order they became ready */
+	struct chunk_state *chunks;  /* max_chunks */
+	uint32_t max_chunks, n_chunks;
+	uint32_t *ready;             /* chunk ids in the order they became ready */
 	atomic_uint n_ready, next;   /* appended / taken */
-	atomic_uint n_done;
-	uint32_t n_active_groups;
 	const void **ptrs;           /* cache: bundle address per neuron (n_ff) */
 	uint32_t *req;               /* cache: neuron ids requested (n_ff) */
 	atomic_int err;
 
 	/* per thread */
 	int nth;
-	float *gout;                 /* n_groups x E: each group's down contribution */
+	float *gout;                 /* max_chunks x E: each chunk's down contribution */
 	size_t act_stride;           /* bytes of per-thread activation scratch */
 	char *tscratch;              /* nth x act_stride */
 
@@ -107,6 +133,22 @@ struct nf_sparse {
 	uint64_t tokens, next_hot;
 	double t_req;                /* this layer: request time */
 	_Atomic double t_last_ready; /* and its last completion (set by reapers) */
+	/* batches (prefill) from a cache: one request per layer for the
+	 * union of the tokens' neurons, groups consumed in group order */
+	bool in_batch;
+	uint32_t n_batch;            /* most tokens per call */
+	size_t xq_size;              /* bytes of one prepared input */
+	char *bxq;                   /* n_batch prepared inputs */
+	uint32_t *bmask;             /* n_batch x n_groups neuron masks */
+	uint32_t *bchunk;            /* n_batch x 2: open chunk's first group, active neurons */
+	float *bsum;                 /* nth x E: one chunk's contribution */
+	size_t cur_nb;
+	/* mixture of experts (from a cache only): each token's routed experts
+	 * run as dense FFNs one after the other */
+	uint32_t n_expert, n_expert_used;
+	uint32_t cur_expert;
+	const uint16_t *cur_scales;  /* QCOL scales of (cur_layer, cur_expert) */
+	float *eout;                 /* n_expert_used x E: each routed expert's output */
 	const float *cur_x;          /* token being computed */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
@@ -178,120 +220,143 @@ static float act1(enum nf_ffn_act act, float g, float u, bool has_gate)
 	}
 }
 
-/* y[i] = row[i] . xq for the neurons of mask, batching evenly spaced rows. */
-static void rows_gemv(const struct nf_sparse *s, const char *const row[GROUP], uint32_t mask, float *y)
+/* Adds group gi's QCOL down contribution (activations a) into out. */
+static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, const uint32_t *ids,
+		      const void *const *dp, uint32_t n, float *out, char *scratch)
 {
-	uint32_t i = 0;
-	while (i < GROUP) {
-		if (!(mask & (1u << i))) {
-			i++;
+	uint32_t E = s->E;
+	struct nf_block_q8_0 blk;
+	nf_quantize_row_q8_0(a, &blk, GROUP);
+	float dx = nf_fp16_to_fp32(blk.d);
+	if (dx == 0.0f)
+		return;
+	int32_t *acc = (int32_t *)scratch;
+	memset(acc, 0, E * sizeof(int32_t));
+	for (uint32_t j = 0; j < n; j++) {
+		int32_t q = blk.qs[ids[j] % GROUP];
+		if (!dp[j] || q == 0)
 			continue;
+		if (s->dt_down == NF_DTYPE_Q8_0) {
+			const int8_t *c = dp[j];
+			for (uint32_t r = 0; r < E; r++)
+				acc[r] += q * c[r];
+		} else {
+			const uint8_t *c = dp[j];
+			for (uint32_t r = 0; r < E; r += 2) {
+				acc[r] += q * ((int32_t)(c[r / 2] & 0x0f) - 8);
+				acc[r + 1] += q * ((int32_t)(c[r / 2] >> 4) - 8);
+			}
 		}
-		uint32_t n = 1;
-		ptrdiff_t step = 0;
-		if (i + 1 < GROUP && (mask & (1u << (i + 1)))) {
-			step = row[i + 1] - row[i];
-			if (step > 0)
-				while (i + n < GROUP && (mask & (1u << (i + n))) && row[i + n] - row[i + n - 1] == step)
-					n++;
-		}
-		s->k->gemv[s->kt_gu](s->E, n, row[i], n > 1 ? (size_t)step : 0, s->xq, y + i);
-		i += n;
 	}
+	const uint16_t *sc = s->cur_scales + (size_t)gi * E;
+	for (uint32_t r = 0; r < E; r++)
+		out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc[r];
 }
 
-/* Computes group gi of the current (layer, token) into out (E floats). */
-static void group_compute(struct nf_sparse *s, uint32_t gi, float *out, char *scratch)
+/* Computes the neurons of groups [g0, g1) of the current layer that mask
+ * (indexed by group) selects, for the token whose prepared input is xq,
+ * into out (E floats). */
+static void chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const uint32_t *mask, const void *xq,
+			  float *out, char *scratch)
 {
 	const struct nf_kernels *k = s->k;
 	uint32_t layer = s->cur_layer, E = s->E;
-	uint32_t mask = s->groups[gi].mask;
-	float a[GROUP], gv[GROUP], uv[GROUP];
-	const char *gp[GROUP], *up[GROUP], *dp[GROUP];
-	memset(a, 0, sizeof(a));
-	for (uint32_t i = 0; i < GROUP; i++) {
-		gp[i] = up[i] = dp[i] = NULL;
-		gv[i] = 0.0f;
-		if (mask & (1u << i))
-			neuron_addr(s, layer, gi * GROUP + i, &gp[i], &up[i], &dp[i]);
+	uint32_t ids[CHUNK_MAX], n = 0;
+	float gv[CHUNK_MAX], uv[CHUNK_MAX], coef[CHUNK_MAX];
+	const void *gp[CHUNK_MAX], *up[CHUNK_MAX], *dp[CHUNK_MAX], *cols[CHUNK_MAX];
+	for (uint32_t gi = g0; gi < g1; gi++) {
+		uint32_t m = mask[gi];
+		while (m) {
+			uint32_t j = gi * GROUP + (uint32_t)__builtin_ctz(m);
+			const char *g, *u, *d;
+			m &= m - 1;
+			neuron_addr(s, layer, j, &g, &u, &d);
+			ids[n] = j;
+			gp[n] = g;
+			up[n] = u;
+			dp[n] = d;
+			gv[n] = 0.0f;
+			n++;
+		}
 	}
 	/* gate rows first (exact mode drops the neurons whose gate is not
-	 * positive), then up rows; each as few gemv calls as possible: runs of
-	 * neurons whose rows are evenly spaced (one matrix in memory, adjacent
-	 * cache slots) go in one call, row by row the same sums as alone */
+	 * positive), then up rows: one gather call each for the chunk, each
+	 * row the same sum as gemv alone */
+	if (!n)
+		return;
 	if (s->has_gate) {
-		rows_gemv(s, gp, mask, gv);
-		if (s->mode == NF_SPARSE_EXACT)
-			for (uint32_t i = 0; i < GROUP; i++)
-				if ((mask & (1u << i)) && !(gv[i] > 0.0f))
-					mask &= ~(1u << i);
-	}
-	rows_gemv(s, up, mask, uv);
-	for (uint32_t i = 0; i < GROUP; i++) {
-		if (!(mask & (1u << i)) ||
-		    (s->mode == NF_SPARSE_EXACT && s->act == NF_FFN_DRELU && !(uv[i] > 0.0f))) {
-			dp[i] = NULL;
-			continue;
+		k->gemv_list[s->kt_gu](E, n, gp, xq, gv);
+		if (s->mode == NF_SPARSE_EXACT) {
+			uint32_t kept = 0;
+			for (uint32_t j = 0; j < n; j++) {
+				if (!(gv[j] > 0.0f))
+					continue;
+				ids[kept] = ids[j];
+				up[kept] = up[j];
+				dp[kept] = dp[j];
+				gv[kept] = gv[j];
+				kept++;
+			}
+			n = kept;
 		}
-		a[i] = act1(s->act, gv[i], uv[i], s->has_gate);
 	}
+	if (n)
+		k->gemv_list[s->kt_gu](E, n, up, xq, uv);
 
-	if (s->form == DOWN_QCOL) {
-		struct nf_block_q8_0 blk;
-		nf_quantize_row_q8_0(a, &blk, GROUP);
-		float dx = nf_fp16_to_fp32(blk.d);
-		if (dx == 0.0f)
-			return;
-		int32_t *acc = (int32_t *)scratch;
-		memset(acc, 0, E * sizeof(int32_t));
-		for (uint32_t i = 0; i < GROUP; i++) {
-			if (!dp[i] || blk.qs[i] == 0)
+	/* per group: activations, rounded or quantized as one block, then the
+	 * group's (coefficient, down part) pairs in neuron order */
+	uint32_t ncols = 0;
+	for (uint32_t j0 = 0; j0 < n;) {
+		uint32_t gi = ids[j0] / GROUP, j1 = j0;
+		float a[GROUP];
+		memset(a, 0, sizeof(a));
+		for (; j1 < n && ids[j1] / GROUP == gi; j1++) {
+			if (s->mode == NF_SPARSE_EXACT && s->act == NF_FFN_DRELU && !(uv[j1] > 0.0f)) {
+				dp[j1] = NULL;
 				continue;
-			int32_t q = blk.qs[i];
-			if (s->dt_down == NF_DTYPE_Q8_0) {
-				const int8_t *c = (const int8_t *)dp[i];
-				for (uint32_t r = 0; r < E; r++)
-					acc[r] += q * c[r];
-			} else {
-				const uint8_t *c = (const uint8_t *)dp[i];
-				for (uint32_t r = 0; r < E; r += 2) {
-					acc[r] += q * ((int32_t)(c[r / 2] & 0x0f) - 8);
-					acc[r + 1] += q * ((int32_t)(c[r / 2] >> 4) - 8);
+			}
+			a[ids[j1] % GROUP] = act1(s->act, gv[j1], uv[j1], s->has_gate);
+		}
+		if (s->form == DOWN_QCOL) {
+			qcol_down(s, gi, a, ids + j0, dp + j0, j1 - j0, out, scratch);
+		} else if (s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0) {
+			/* PowerInfer: the activation vector quantized to Q8_0;
+			 * neuron i contributes d * q[i] times its dequantized down row */
+			struct nf_block_q8_0 blk;
+			nf_quantize_row_q8_0(a, &blk, GROUP);
+			float d = nf_fp16_to_fp32(blk.d);
+			for (uint32_t j = j0; j < j1; j++) {
+				int8_t q = blk.qs[ids[j] % GROUP];
+				if (dp[j] && q != 0) {
+					coef[ncols] = d * (float)q;
+					cols[ncols++] = dp[j];
+				}
+			}
+		} else {
+			/* float down rows: the activations rounded to the row's dot type */
+			float ar[GROUP];
+			k->act_prepare[s->kt_down](a, scratch, GROUP);
+			nf_dequantize_row(nf_ktype_dot_dtype(s->kt_down), scratch, ar, GROUP);
+			for (uint32_t j = j0; j < j1; j++) {
+				float v = ar[ids[j] % GROUP];
+				if (dp[j] && v != 0.0f) {
+					coef[ncols] = v;
+					cols[ncols++] = dp[j];
 				}
 			}
 		}
-		const uint16_t *sc = s->tabs[layer].scales + (size_t)gi * E;
-		for (uint32_t r = 0; r < E; r++)
-			out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc[r];
-		return;
+		j0 = j1;
 	}
-
-	if (s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0) {
-		/* PowerInfer: the activation vector quantized to Q8_0; neuron i
-		 * contributes d * q[i] times its dequantized down row. */
-		struct nf_block_q8_0 blk;
-		nf_quantize_row_q8_0(a, &blk, GROUP);
-		float d = nf_fp16_to_fp32(blk.d);
-		for (uint32_t i = 0; i < GROUP; i++)
-			if (dp[i] && blk.qs[i] != 0)
-				k->axpy[s->kt_down](E, d * (float)blk.qs[i], dp[i], out);
-		return;
-	}
-	/* Float down rows: round the activations to the row's dot type. */
-	float ar[GROUP];
-	k->act_prepare[s->kt_down](a, scratch, GROUP);
-	nf_dequantize_row(nf_ktype_dot_dtype(s->kt_down), scratch, ar, GROUP);
-	for (uint32_t i = 0; i < GROUP; i++)
-		if (dp[i] && ar[i] != 0.0f)
-			k->axpy[s->kt_down](E, ar[i], dp[i], out);
+	if (ncols)
+		k->axpy_list[s->kt_down](E, ncols, coef, cols, out);
 }
 
 /* ---- the ready list ------------------------------------------------------------ */
 
-static void ready_push(struct nf_sparse *s, uint32_t gi)
+static void ready_push(struct nf_sparse *s, uint32_t ci)
 {
 	uint32_t at = atomic_fetch_add(&s->n_ready, 1);
-	__atomic_store_n(&s->ready[at], gi, __ATOMIC_RELEASE);
+	__atomic_store_n(&s->ready[at], ci, __ATOMIC_RELEASE);
 }
 
 /* Cache completion: bundles of neurons[0..n) are in memory (or failed). */
@@ -304,11 +369,33 @@ static void on_ready(void *user, const uint32_t *neurons, uint32_t n, int result
 	}
 	if (s->cache)
 		atomic_store(&s->t_last_ready, now_s());
-	for (uint32_t k = 0; k < n; k++) {
-		uint32_t gi = neurons[k] / GROUP;
-		if (atomic_fetch_sub(&s->groups[gi].pending, 1) == 1)
-			ready_push(s, gi);
+	if (s->in_batch) {
+		/* a batch consumes groups in order: count per group */
+		for (uint32_t k = 0; k < n; k++)
+			atomic_fetch_sub(&s->groups[neurons[k] / GROUP].pending, 1);
+		return;
 	}
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t ci = s->groups[neurons[k] / GROUP].chunk;
+		if (atomic_fetch_sub(&s->chunks[ci].pending, 1) == 1)
+			ready_push(s, ci);
+	}
+}
+
+/* Reap completions (serialised by the cache); thread 0 times its waits.
+ * Returns false after recording an error. */
+static bool reap_some(struct nf_sparse *s, int ith)
+{
+	double t0 = ith == 0 ? now_s() : 0.0;
+	int rc = nf_cache_reap(s->cache, on_ready, s);
+	if (ith == 0)
+		s->st.t_wait += now_s() - t0;
+	if (rc < 0) {
+		int expect = 0;
+		atomic_compare_exchange_strong(&s->err, &expect, rc);
+		return false;
+	}
+	return true;
 }
 
 static void worker(void *arg, int ith, int nth)
@@ -320,30 +407,24 @@ static void worker(void *arg, int ith, int nth)
 		if (atomic_load(&s->err))
 			return;
 		uint32_t taken = atomic_load(&s->next);
-		if (taken >= s->n_active_groups)
+		if (taken >= s->n_chunks)
 			return;
 		if (taken < atomic_load(&s->n_ready)) {
 			if (!atomic_compare_exchange_weak(&s->next, &taken, taken + 1))
 				continue;
 			/* the slot may be claimed before its id is stored */
-			uint32_t gi;
-			while ((gi = __atomic_load_n(&s->ready[taken], __ATOMIC_ACQUIRE)) == UINT32_MAX)
+			uint32_t ci;
+			while ((ci = __atomic_load_n(&s->ready[taken], __ATOMIC_ACQUIRE)) == UINT32_MAX)
 				;
-			float *out = s->gout + (size_t)gi * s->E;
+			float *out = s->gout + (size_t)ci * s->E;
 			memset(out, 0, s->E * sizeof(float));
-			group_compute(s, gi, out, scratch);
+			const struct chunk_state *c = &s->chunks[ci];
+			chunk_compute(s, c->g0, c->g1, s->gmask, s->xq, out, scratch);
 			continue;
 		}
-		/* Nothing ready: reap completions (serialised by the cache). */
-		double t0 = ith == 0 ? now_s() : 0.0;
-		int rc = nf_cache_reap(s->cache, on_ready, s);
-		if (ith == 0)
-			s->st.t_wait += now_s() - t0;
-		if (rc < 0) {
-			int expect = 0;
-			atomic_compare_exchange_strong(&s->err, &expect, rc);
+		/* Nothing ready: reap completions. */
+		if (!reap_some(s, ith))
 			return;
-		}
 	}
 }
 
@@ -355,9 +436,9 @@ static void run_workers(struct nf_sparse *s, const struct nf_ffn_env *env, nf_po
 		fn(s, 0, 1);
 }
 
-/* out = sum of the active groups' contributions in group order, each
- * thread a slice of the rows: the same sums whatever the thread count or
- * the order in which groups became ready. */
+/* out = sum of the chunks' contributions in chunk order, each thread a
+ * slice of the rows: the same sums whatever the thread count or the order
+ * in which chunks became ready. */
 static void reduce_worker(void *arg, int ith, int nth)
 {
 	struct nf_sparse *s = arg;
@@ -365,10 +446,8 @@ static void reduce_worker(void *arg, int ith, int nth)
 	float *out = s->cur_out;
 	for (size_t r = r0; r < r1; r++)
 		out[r] = 0.0f;
-	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-		if (!s->groups[gi].mask)
-			continue;
-		const float *g = s->gout + (size_t)gi * E;
+	for (uint32_t ci = 0; ci < s->n_chunks; ci++) {
+		const float *g = s->gout + (size_t)ci * E;
 		for (size_t r = r0; r < r1; r++)
 			out[r] += g[r];
 	}
@@ -387,6 +466,19 @@ static void predict(struct nf_sparse *s, const struct layer_tab *t, const float 
 	k->gemv[t->fc2->kt](t->fc2->n, t->fc2->nrows, t->fc2->data, t->fc2->row_bytes, s->hq, s->score);
 }
 
+/* Neurons of group gi to compute: the predicted ones (score >= threshold,
+ * after predict()), or every neuron that exists. */
+static uint32_t group_mask(const struct nf_sparse *s, uint32_t gi)
+{
+	uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
+	if (s->mode != NF_SPARSE_PREDICTOR)
+		return valid;
+	for (uint32_t i = 0; i < GROUP; i++)
+		if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
+			m |= 1u << i;
+	return m;
+}
+
 /* Gate values of every neuron (in memory) for recall. */
 static void measure_recall(struct nf_sparse *s, uint32_t layer)
 {
@@ -400,7 +492,7 @@ static void measure_recall(struct nf_sparse *s, uint32_t layer)
 			s->k->gemv[s->kt_gu](s->E, 1, t->gate + (size_t)j * t->gate_stride, 0, s->xq, &gv);
 			if (gv > 0.0f) {
 				s->st.recall_fired++;
-				s->st.recall_hit += (s->groups[gi].mask >> i) & 1u;
+				s->st.recall_hit += (s->gmask[gi] >> i) & 1u;
 			}
 		}
 }
@@ -411,61 +503,72 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	const struct layer_tab *t = &s->tabs[layer];
 	uint64_t later0 = s->st.groups_ready_later;
 	s->cur_layer = layer;
+	s->cur_scales = t->xscales ? t->xscales[s->cur_expert] : t->scales;
 	s->cur_x = x;
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
 	if (s->mode == NF_SPARSE_PREDICTOR)
 		predict(s, t, resid);
 
 	uint64_t active = 0;
-	s->n_active_groups = 0;
 	atomic_store(&s->n_ready, 0);
 	atomic_store(&s->next, 0);
 	atomic_store(&s->err, 0);
+	/* masks, and chunks: consecutive groups up to CHUNK_NEURONS active
+	 * neurons, cut from the masks alone (invariant 2) */
+	uint32_t nc = 0, in_chunk = 0;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-		uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
-		if (s->mode == NF_SPARSE_PREDICTOR) {
-			for (uint32_t i = 0; i < GROUP; i++)
-				if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
-					m |= 1u << i;
-		} else {
-			m = valid;
+		uint32_t m = group_mask(s, gi);
+		s->gmask[gi] = m;
+		if (!m)
+			continue;
+		uint32_t pc = (uint32_t)__builtin_popcount(m);
+		active += pc;
+		struct chunk_state *c = &s->chunks[nc];
+		if (!in_chunk) {
+			c->g0 = gi;
+			c->n_groups = 0;
 		}
-		s->groups[gi].mask = m;
-		active += (uint64_t)__builtin_popcount(m);
-		if (m)
-			s->n_active_groups++;
+		c->g1 = gi + 1;
+		c->n_groups++;
+		s->groups[gi].chunk = nc;
+		in_chunk += pc;
+		if (in_chunk >= CHUNK_NEURONS) {
+			atomic_store(&c->pending, in_chunk + 1u);
+			nc++;
+			in_chunk = 0;
+		}
 	}
-	for (uint32_t i = 0; i < s->n_active_groups; i++)
+	if (in_chunk)
+		atomic_store(&s->chunks[nc++].pending, in_chunk + 1u);
+	s->n_chunks = nc;
+	for (uint32_t i = 0; i < nc; i++)
 		s->ready[i] = UINT32_MAX;
 	if (s->measure_recall && s->mode == NF_SPARSE_PREDICTOR)
 		measure_recall(s, layer);
 
 	if (!s->cache) {
-		for (uint32_t gi = 0; gi < s->n_groups; gi++)
-			if (s->groups[gi].mask)
-				ready_push(s, gi);
-		s->st.groups_ready_now += s->n_active_groups;
+		for (uint32_t ci = 0; ci < nc; ci++) {
+			ready_push(s, ci);
+			s->st.groups_ready_now += s->chunks[ci].n_groups;
+		}
 	} else {
 		uint32_t n = 0;
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-			uint32_t m = s->groups[gi].mask;
-			atomic_store(&s->groups[gi].pending, (unsigned)__builtin_popcount(m) + 1u);
+			uint32_t m = s->gmask[gi];
 			for (uint32_t i = 0; i < GROUP; i++)
 				if (m & (1u << i))
 					s->req[n++] = gi * GROUP + i;
 		}
 		s->t_req = now_s();
 		atomic_store(&s->t_last_ready, 0.0);
-		int rc = nf_cache_request(s->cache, layer, 0, s->req, n, s->ptrs, on_ready, s);
-		/* drop the guard count: groups whose bundles were all hits are ready now */
-		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-			if (!s->groups[gi].mask)
-				continue;
-			if (atomic_fetch_sub(&s->groups[gi].pending, 1) == 1) {
-				ready_push(s, gi);
-				s->st.groups_ready_now++;
+		int rc = nf_cache_request(s->cache, layer, s->cur_expert, s->req, n, s->ptrs, on_ready, s);
+		/* drop the guard count: chunks whose bundles were all hits are ready now */
+		for (uint32_t ci = 0; ci < nc; ci++) {
+			if (atomic_fetch_sub(&s->chunks[ci].pending, 1) == 1) {
+				ready_push(s, ci);
+				s->st.groups_ready_now += s->chunks[ci].n_groups;
 			} else {
-				s->st.groups_ready_later++;
+				s->st.groups_ready_later += s->chunks[ci].n_groups;
 			}
 		}
 		if (rc < 0) {
@@ -496,6 +599,165 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	return 0;
 }
 
+/* ---- a batch of tokens from the cache (prefill) ------------------------------------ */
+
+/*
+ * Thread ith's share of a batch: tokens [b0, b1). Walks the layer's groups
+ * in group order, waiting (reaping) until each group's bundles are in
+ * memory; each token cuts its own chunks from its own masks exactly as
+ * token_forward does, and a chunk that closes is computed and added to the
+ * token's output at once: out = 0, then += each chunk in chunk order, the
+ * sums reduce_worker makes for one token.
+ */
+static void batch_worker(void *arg, int ith, int nth)
+{
+	struct nf_sparse *s = arg;
+	size_t nb = s->cur_nb, E = s->E;
+	size_t b0 = nb * (size_t)ith / (size_t)nth, b1 = nb * (size_t)(ith + 1) / (size_t)nth;
+	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
+	float *g = s->bsum + (size_t)ith * E;
+	for (size_t b = b0; b < b1; b++) {
+		memset(s->cur_out + b * E, 0, E * sizeof(float));
+		s->bchunk[2 * b] = 0;
+		s->bchunk[2 * b + 1] = 0;
+	}
+	for (uint32_t gi = 0; gi <= s->n_groups; gi++) {
+		bool last = gi == s->n_groups;
+		if (!last && !s->gmask[gi])
+			continue;
+		while (!last && atomic_load(&s->groups[gi].pending) != 0)
+			if (atomic_load(&s->err) || !reap_some(s, ith))
+				return;
+		for (size_t b = b0; b < b1; b++) {
+			const uint32_t *bm = s->bmask + b * s->n_groups;
+			uint32_t *open = s->bchunk + 2 * b;
+			if (!last) {
+				if (!bm[gi])
+					continue;
+				if (!open[1])
+					open[0] = gi;
+				open[1] += (uint32_t)__builtin_popcount(bm[gi]);
+				if (open[1] < CHUNK_NEURONS)
+					continue;
+			} else if (!open[1]) {
+				continue;
+			}
+			memset(g, 0, E * sizeof(float));
+			chunk_compute(s, open[0], last ? s->n_groups : gi + 1, bm, s->bxq + b * s->xq_size, g, scratch);
+			float *out = s->cur_out + b * E;
+			for (size_t r = 0; r < E; r++)
+				out[r] += g[r];
+			open[1] = 0;
+		}
+	}
+}
+
+/*
+ * Tokens x[0..nb) of one layer with a cache: one request for every neuron
+ * any of them needs (for a long prompt nearly the whole FFN: adjacent
+ * misses coalesce into reads of up to max_coalesce bytes, the FFN read as
+ * large sequential extents), and compute proceeds group by group as those
+ * reads land. Same results, bit for bit, as the tokens one at a time.
+ */
+static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	const struct layer_tab *t = &s->tabs[io->layer];
+	uint64_t later0 = s->st.groups_ready_later, active = 0;
+	s->cur_layer = io->layer;
+	s->cur_scales = t->scales;
+	s->cur_nb = io->nb;
+	s->cur_out = io->out;
+	memset(s->gmask, 0, s->n_groups * sizeof(uint32_t));
+	for (size_t b = 0; b < io->nb; b++) {
+		s->k->act_prepare[s->kt_gu](io->x + b * s->E, s->bxq + b * s->xq_size, s->E);
+		if (s->mode == NF_SPARSE_PREDICTOR)
+			predict(s, t, io->resid + b * s->E);
+		uint32_t *bm = s->bmask + b * s->n_groups, n = 0;
+		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+			uint32_t m = group_mask(s, gi);
+			bm[gi] = m;
+			s->gmask[gi] |= m;
+			active += (uint64_t)__builtin_popcount(m);
+			for (; m; m &= m - 1)
+				s->req[n++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
+		}
+		/* for the online hot set, count each token's own neurons; the
+		 * request of the union counts once more, standing in for the last */
+		if (b + 1 < io->nb)
+			nf_cache_count(s->cache, io->layer, 0, s->req, n);
+	}
+	atomic_store(&s->err, 0);
+	uint32_t n = 0;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		uint32_t m = s->gmask[gi];
+		atomic_store(&s->groups[gi].pending, (unsigned)__builtin_popcount(m));
+		for (uint32_t i = 0; i < GROUP; i++)
+			if (m & (1u << i))
+				s->req[n++] = gi * GROUP + i;
+	}
+	s->in_batch = true;
+	s->t_req = now_s();
+	atomic_store(&s->t_last_ready, 0.0);
+	int rc = nf_cache_request(s->cache, io->layer, 0, s->req, n, s->ptrs, on_ready, s);
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		if (!s->gmask[gi])
+			continue;
+		if (atomic_load(&s->groups[gi].pending) == 0)
+			s->st.groups_ready_now++;
+		else
+			s->st.groups_ready_later++;
+	}
+	if (rc >= 0) {
+		run_workers(s, env, batch_worker);
+		rc = 0;
+	}
+	int err = atomic_load(&s->err);
+	int rrc = nf_cache_release(s->cache);
+	s->in_batch = false;
+	if (!err)
+		err = rc < 0 ? rc : rrc < 0 ? rrc : 0;
+	double last = atomic_load(&s->t_last_ready);
+	if (s->st.groups_ready_later > later0 && last > s->t_req)
+		s->st.t_io += last - s->t_req;
+	if (err < 0)
+		return err;
+	s->st.ffn_calls += io->nb;
+	s->st.neurons_total += (uint64_t)s->F * io->nb;
+	s->st.neurons_active += active;
+	return 0;
+}
+
+/* ---- mixture of experts from a cache --------------------------------------------- */
+
+/*
+ * Each token: the router (the built-in FFN's, nf_ctx_moe_route), then each
+ * routed expert in rank order as a dense FFN through the cache (one request
+ * for its neurons), then out = sum over ranks of w * expert(x), summed as
+ * the built-in FFN does.
+ */
+static int moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	const int32_t *sel;
+	const float *w;
+	int rc = nf_ctx_moe_route(s->ctx, io, &sel, &w);
+	size_t E = s->E, U = s->n_expert_used;
+	for (size_t b = 0; b < io->nb && rc == 0; b++) {
+		for (size_t k = 0; k < U && rc == 0; k++) {
+			s->cur_expert = (uint32_t)sel[b * U + k];
+			rc = token_forward(s, env, io->layer, io->x + b * E, io->resid + b * E, s->eout + k * E);
+		}
+		float *o = io->out + b * E;
+		for (size_t i = 0; i < E && rc == 0; i++) {
+			float acc = 0.0f;
+			for (size_t k = 0; k < U; k++)
+				acc += s->eout[k * E + i] * w[b * U + k];
+			o[i] = acc;
+		}
+	}
+	s->cur_expert = 0;
+	return rc;
+}
+
 static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	struct nf_sparse *s = self;
@@ -515,6 +777,11 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 		s->tokens += io->nb;
 	}
 	double t0 = now_s();
+	if (s->n_expert || (s->cache && io->nb > 1 && io->nb <= s->n_batch)) {
+		rc = s->n_expert ? moe_forward(s, env, io) : batch_forward(s, env, io);
+		s->st.t_ffn += now_s() - t0;
+		return rc;
+	}
 	for (size_t b = 0; b < io->nb && rc == 0; b++)
 		rc = token_forward(s, env, io->layer, io->x + b * s->E, io->resid + b * s->E,
 				   io->out + b * s->E);
@@ -637,12 +904,17 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		*out = s;
 		return 0;
 	}
-	if (hp->n_expert) {
+	if (hp->n_expert && (!s->cache || s->mode != NF_SPARSE_DENSE)) {
 		rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
-				  "--sparse-mode %s: mixture-of-experts FFNs are not sparse yet (use --sparse-mode off)",
+				  s->cache ? "--sparse-mode %s: the experts of a mixture-of-experts model stream from "
+					     "the store as dense FFNs only (--sparse-mode dense)"
+					   : "--sparse-mode %s: mixture-of-experts FFNs are not sparse in memory (use "
+					     "--sparse-mode off)",
 				  nf_sparse_mode_name(s->mode));
 		goto fail;
 	}
+	s->n_expert = hp->n_expert;
+	s->n_expert_used = hp->n_expert_used;
 	if (s->mode == NF_SPARSE_PREDICTOR && !has_pred) {
 		rc = nf_diag_fail(diag, NF_EUSAGE,
 				  "--sparse-mode predictor: the model has no predictor (blk.N.fc1/fc2)");
@@ -723,12 +995,23 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		if (t->fc1)
 			s->rank = t->fc1->nrows > s->rank ? t->fc1->nrows : s->rank;
 		if (s->cache) {
-			if (s->form == DOWN_QCOL &&
-			    (nf_model_ffn_layout(m, il, 0, NULL, NULL, &t->scales, NULL) < 0 || !t->scales)) {
-				rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
-						  "sparse FFN: layer %u: QCOL bundles need their scales: run the store itself "
-						  "(-m STORE), not a GGUF with --ffn-store", il);
-				goto fail;
+			if (s->form != DOWN_QCOL)
+				continue;
+			uint32_t nx = s->n_expert ? s->n_expert : 1;
+			if (s->n_expert && !(t->xscales = zalloc(s, nx * sizeof(*t->xscales))))
+				goto nomem;
+			for (uint32_t e = 0; e < nx; e++) {
+				const uint16_t *sc = NULL;
+				if (nf_model_ffn_layout(m, il, e, NULL, NULL, &sc, NULL) < 0 || !sc) {
+					rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
+							  "sparse FFN: layer %u expert %u: QCOL bundles need their scales: run "
+							  "the store itself (-m STORE), not a GGUF with --ffn-store", il, e);
+					goto fail;
+				}
+				if (s->n_expert)
+					t->xscales[e] = sc;
+				else
+					t->scales = sc;
 			}
 			continue;
 		}
@@ -756,15 +1039,28 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		hq = a > b ? a : b;
 	}
 	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
+	s->xq_size = (xq + 63) & ~(size_t)63;
+	s->n_batch = s->cache && !s->n_expert ? nf_ctx_n_batch(ctx) : 0;
+	/* every chunk but the last holds CHUNK_NEURONS active neurons or more */
+	s->max_chunks = s->F / CHUNK_NEURONS + 1;
 	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
 	    !(s->h1 = zalloc(s, (s->rank + 1) * sizeof(float))) ||
 	    !(s->score = zalloc(s, s->F * sizeof(float))) ||
 	    !(s->groups = zalloc(s, s->n_groups * sizeof(*s->groups))) ||
-	    !(s->ready = zalloc(s, s->n_groups * sizeof(uint32_t))) ||
+	    !(s->gmask = zalloc(s, s->n_groups * sizeof(uint32_t))) ||
+	    !(s->chunks = zalloc(s, s->max_chunks * sizeof(*s->chunks))) ||
+	    !(s->ready = zalloc(s, s->max_chunks * sizeof(uint32_t))) ||
 	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
 	    !(s->req = zalloc(s, s->F * sizeof(uint32_t))) ||
-	    !(s->gout = zalloc(s, (size_t)s->n_groups * s->E * sizeof(float))) ||
-	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)))
+	    !(s->gout = zalloc(s, (size_t)s->max_chunks * s->E * sizeof(float))) ||
+	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
+	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))))
+		goto nomem;
+	if (s->n_batch > 1 &&
+	    (!(s->bxq = zalloc(s, (size_t)s->n_batch * s->xq_size)) ||
+	     !(s->bmask = zalloc(s, (size_t)s->n_batch * s->n_groups * sizeof(uint32_t))) ||
+	     !(s->bchunk = zalloc(s, (size_t)s->n_batch * 2 * sizeof(uint32_t))) ||
+	     !(s->bsum = zalloc(s, (size_t)s->nth * s->E * sizeof(float)))))
 		goto nomem;
 
 	for (uint32_t il = 0; il < hp->n_layer; il++)
@@ -787,6 +1083,7 @@ void nf_sparse_close(struct nf_sparse *s)
 		for (uint32_t il = 0; il < s->n_layer; il++) {
 			nf_ctx_set_ffn(s->ctx, il, NULL, NULL);
 			free(s->tabs[il].owned);
+			free(s->tabs[il].xscales);
 		}
 	}
 	free(s->tabs);
@@ -795,11 +1092,18 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->h1);
 	free(s->score);
 	free(s->groups);
+	free(s->chunks);
 	free(s->ready);
 	free(s->ptrs);
 	free(s->req);
 	free(s->gout);
 	free(s->tscratch);
+	free(s->gmask);
+	free(s->bxq);
+	free(s->bmask);
+	free(s->bchunk);
+	free(s->bsum);
+	free(s->eout);
 	free(s);
 }
 

@@ -208,6 +208,71 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 #define gemv_q4_0 nf_kavx2_gemv_q4_0
 
 /*
+ * gemv over a list of rows: the activation scales (and Q4_0 corrections)
+ * prepared once per call, rows taken two at a time with one accumulator
+ * each, so the two fma chains overlap. Each row's chain is the one gemv
+ * runs for it alone (same blocks, same order): the same bits. Rows longer
+ * than GEMV_CHUNK blocks go through gemv row by row.
+ */
+#define QLIST(T, WBLOCK, ROW, CORR)                                                            \
+	void nf_kavx2_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,          \
+				    const void *xq, float *y)                                  \
+	{                                                                                      \
+		const struct nf_block_q8_0 *x = xq;                                            \
+		size_t nb = n / NF_QK;                                                         \
+		if (nb > GEMV_CHUNK) {                                                         \
+			for (size_t r = 0; r < nrows; r++)                                     \
+				nf_kavx2_gemv_##T(n, 1, rows[r], 0, xq, y + r);                \
+			return;                                                                \
+		}                                                                              \
+		float dx[GEMV_CHUNK];                                                          \
+		__m256i corr[CORR ? GEMV_CHUNK : 1];                                           \
+		x_scales(x, nb, dx);                                                           \
+		if (CORR)                                                                      \
+			x_corr(x, nb, corr);                                                   \
+		size_t r = 0;                                                                  \
+		for (; r + 2 <= nrows; r += 2) {                                               \
+			const WBLOCK *w0 = rows[r], *w1 = rows[r + 1];                         \
+			__m256 a0 = _mm256_setzero_ps(), a1 = a0;                              \
+			for (size_t i = 0; i < nb; i++) {                                      \
+				a0 = ROW(w0 + i, x + i, dx[i], corr + (CORR ? i : 0), a0);     \
+				a1 = ROW(w1 + i, x + i, dx[i], corr + (CORR ? i : 0), a1);     \
+			}                                                                      \
+			y[r] = hsum8(a0);                                                      \
+			y[r + 1] = hsum8(a1);                                                  \
+		}                                                                              \
+		if (r < nrows) {                                                               \
+			const WBLOCK *w0 = rows[r];                                            \
+			__m256 a0 = _mm256_setzero_ps();                                       \
+			for (size_t i = 0; i < nb; i++)                                        \
+				a0 = ROW(w0 + i, x + i, dx[i], corr + (CORR ? i : 0), a0);     \
+			y[r] = hsum8(a0);                                                      \
+		}                                                                              \
+	}
+
+/* One block of a row's chain, as row_q4_0 / row_q8_0 compute it. */
+static inline __m256 step_q4_0(const struct nf_block_q4_0 *w, const struct nf_block_q8_0 *x, float dx,
+			       const __m256i *corr, __m256 acc)
+{
+	__m256i p = _mm256_maddubs_epi16(q4_nibbles(w->qs), _mm256_loadu_si256((const __m256i *)x->qs));
+	__m256i s = _mm256_sub_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), *corr);
+	return _mm256_fmadd_ps(_mm256_set1_ps(h2f(w->d) * dx), _mm256_cvtepi32_ps(s), acc);
+}
+
+static inline __m256 step_q8_0(const struct nf_block_q8_0 *w, const struct nf_block_q8_0 *x, float dx,
+			       const __m256i *corr, __m256 acc)
+{
+	(void)corr;
+	__m256i s = dot_i8(_mm256_loadu_si256((const __m256i *)w->qs), _mm256_loadu_si256((const __m256i *)x->qs));
+	return _mm256_fmadd_ps(_mm256_set1_ps(h2f(w->d) * dx), _mm256_cvtepi32_ps(s), acc);
+}
+
+QLIST(q8_0, struct nf_block_q8_0, step_q8_0, 0)
+QLIST(q4_0, struct nf_block_q4_0, step_q4_0, 1)
+#define gemv_list_q8_0 nf_kavx2_gemv_list_q8_0
+#define gemv_list_q4_0 nf_kavx2_gemv_list_q4_0
+
+/*
  * gemm tile: 2 weight rows x 4 activation rows. Each weight block is
  * unpacked once for the four activations, each activation block loaded once
  * for the two rows. Edges fall back to the one-row dot.
@@ -427,6 +492,49 @@ void nf_kavx2_gemm_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, 
 #define gemm_f16 nf_kavx2_gemm_f16
 #define gemm_bf16 nf_kavx2_gemm_bf16
 
+/* Float gemv over a list: row by row through the same dot gemv uses. */
+#define FLIST(T)                                                                             \
+	static void gemv_list_##T(size_t n, size_t nrows, const void *const *rows,          \
+				  const void *xq, float *y)                                  \
+	{                                                                                    \
+		for (size_t r = 0; r < nrows; r++)                                           \
+			y[r] = fdot_##T(n, rows[r], xq);                                     \
+	}
+FLIST(f32)
+FLIST(f16)
+FLIST(bf16)
+
+/*
+ * Float axpy over a list: columns in slices of LIST_COLS, each slice in one
+ * pass over y (8 elements kept in a register while every column of the
+ * slice is added in order); the tail elements one fma at a time in the same
+ * order.
+ */
+#define LIST_COLS 8
+#define FAXPY_LIST(T)                                                                        \
+	void nf_kavx2_axpy_list_##T(size_t n, size_t ncols, const float *a,                 \
+				    const void *const *cols, float *y)                       \
+	{                                                                                    \
+		for (size_t c0 = 0; c0 < ncols; c0 += LIST_COLS) {                           \
+			size_t cn = ncols - c0 < LIST_COLS ? ncols - c0 : LIST_COLS;         \
+			const void *const *cc = cols + c0;                                   \
+			const float *ac = a + c0;                                            \
+			size_t i = 0;                                                        \
+			for (; i + 8 <= n; i += 8) {                                         \
+				__m256 o = _mm256_loadu_ps(y + i);                           \
+				for (size_t c = 0; c < cn; c++)                              \
+					o = _mm256_fmadd_ps(_mm256_set1_ps(ac[c]), ld_##T(cc[c], i), o); \
+				_mm256_storeu_ps(y + i, o);                                  \
+			}                                                                    \
+			for (; i < n; i++)                                                   \
+				for (size_t c = 0; c < cn; c++)                              \
+					y[i] = fmaf(ac[c], el_##T(cc[c], i), y[i]);          \
+		}                                                                            \
+	}
+FAXPY_LIST(f32)
+FAXPY_LIST(f16)
+FAXPY_LIST(bf16)
+
 /* ---- quantized axpy ----------------------------------------------------------- */
 
 void nf_kavx2_axpy_q8_0(size_t n, float a, const void *wrow, float *y)
@@ -461,6 +569,69 @@ void nf_kavx2_axpy_q4_0(size_t n, float a, const void *wrow, float *y)
 		}
 	}
 }
+
+/*
+ * Quantized axpy over a list: columns in slices of LIST_COLS; per block of
+ * 32 outputs the four 8-float registers stay loaded while each column of
+ * the slice adds fma(a, (q - 8) * d, y) (Q8_0: q * d), in column order:
+ * per element the chain axpy column by column gives. Weights are exact in
+ * f32, so the bits are those of the reference.
+ */
+#define LIST_PREFETCH 256   /* bytes ahead in each column */
+
+static inline void list_fma4(__m256 av, __m256 d, __m128i b0, __m128i b1, __m128i b2, __m128i b3,
+			     __m256 o[4])
+{
+	o[0] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b0)), d), o[0]);
+	o[1] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b1)), d), o[1]);
+	o[2] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b2)), d), o[2]);
+	o[3] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b3)), d), o[3]);
+}
+
+/* A block's 32 weights as signed bytes in output order, two halves. */
+static inline void list_q4_0(const struct nf_block_q4_0 *b, __m128i *q0, __m128i *q1)
+{
+	const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+	__m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+	*q0 = _mm_sub_epi8(_mm_and_si128(q, m4), eight);
+	*q1 = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight);
+}
+
+static inline void list_q8_0(const struct nf_block_q8_0 *b, __m128i *q0, __m128i *q1)
+{
+	*q0 = _mm_loadu_si128((const __m128i *)b->qs);
+	*q1 = _mm_loadu_si128((const __m128i *)(b->qs + 16));
+}
+
+#define QAXPY_LIST(T, WBLOCK)                                                                     \
+	static void axpy_list_##T(size_t n, size_t ncols, const float *a, const void *const *cols, \
+				  float *y)                                                      \
+	{                                                                                        \
+		size_t nb = n / NF_QK;                                                           \
+		for (size_t c0 = 0; c0 < ncols; c0 += LIST_COLS) {                               \
+			size_t cn = ncols - c0 < LIST_COLS ? ncols - c0 : LIST_COLS;             \
+			const WBLOCK *cb[LIST_COLS];                                             \
+			for (size_t c = 0; c < cn; c++)                                          \
+				cb[c] = cols[c0 + c];                                            \
+			for (size_t i = 0; i < nb; i++) {                                        \
+				float *op = y + i * NF_QK;                                       \
+				__m256 o[4] = { _mm256_loadu_ps(op), _mm256_loadu_ps(op + 8),    \
+						_mm256_loadu_ps(op + 16), _mm256_loadu_ps(op + 24) }; \
+				for (size_t c = 0; c < cn; c++) {                                \
+					const WBLOCK *b = cb[c] + i;                             \
+					__m128i q0, q1;                                          \
+					_mm_prefetch((const char *)b + LIST_PREFETCH, _MM_HINT_T0); \
+					list_##T(b, &q0, &q1);                                   \
+					list_fma4(_mm256_set1_ps(a[c0 + c]), _mm256_set1_ps(h2f(b->d)), q0, \
+						  _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8), o); \
+				}                                                                \
+				for (int k = 0; k < 4; k++)                                      \
+					_mm256_storeu_ps(op + 8 * k, o[k]);                      \
+			}                                                                        \
+		}                                                                                \
+	}
+QAXPY_LIST(q4_0, struct nf_block_q4_0)
+QAXPY_LIST(q8_0, struct nf_block_q8_0)
 
 /* ---- vector ops ---------------------------------------------------------------- */
 
@@ -601,6 +772,16 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
 		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
+	},
+	.gemv_list = {
+		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16,
+		[NF_KT_BF16] = gemv_list_bf16, [NF_KT_Q8_0] = gemv_list_q8_0,
+		[NF_KT_Q4_0] = gemv_list_q4_0,
+	},
+	.axpy_list = {
+		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
+		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8_0,
+		[NF_KT_Q4_0] = axpy_list_q4_0,
 	},
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kavx2_softmax,

@@ -697,12 +697,77 @@ INLINE __m512 go_scales8(const char *a, const char *b, const float *dx)
 }
 
 /*
- * y = W x for Q4_0, see the section comment. Per group of 2 * GO_PAIRS
- * rows (pairs a[p]/b[p]), blocks go 8 at a time: the 8 blocks' scales of
- * a pair are gathered into one vector (go_scales8), and each block's
+ * One group of 2 * GO_PAIRS rows (pairs a[p]/b[p]) over nb blocks into
+ * y[2p] and y[2p + 1]. Blocks go 8 at a time: the 8 blocks' scales of a
+ * pair are gathered into one vector (go_scales8), and each block's
  * [A x8 | B x8] scale vector, with the high-nibble lanes divided by 16, is
- * one VPERMT2PS from it.
+ * one VPERMT2PS from it. nx[0..2 * GO_PAIRS) are the next group's rows,
+ * whose first pl lines are prefetched meanwhile (pl = 0: none).
  */
+INLINE void go_pass_q4_0(size_t nb, const char *const *a, const char *const *b, const char *const *nx,
+			 size_t pl, const struct xr *xp, const float *dx, float *y)
+{
+	enum { BSZ = sizeof(struct nf_block_q4_0), P = GO_PAIRS, R = 2 * GO_PAIRS };
+	__m512 acc[P];
+	for (int p = 0; p < P; p++)
+		acc[p] = _mm512_setzero_ps();
+	size_t i = 0;
+	for (; i + 8 <= nb; i += 8) {
+		size_t o = i * BSZ;
+		__m512 sv[P], tv[P];
+#pragma GCC unroll 8
+		for (int p = 0; p < P; p++) {
+			sv[p] = go_scales8(a[p] + o, b[p] + o, dx + i);
+			tv[p] = _mm512_mul_ps(sv[p], _mm512_set1_ps(0.0625f));
+		}
+		/* 2.25 lines per row per 8 blocks: prefetch 3 of the next group */
+		if (i / 8 * 3 < pl) {
+			for (size_t l = i / 8 * 3; l < i / 8 * 3 + 3 && l < pl; l++)
+#pragma GCC unroll 16
+				for (int q = 0; q < R; q++)
+					_mm_prefetch(nx[q] + 64 * l, _MM_HINT_T0);
+		}
+#pragma GCC unroll 8
+		for (int k = 0; k < 8; k++) {
+			const struct xr *x = xp + i + k;
+			__m512i xv = _mm512_broadcast_i64x4(x->x);
+			__m512i cv = _mm512_broadcast_i64x4(x->corr);
+			const __m512i idx = _mm512_add_epi32(
+				_mm512_set_epi32(24, 24, 24, 24, 8, 8, 8, 8, 16, 16, 16, 16, 0, 0, 0, 0),
+				_mm512_set1_epi32(k));
+			size_t ok = o + (size_t)k * BSZ;
+#pragma GCC unroll 8
+			for (int p = 0; p < P; p++) {
+				__m512 sc = _mm512_permutex2var_ps(sv[p], idx, tv[p]);
+				__m512i d = _mm512_dpbusd_epi32(cv, go_w_q4_0(a[p] + ok, b[p] + ok), xv);
+				acc[p] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(d), acc[p]);
+			}
+		}
+	}
+	for (; i < nb; i++)
+		for (int p = 0; p < P; p++)
+			acc[p] = go_step_q4_0(a[p] + i * BSZ, b[p] + i * BSZ, xp + i, dx[i], acc[p]);
+	for (int p = 0; p < P; p++) {
+		y[2 * p] = xr_hsum8(_mm512_castps512_ps256(acc[p]));
+		y[2 * p + 1] = xr_hsum8(_mm512_extractf32x8_ps(acc[p], 1));
+	}
+}
+
+/* Rows a0 and b0 (b0 == a0 for a lone row) block by block into y0, y1. */
+static void go_pair_q4_0(size_t nb, const char *a0, const char *b0, const struct xr *xp, const float *dx,
+			 float *y0, float *y1)
+{
+	__m512 acc0 = _mm512_setzero_ps();
+	for (size_t i = 0; i < nb; i++)
+		acc0 = go_step_q4_0(a0 + i * sizeof(struct nf_block_q4_0), b0 + i * sizeof(struct nf_block_q4_0),
+				    xp + i, dx[i], acc0);
+	*y0 = xr_hsum8(_mm512_castps512_ps256(acc0));
+	if (y1)
+		*y1 = xr_hsum8(_mm512_extractf32x8_ps(acc0, 1));
+}
+
+/* y = W x for Q4_0, see the section comment: groups of 2 * GO_PAIRS rows,
+ * the last one or two rows as one pair. */
 static void go_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq,
 			 float *y)
 {
@@ -719,64 +784,79 @@ static void go_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes
 	size_t r = 0;
 	enum { P = GO_PAIRS, R = 2 * GO_PAIRS };
 	for (; r + R <= nrows; r += R) {
-		const char *a[P], *b[P], *nx = wc + (r + R) * row_bytes;
-		__m512 acc[P];
+		const char *a[P], *b[P], *nx[R];
 		for (int p = 0; p < P; p++) {
 			a[p] = wc + (r + 2 * p) * row_bytes;
 			b[p] = a[p] + row_bytes;
-			acc[p] = _mm512_setzero_ps();
 		}
-		size_t pl = r + 2 * R <= nrows ? (len + 63) / 64 : 0, i = 0;
-		for (; i + 8 <= nb; i += 8) {
-			size_t o = i * BSZ;
-			__m512 sv[P], tv[P];
-#pragma GCC unroll 8
-			for (int p = 0; p < P; p++) {
-				sv[p] = go_scales8(a[p] + o, b[p] + o, dx + i);
-				tv[p] = _mm512_mul_ps(sv[p], _mm512_set1_ps(0.0625f));
-			}
-			/* 2.25 lines per row per 8 blocks: prefetch 3 of the next group */
-			if (i / 8 * 3 < pl) {
-				for (size_t l = i / 8 * 3; l < i / 8 * 3 + 3 && l < pl; l++)
-#pragma GCC unroll 16
-					for (int q = 0; q < R; q++)
-						_mm_prefetch(nx + q * row_bytes + 64 * l, _MM_HINT_T0);
-			}
-#pragma GCC unroll 8
-			for (int k = 0; k < 8; k++) {
-				const struct xr *x = xp + i + k;
-				__m512i xv = _mm512_broadcast_i64x4(x->x);
-				__m512i cv = _mm512_broadcast_i64x4(x->corr);
-				const __m512i idx = _mm512_add_epi32(
-					_mm512_set_epi32(24, 24, 24, 24, 8, 8, 8, 8, 16, 16, 16, 16, 0, 0, 0, 0),
-					_mm512_set1_epi32(k));
-				size_t ok = o + (size_t)k * BSZ;
-#pragma GCC unroll 8
-				for (int p = 0; p < P; p++) {
-					__m512 sc = _mm512_permutex2var_ps(sv[p], idx, tv[p]);
-					__m512i d = _mm512_dpbusd_epi32(cv, go_w_q4_0(a[p] + ok, b[p] + ok), xv);
-					acc[p] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(d), acc[p]);
-				}
-			}
-		}
-		for (; i < nb; i++)
-			for (int p = 0; p < P; p++)
-				acc[p] = go_step_q4_0(a[p] + i * BSZ, b[p] + i * BSZ, xp + i, dx[i], acc[p]);
-		for (int p = 0; p < P; p++) {
-			y[r + 2 * p] = xr_hsum8(_mm512_castps512_ps256(acc[p]));
-			y[r + 2 * p + 1] = xr_hsum8(_mm512_extractf32x8_ps(acc[p], 1));
-		}
+		for (int q = 0; q < R; q++)
+			nx[q] = wc + (r + R + q) * row_bytes;
+		go_pass_q4_0(nb, a, b, nx, r + 2 * R <= nrows ? (len + 63) / 64 : 0, xp, dx, y + r);
 	}
 	for (; r < nrows; r += 2) {
 		/* the last one or two rows: a lone row pairs with itself */
 		const char *a0 = wc + r * row_bytes;
-		const char *b0 = r + 1 < nrows ? a0 + row_bytes : a0;
-		__m512 acc0 = _mm512_setzero_ps();
-		for (size_t i = 0; i < nb; i++)
-			acc0 = go_step_q4_0(a0 + i * BSZ, b0 + i * BSZ, xp + i, dx[i], acc0);
-		y[r] = xr_hsum8(_mm512_castps512_ps256(acc0));
+		bool two = r + 1 < nrows;
+		go_pair_q4_0(nb, a0, two ? a0 + row_bytes : a0, xp, dx, y + r, two ? y + r + 1 : NULL);
+	}
+}
+
+/* gemv_list for Q4_0: the same passes over rows at arbitrary addresses,
+ * the next group's rows prefetched from the list. */
+static void go_gemv_list_q4_0(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y)
+{
+	enum { BSZ = sizeof(struct nf_block_q4_0) };
+	size_t nb = n / NF_QK, len = nb * BSZ;
+	if (nb > GO_MAX_BLOCKS) {
+		nf_kavx2_gemv_list_q4_0(n, nrows, rows, xq, y);
+		return;
+	}
+	struct xr xp[GO_MAX_BLOCKS];
+	float dx[GO_MAX_BLOCKS];
+	xr_pack(xq, nb, go_shift(), xp, dx);
+	size_t r = 0;
+	enum { P = GO_PAIRS, R = 2 * GO_PAIRS };
+	for (; r + R <= nrows; r += R) {
+		const char *a[P], *b[P], *nx[R];
+		for (int p = 0; p < P; p++) {
+			a[p] = rows[r + 2 * p];
+			b[p] = rows[r + 2 * p + 1];
+		}
+		bool next = r + 2 * R <= nrows;
+		for (int q = 0; q < R; q++)
+			nx[q] = next ? rows[r + R + q] : NULL;
+		go_pass_q4_0(nb, a, b, nx, next ? (len + 63) / 64 : 0, xp, dx, y + r);
+	}
+	for (; r < nrows; r += 2) {
+		bool two = r + 1 < nrows;
+		go_pair_q4_0(nb, rows[r], two ? rows[r + 1] : rows[r], xp, dx, y + r, two ? y + r + 1 : NULL);
+	}
+}
+
+/* gemv_list for Q8_0: pairs of rows side by side (xr_tile_q8_0), each
+ * row's chain in llama.cpp's order as the AVX2 gemv the table uses. */
+static void xr_gemv_list_q8_0(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y)
+{
+	size_t nb = n / NF_QK;
+	if (nb > GO_MAX_BLOCKS) {
+		nf_kavx2_gemv_list_q8_0(n, nrows, rows, xq, y);
+		return;
+	}
+	struct xr xp[GO_MAX_BLOCKS];
+	float dx[GO_MAX_BLOCKS];
+	xr_pack(xq, nb, _mm256_set1_epi32(XR_SHIFT_q8_0), xp, dx);
+	const struct xr *xb[1] = { xp };
+	const float *dxb[1] = { dx };
+	size_t r = 0;
+	for (; r + 4 <= nrows; r += 4)
+		xr_tile_q8_0(2, 1, nb, (const char *const *)(rows + r), xb, dxb, y + r);
+	for (; r < nrows; r += 2) {
+		const char *wr[2] = { rows[r], r + 1 < nrows ? rows[r + 1] : rows[r] };
+		float o[2];
+		xr_tile_q8_0(1, 1, nb, wr, xb, dxb, o);
+		y[r] = o[0];
 		if (r + 1 < nrows)
-			y[r + 1] = xr_hsum8(_mm512_extractf32x8_ps(acc0, 1));
+			y[r + 1] = o[1];
 	}
 }
 
@@ -961,6 +1041,77 @@ static void gemm_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, si
 
 /* ---- quantized axpy ------------------------------------------------------------- */
 
+/*
+ * axpy_list: columns in slices of LIST_COLS; per block of 32 outputs the
+ * two 16-float registers stay loaded while each column of the slice adds
+ * fma(a, w, y) in column order, per element the chain axpy column by column
+ * gives. Q4_0 weights come from a 16-entry table (k - 8) * d (exact) that
+ * VPERMPS indexes with the nibble, without masking: it reads the index's
+ * low 4 bits only.
+ */
+#define LIST_COLS 8
+#define LIST_PREFETCH 256   /* bytes ahead in each column */
+
+/* A block's 32 weights as exact floats in output order, two halves. */
+INLINE void list_q4(const struct nf_block_q4_0 *b, __m512 *w0, __m512 *w1)
+{
+	const __m512 base = _mm512_set_ps(7, 6, 5, 4, 3, 2, 1, 0, -1, -2, -3, -4, -5, -6, -7, -8);
+	__m512 tbl = _mm512_mul_ps(base, _mm512_set1_ps(_cvtsh_ss(b->d)));
+	__m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+	*w0 = _mm512_permutexvar_ps(q, tbl);
+	*w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), tbl);
+}
+
+INLINE void list_q8(const struct nf_block_q8_0 *b, __m512 *w0, __m512 *w1)
+{
+	__m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+	__m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+	__m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16)));
+	*w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
+	*w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+}
+
+#define QAXPY_LIST512(T, WBLOCK)                                                                  \
+	static void axpy_list_##T(size_t n, size_t ncols, const float *a, const void *const *cols, \
+				  float *y)                                                      \
+	{                                                                                        \
+		size_t nb = n / NF_QK;                                                           \
+		for (size_t c0 = 0; c0 < ncols; c0 += LIST_COLS) {                               \
+			size_t cn = ncols - c0 < LIST_COLS ? ncols - c0 : LIST_COLS;             \
+			const WBLOCK *cb[LIST_COLS];                                             \
+			for (size_t c = 0; c < cn; c++)                                          \
+				cb[c] = cols[c0 + c];                                            \
+			for (size_t i = 0; i < nb; i++) {                                        \
+				float *op = y + i * NF_QK;                                       \
+				__m512 o0 = _mm512_loadu_ps(op), o1 = _mm512_loadu_ps(op + 16);  \
+				for (size_t c = 0; c < cn; c++) {                                \
+					const WBLOCK *b = cb[c] + i;                             \
+					__m512 w0, w1, av = _mm512_set1_ps(a[c0 + c]);           \
+					_mm_prefetch((const char *)b + LIST_PREFETCH, _MM_HINT_T0); \
+					list_##T(b, &w0, &w1);                                   \
+					o0 = _mm512_fmadd_ps(av, w0, o0);                        \
+					o1 = _mm512_fmadd_ps(av, w1, o1);                        \
+				}                                                                \
+				_mm512_storeu_ps(op, o0);                                        \
+				_mm512_storeu_ps(op + 16, o1);                                   \
+			}                                                                        \
+		}                                                                                \
+	}
+QAXPY_LIST512(q4, struct nf_block_q4_0)
+QAXPY_LIST512(q8, struct nf_block_q8_0)
+
+/* Float gemv over a list: row by row through the table's gemv. */
+#define FLIST512(T)                                                                          \
+	static void gemv_list_##T(size_t n, size_t nrows, const void *const *rows,          \
+				  const void *xq, float *y)                                  \
+	{                                                                                    \
+		for (size_t r = 0; r < nrows; r++)                                           \
+			gemv_##T(n, 1, rows[r], 0, xq, y + r);                               \
+	}
+FLIST512(f32)
+FLIST512(f16)
+FLIST512(bf16)
+
 /* y += a * w with w = (q - 8) * d exact in f32: one fma per element, as the
  * reference. */
 static void axpy_q4(size_t n, float a, const void *wrow, float *y)
@@ -1019,6 +1170,15 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,
 		[NF_KT_Q4_0] = axpy_q4,
+	},
+	.gemv_list = {
+		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
+		[NF_KT_Q8_0] = xr_gemv_list_q8_0, [NF_KT_Q4_0] = go_gemv_list_q4_0,
+	},
+	.axpy_list = {
+		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
+		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8,
+		[NF_KT_Q4_0] = axpy_list_q4,
 	},
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kavx2_softmax,

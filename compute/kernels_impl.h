@@ -27,6 +27,9 @@ void nf_kref_prepare_bf16(const float *x, void *xq, size_t n);
 void nf_kref_prepare_f32(const float *x, void *xq, size_t n);
 void nf_kref_prepare_q8_0(const float *x, void *xq, size_t n);
 void nf_kref_axpy_bf16(size_t n, float a, const void *wrow, float *y);
+/* axpy_list as ncols calls of axpy, in ascending order (the definition). */
+void nf_kref_axpy_list(void (*axpy)(size_t, float, const void *, float *), size_t n, size_t ncols,
+		       const float *a, const void *const *cols, float *y);
 /* F16 dot product in llama.cpp's summation order (see kernels_ref.c); the
  * SIMD tables use it for rows that are not a multiple of 16 long. */
 float nf_kref_dot_f16(size_t n, const void *w, const void *x);
@@ -52,6 +55,11 @@ void nf_kavx2_gemv_q8_0(size_t n, size_t nrows, const void *w, size_t row_bytes,
 void nf_kavx2_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y);
 void nf_kavx2_gemm_q8_0(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb,
 			const void *xq, size_t xq_stride, float *y, size_t ldy);
+void nf_kavx2_gemv_list_q8_0(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y);
+void nf_kavx2_gemv_list_q4_0(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y);
+void nf_kavx2_axpy_list_f32(size_t n, size_t ncols, const float *a, const void *const *cols, float *y);
+void nf_kavx2_axpy_list_f16(size_t n, size_t ncols, const float *a, const void *const *cols, float *y);
+void nf_kavx2_axpy_list_bf16(size_t n, size_t ncols, const float *a, const void *const *cols, float *y);
 void nf_kavx2_gemm_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb,
 			const void *xq, size_t xq_stride, float *y, size_t ldy);
 

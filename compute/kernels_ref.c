@@ -221,6 +221,21 @@ REF_MATMUL(bf16)
 REF_MATMUL(q8_0)
 REF_MATMUL(q4_0)
 
+/* gemv over a list of rows: each row's dot alone, as gemv computes it */
+#define REF_LIST(T)                                                                     \
+	static void gemv_list_##T(size_t n, size_t nrows, const void *const *rows,     \
+				  const void *xq, float *y)                             \
+	{                                                                               \
+		for (size_t r = 0; r < nrows; r++)                                      \
+			y[r] = dot_##T(n, rows[r], xq);                                 \
+	}
+
+REF_LIST(f32)
+REF_LIST(f16)
+REF_LIST(bf16)
+REF_LIST(q8_0)
+REF_LIST(q4_0)
+
 /* ---- sparse down-column update --------------------------------------------- */
 
 static void axpy_f32w(size_t n, float a, const void *wrow, float *y)
@@ -266,6 +281,28 @@ static void axpy_q4_0(size_t n, float a, const void *wrow, float *y)
 		}
 	}
 }
+
+/* The definition of axpy_list: one axpy per column, in ascending order.
+ * SIMD tables use it for weight types whose fused form is not worth it. */
+void nf_kref_axpy_list(void (*axpy)(size_t, float, const void *, float *), size_t n, size_t ncols,
+		       const float *a, const void *const *cols, float *y)
+{
+	for (size_t c = 0; c < ncols; c++)
+		axpy(n, a[c], cols[c], y);
+}
+
+#define REF_AXPY_LIST(T, FN)                                                              \
+	static void axpy_list_##T(size_t n, size_t ncols, const float *a,                \
+				  const void *const *cols, float *y)                      \
+	{                                                                                 \
+		nf_kref_axpy_list(FN, n, ncols, a, cols, y);                              \
+	}
+
+REF_AXPY_LIST(f32, axpy_f32w)
+REF_AXPY_LIST(f16, axpy_f16)
+REF_AXPY_LIST(bf16, nf_kref_axpy_bf16)
+REF_AXPY_LIST(q8_0, axpy_q8_0)
+REF_AXPY_LIST(q4_0, axpy_q4_0)
 
 /* ---- vector ops ------------------------------------------------------------ */
 
@@ -351,6 +388,14 @@ const struct nf_kernels nf_kernels_table_ref = {
 	.axpy = {
 		[NF_KT_F32] = axpy_f32w, [NF_KT_F16] = axpy_f16, [NF_KT_BF16] = nf_kref_axpy_bf16,
 		[NF_KT_Q8_0] = axpy_q8_0, [NF_KT_Q4_0] = axpy_q4_0,
+	},
+	.gemv_list = {
+		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
+		[NF_KT_Q8_0] = gemv_list_q8_0, [NF_KT_Q4_0] = gemv_list_q4_0,
+	},
+	.axpy_list = {
+		[NF_KT_F32] = axpy_list_f32, [NF_KT_F16] = axpy_list_f16, [NF_KT_BF16] = axpy_list_bf16,
+		[NF_KT_Q8_0] = axpy_list_q8_0, [NF_KT_Q4_0] = axpy_list_q4_0,
 	},
 	.rmsnorm = nf_kref_rmsnorm,
 	.softmax = nf_kref_softmax,

@@ -282,6 +282,7 @@ const float *nf_ctx_logits(const struct nf_ctx *c) { return c->logits; }
 uint32_t nf_ctx_n_past(const struct nf_ctx *c) { return c->n_past; }
 uint32_t nf_ctx_n_ctx(const struct nf_ctx *c) { return c->n_ctx; }
 int nf_ctx_n_threads(const struct nf_ctx *c) { return c->n_threads; }
+uint32_t nf_ctx_n_batch(const struct nf_ctx *c) { return c->n_batch; }
 const struct nf_kernels *nf_ctx_kernels(const struct nf_ctx *c) { return c->k; }
 const struct nf_model *nf_ctx_model(const struct nf_ctx *c) { return c->m; }
 uint64_t nf_ctx_bytes(const struct nf_ctx *c) { return c->bytes + sizeof(*c); }

@@ -654,6 +654,19 @@ int nf_cache_set_counts(struct nf_cache *c, uint32_t layer, const uint32_t *coun
 	return 0;
 }
 
+int nf_cache_count(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons, uint32_t n)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NF_EUSAGE;
+	struct ffn_ent *f = &c->ffns[layer * c->g.n_expert + expert];
+	if (!f->obj)
+		return NF_EUSAGE;
+	for (uint32_t k = 0; k < n; k++)
+		if (neurons[k] < c->g.n_neurons)
+			f->count[neurons[k]]++;
+	return 0;
+}
+
 int nf_cache_hot_load(struct nf_cache *c)
 {
 	uint32_t N = c->g.n_neurons, stride = c->g.stride;

@@ -501,6 +501,127 @@ static void check_row_offsets(const struct nf_kernels *k, const struct nf_kernel
 	free(wf);
 }
 
+/*
+ * gemv_list over rows at scattered (element-aligned) addresses: each row's
+ * result has the bits of the same table's gemv on that row alone, and
+ * agrees with the reference's list (bit for bit where the order is fixed).
+ */
+static void check_gemv_list(const struct nf_kernels *k, const struct nf_kernels *ref)
+{
+	struct rng r = { 9 };
+	const size_t ns[] = { 32, 96, 4096 + 32, 16384 + 64 };
+	const size_t counts[] = { 1, 2, 3, 7, 8, 9, 16, 17, 32, 33 };
+	enum { MAXR = 33 };
+	for (size_t t = 0; t < NF_KT_COUNT; t++) {
+		enum nf_ktype kt = all_kt[t];
+		size_t step = kt == NF_KT_F32 ? 4 : 2;
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+			size_t n = ns[ni], rb = nf_dtype_row_size(kt_dtype[kt], n), slot = rb + 128;
+			unsigned char *buf = aligned_alloc(64, (MAXR * slot + 63) & ~(size_t)63);
+			unsigned char *xq = xmalloc(nf_act_size(kt, n));
+			float *xf = xmalloc(n * sizeof(float)), *wf = xmalloc(n * sizeof(float));
+			cr_assert_not_null(buf);
+			memset(buf, 0x7f, MAXR * slot);
+			fill(&r, xf, n);
+			ref->act_prepare[kt](xf, xq, n);
+			const void *rows[MAXR];
+			/* rows in shuffled slots at varying offsets */
+			for (size_t i = 0; i < MAXR; i++) {
+				size_t sl = (i * 7 + 3) % MAXR, off = (i * 5 * step) % 64;
+				rows[i] = buf + sl * slot + off;
+				fill(&r, wf, n);
+				quant_row(kt, wf, buf + sl * slot + off, n);
+			}
+			for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+				size_t cnt = counts[ci];
+				float ya[MAXR + 1], yb[MAXR + 1], yc[MAXR + 1];
+				ya[cnt] = yb[cnt] = -7.0f;
+				ref->gemv_list[kt](n, cnt, rows, xq, ya);
+				k->gemv_list[kt](n, cnt, rows, xq, yb);
+				cr_assert_eq(yb[cnt], -7.0f, "%s gemv_list wrote past y", k->isa);
+				for (size_t i = 0; i < cnt; i++) {
+					k->gemv[kt](n, 1, rows[i], rb, xq, &yc[i]);
+					cr_assert(!memcmp(&yb[i], &yc[i], sizeof(float)),
+						  "%s gemv_list kt %d n %zu rows %zu row %zu: %.9g, gemv %.9g",
+						  k->isa, kt, n, cnt, i, yb[i], yc[i]);
+					double e, bound;
+					exact_dot(kt, n, rows[i], xq, &e, &bound);
+					/* rows past 16384 values: the AVX2 gemv sums them in
+					 * chunks (the long-row fallback), so only close */
+					bool same = exact_order(kt) && n <= 16384;
+					cr_assert(same ? !memcmp(&ya[i], &yb[i], sizeof(float))
+						       : fabs(ya[i] - yb[i]) <= 1e-5 * bound + 1e-30,
+						  "%s gemv_list kt %d n %zu row %zu: %.9g vs ref %.9g",
+						  k->isa, kt, n, i, yb[i], ya[i]);
+				}
+			}
+			free(buf);
+			free(xq);
+			free(xf);
+			free(wf);
+		}
+	}
+}
+
+/* axpy_list: the bits of axpy column by column in ascending order, on the
+ * same table and on the reference. */
+static void check_axpy_list(const struct nf_kernels *k, const struct nf_kernels *ref)
+{
+	struct rng r = { 10 };
+	const size_t ns[] = { 32, 37, 96, 4096 + 32 };
+	const size_t counts[] = { 0, 1, 5, 8, 9, 20 };
+	enum { MAXC = 20 };
+	for (size_t t = 0; t < NF_KT_COUNT; t++) {
+		enum nf_ktype kt = all_kt[t];
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+			size_t n = ns[ni];
+			if (n % 32 && (kt == NF_KT_Q8_0 || kt == NF_KT_Q4_0))
+				continue;
+			size_t rb = nf_dtype_row_size(kt_dtype[kt], n);
+			char *w = xmalloc(MAXC * (rb + 8));
+			float *wf = xmalloc(n * sizeof(float)), *y0 = xmalloc(n * sizeof(float));
+			float *ya = xmalloc(n * sizeof(float)), *yb = xmalloc(n * sizeof(float));
+			float *yc = xmalloc(n * sizeof(float));
+			const void *cols[MAXC];
+			float a[MAXC];
+			for (size_t c = 0; c < MAXC; c++) {
+				/* columns in reverse memory order, 2-byte offsets */
+				cols[c] = w + (MAXC - 1 - c) * (rb + 8) + (kt == NF_KT_F32 ? 4 : 2) * (c % 3);
+				fill(&r, wf, n);
+				quant_row(kt, wf, (void *)cols[c], n);
+				a[c] = rnd(&r) * 3;
+			}
+			a[2] = 0.0f;
+			for (size_t i = 0; i < n; i++)
+				y0[i] = rnd(&r);
+			for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+				size_t cnt = counts[ci];
+				memcpy(ya, y0, n * sizeof(float));
+				memcpy(yb, y0, n * sizeof(float));
+				memcpy(yc, y0, n * sizeof(float));
+				ref->axpy_list[kt](n, cnt, a, cols, ya);
+				k->axpy_list[kt](n, cnt, a, cols, yb);
+				for (size_t c = 0; c < cnt; c++)
+					k->axpy[kt](n, a[c], cols[c], yc);
+				for (size_t i = 0; i < n; i++) {
+					cr_assert(!memcmp(&yb[i], &yc[i], sizeof(float)),
+						  "%s axpy_list kt %d n %zu cols %zu [%zu]: %.9g, axpy %.9g",
+						  k->isa, kt, n, cnt, i, yb[i], yc[i]);
+					cr_assert(!memcmp(&yb[i], &ya[i], sizeof(float)),
+						  "%s axpy_list kt %d n %zu cols %zu [%zu]: %.9g vs ref %.9g",
+						  k->isa, kt, n, cnt, i, yb[i], ya[i]);
+				}
+			}
+			free(w);
+			free(wf);
+			free(y0);
+			free(ya);
+			free(yb);
+			free(yc);
+		}
+	}
+}
+
 static void check_isa(const char *isa)
 {
 	const struct nf_kernels *k = isa_or_skip(isa), *ref = nf_kernels_ref();
@@ -509,11 +630,15 @@ static void check_isa(const char *isa)
 		cr_assert_not_null(k->gemv[t]);
 		cr_assert_not_null(k->gemm[t]);
 		cr_assert_not_null(k->axpy[t]);
+		cr_assert_not_null(k->gemv_list[t]);
+		cr_assert_not_null(k->axpy_list[t]);
 	}
 	check_prepare(k, ref);
 	check_matmul(k, ref);
 	check_row_offsets(k, ref);
 	check_axpy(k, ref);
+	check_gemv_list(k, ref);
+	check_axpy_list(k, ref);
 	check_vector_ops(k, ref);
 }
 

@@ -191,7 +191,10 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 	 * per-thread scratch) and the cache's metadata, rounded up */
 	uint64_t groups = (hp->n_ff + 31) / 32;
 	uint64_t engine = groups * hp->n_embd * 4 + (uint64_t)hp->n_ff * 72 +
-			  (uint64_t)hp->n_layer * hp->n_ff * 8 + 64ull * (hp->n_embd * 4 + 256) + (1u << 20);
+			  (uint64_t)hp->n_layer * hp->n_ff * 8 + 64ull * (hp->n_embd * 4 + 256) + (1u << 20) +
+			  /* batches: each token's prepared input and neuron masks */
+			  (uint64_t)nf_ctx_n_batch(mc->ctx) * (hp->n_embd * 4 + 64 + groups * 4) +
+			  64ull * hp->n_embd * 4;
 	uint64_t fixed = *weights + nf_ctx_bytes(mc->ctx) + engine;
 	struct nf_cache_opts o;
 	nf_cache_opts_default(&o);
@@ -292,7 +295,8 @@ static int open_engine(struct nf_model_cli *mc)
 	nf_sparse_params_init(&sp);
 	sp.mode = mc->sparse_mode < 0 ? NF_SPARSE_AUTO : (enum nf_sparse_mode)mc->sparse_mode;
 	/* In memory, "dense" by default is the built-in FFN (the same sums);
-	 * MoE FFNs are not sparse yet. */
+	 * MoE FFNs are not sparse: in memory the built-in FFN runs them, from
+	 * a store their routed experts stream as dense FFNs. */
 	if (mc->sparse_mode < 0) {
 		bool pred = !hp->n_expert && nf_model_layer(mc->model, 0)->fc1.data;
 		if (hp->n_expert || (!pred && hp->act == NF_FFN_SILU))
@@ -305,13 +309,8 @@ static int open_engine(struct nf_model_cli *mc)
 	uint64_t weights = nf_model_weight_bytes(mc->model);
 	mc->overhead = NF_CLI_OVERHEAD;
 	if (streamed) {
-		if (sp.mode == NF_SPARSE_OFF) {
-			if (hp->n_expert) {
-				nf_cli_err("%s: mixture-of-experts FFNs are not streamed from a store yet", mc->path);
-				return NF_EXIT_USAGE;
-			}
+		if (sp.mode == NF_SPARSE_OFF)
 			sp.mode = NF_SPARSE_DENSE;
-		}
 		int rc = open_cache(mc, &weights);
 		if (rc != NF_EXIT_OK)
 			return rc;
@@ -598,18 +597,6 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 		return NF_EXIT_USAGE;
 	}
 	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
-	if (rc == 0 && nf_model_store(mc->model) && !off && nf_model_hparams(mc->model)->n_expert) {
-		/* mixture of experts: not streamed yet, the built-in FFN runs */
-		nf_model_free(mc->model);
-		mc->model = NULL;
-		mo.store_unpack_ffn = true;
-		mo.store_defer_attn = false;
-		if (mc->stream_attn) {
-			nf_cli_err("--stream-attn: mixture-of-experts FFNs are not streamed from a store yet");
-			return NF_EXIT_USAGE;
-		}
-		rc = nf_model_load(mc->path, &mo, &mc->model, &d);
-	}
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;

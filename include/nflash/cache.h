@@ -140,6 +140,12 @@ int nf_cache_release(struct nf_cache *c);
  * an I/O error.
  */
 int nf_cache_hot_load(struct nf_cache *c);
+/* Count neurons[0..n) of (layer, expert) as used once more without
+ * requesting them (nf_cache_request counts what it is asked for): a batch
+ * that requests the union of its tokens' neurons counts each token's own
+ * set this way, so the online hot set still follows per-token frequency.
+ * Returns 0 or NF_EUSAGE. */
+int nf_cache_count(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons, uint32_t n);
 /* Firing counts of (layer, expert 0) from a profile: n_neurons values. */
 int nf_cache_set_counts(struct nf_cache *c, uint32_t layer, const uint32_t *counts);
 

@@ -66,6 +66,18 @@ struct nf_kernels {
 	 * Callers round a as the reference requires before calling. */
 	void (*axpy[NF_KT_COUNT])(size_t n, float a, const void *wrow, float *y);
 
+	/* Sparse gather forms (compute/ffn_sparse.c). gemv_list: y[j] =
+	 * dot(rows[j], xq), j in [0, nrows), rows at arbitrary addresses; each
+	 * y[j] has exactly the bits gemv gives for that row alone. Any nrows
+	 * (the activation is repacked once per call: pass long lists whole). */
+	void (*gemv_list[NF_KT_COUNT])(size_t n, size_t nrows, const void *const *rows,
+				       const void *xq, float *y);
+	/* axpy_list: for c = 0, 1, ..., ncols - 1 in that order, y += a[c] *
+	 * cols[c]: the bits of ncols axpy calls in ascending order (per element
+	 * the same chain of fmas), in few passes over y. */
+	void (*axpy_list[NF_KT_COUNT])(size_t n, size_t ncols, const float *a,
+				       const void *const *cols, float *y);
+
 	/* out = x / sqrt(mean(x^2) + eps) * w (w may be NULL: no scale). out may alias x. */
 	void (*rmsnorm)(float *out, const float *x, const float *w, size_t n, float eps);
 	/* In place, numerically stable (max subtracted). */

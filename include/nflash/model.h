@@ -258,6 +258,8 @@ const float *nf_ctx_logits(const struct nf_ctx *c);
 uint32_t nf_ctx_n_past(const struct nf_ctx *c);
 uint32_t nf_ctx_n_ctx(const struct nf_ctx *c);
 int nf_ctx_n_threads(const struct nf_ctx *c);
+/* Most tokens one forward step (and so one FFN call) carries. */
+uint32_t nf_ctx_n_batch(const struct nf_ctx *c);
 const struct nf_kernels *nf_ctx_kernels(const struct nf_ctx *c);
 /* The model the context runs. */
 const struct nf_model *nf_ctx_model(const struct nf_ctx *c);
@@ -332,6 +334,15 @@ int nf_ctx_set_ffn(struct nf_ctx *c, uint32_t il, const struct nf_ffn_ops *ops, 
 /* The built-in FFN of layer il (dense SwiGLU/ReGLU/dReLU or MoE), run on
  * the context's scratch; a replacement may call it for layers it skips. */
 int nf_ctx_ffn_builtin(struct nf_ctx *c, const struct nf_ffn_io *io);
+
+/*
+ * nf_ctx_moe_route - the router of MoE layer io->layer for io's tokens, as
+ * the built-in FFN routes (llama.cpp's rule: softmax, top n_expert_used,
+ * ties to the lower id, weights renormalised). *sel and *w get nb x
+ * n_expert_used expert ids and weights in rank order, in the context's
+ * scratch (valid until its next forward step). Returns 0 or NF_EUSAGE.
+ */
+int nf_ctx_moe_route(struct nf_ctx *c, const struct nf_ffn_io *io, const int32_t **sel, const float **w);
 
 #ifdef __cplusplus
 }
