@@ -24,8 +24,10 @@
  * Errors (STYLE.md rule 6): a failed read (I/O error, short read, checksum
  * mismatch) is returned by the acquire of its group and by every call
  * after it, until the stream is closed.
- * Thread-safety: one thread at a time (completions run inside acquire and
- * release, in the calling thread).
+ * Thread-safety: one thread at a time calls the functions. Completions
+ * (and their crc32c checks) run in the I/O context's own thread by default
+ * (opts.io.completion; the sync and fault backends always complete inside
+ * acquire, in the calling thread).
  */
 #ifndef NFLASH_STREAM_H
 #define NFLASH_STREAM_H
@@ -45,7 +47,8 @@ struct nf_store_object;
 
 struct nf_stream_opts {
 	uint32_t n_slots;          /* buffers of one group each, >= 2 (default 2) */
-	struct nf_io_opts io;      /* backend, queue depth (default 64), faults */
+	struct nf_io_opts io;      /* backend, queue depth (default 64), completion
+				    * (default NF_IO_COMPLETION_THREAD), faults */
 };
 
 void nf_stream_opts_default(struct nf_stream_opts *o);
