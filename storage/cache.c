@@ -101,6 +101,10 @@ struct nf_cache {
 
 	struct nf_cache_stats st;
 	uint64_t meta_bytes;
+	uint64_t max_coalesce;         /* the I/O context's, for counting hot reads */
+	bool hot_from_profile;
+	int profile_error;
+	uint64_t profile_tokens;
 };
 
 void nf_cache_opts_default(struct nf_cache_opts *o)
@@ -108,6 +112,7 @@ void nf_cache_opts_default(struct nf_cache_opts *o)
 	memset(o, 0, sizeof(*o));
 	o->hot_fraction = 0.5;
 	o->numa_node = -1;
+	o->use_profile = true;
 	nf_io_opts_default(&o->io);
 	/* misses are scattered bundles of a few KiB: the device needs many in
 	 * flight (bench-decode at 2 GiB: I/O wait 55% at 32, 25-28% at 128) */
@@ -177,6 +182,8 @@ uint64_t nf_cache_min_bytes(struct nf_store *s)
 		return 0;
 	return (uint64_t)g.n_neurons * g.stride;
 }
+
+static int hot_from_profile(struct nf_cache *c);
 
 static void *meta(struct nf_cache *c, size_t n)
 {
@@ -278,6 +285,9 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 		memset(c->ffns[i].loc, 0xff, N * sizeof(uint32_t));
 	}
 	if ((rc = nf_io_ctx_open(s, &o->io, &c->io, d)) < 0)
+		goto fail;
+	c->max_coalesce = o->io.max_coalesce ? o->io.max_coalesce : (1u << 20);
+	if (o->use_profile && nf_store_has_profile(s) && (rc = hot_from_profile(c)) < 0)
 		goto fail;
 	*out = c;
 	return 0;
@@ -716,6 +726,8 @@ int nf_cache_hot_load(struct nf_cache *c)
 			if (rc < 0)
 				goto out;
 			c->st.hot_loads++;
+			uint64_t seg = c->max_coalesce / stride ? c->max_coalesce / stride : 1;
+			c->st.hot_requests += (len + seg - 1) / seg;
 			c->st.hot_bytes += (uint64_t)len * stride;
 			c->st.bytes_read += (uint64_t)len * stride;
 			next += len;
@@ -739,6 +751,42 @@ out:
 	free(sl);
 	free(slots);
 	return rc < 0 ? rc : 0;
+}
+
+const uint32_t *nf_cache_counts(const struct nf_cache *c, uint32_t layer, uint32_t expert)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NULL;
+	const struct ffn_ent *f = &c->ffns[layer * c->g.n_expert + expert];
+	return f->obj ? f->count : NULL;
+}
+
+/*
+ * Seed the counts from the store's profile and load the hot segment. A
+ * profile that cannot be read (damaged) is not fatal: the hot set is then
+ * learned online and profile_error says why. I/O errors of the load are.
+ */
+static int hot_from_profile(struct nf_cache *c)
+{
+	struct nf_store_profile *p = NULL;
+	int rc = nf_store_profile_read(c->store, &p, NULL);
+	if (rc < 0) {
+		c->profile_error = rc;
+		return 0;
+	}
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(c->store, i);
+		if (!p->counts[i] || ob->kind != NF_STORE_KIND_FFN)
+			continue;
+		struct ffn_ent *f = &c->ffns[ob->layer * c->g.n_expert + ob->expert];
+		memcpy(f->count, p->counts[i], c->g.n_neurons * sizeof(uint32_t));
+	}
+	c->profile_tokens = p->tokens;
+	nf_store_profile_free(p);
+	if ((rc = nf_cache_hot_load(c)) < 0)
+		return rc;
+	c->hot_from_profile = true;
+	return 0;
 }
 
 /* ---- pinned -------------------------------------------------------------------------- */
@@ -791,5 +839,7 @@ void nf_cache_layout_get(const struct nf_cache *c, struct nf_cache_layout *out)
 		.arena = c->arena_bytes, .pinned_used = c->pinned_used, .pinned_cap = c->pinned_cap,
 		.hot = (uint64_t)c->n_hot * c->g.stride, .cold = (uint64_t)c->n_cold * c->g.stride,
 		.hot_slots = c->n_hot, .cold_slots = c->n_cold, .hugepages = c->hugepages, .numa = c->numa,
+		.hot_from_profile = c->hot_from_profile, .profile_error = c->profile_error,
+		.profile_tokens = c->profile_tokens,
 	};
 }

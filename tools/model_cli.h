@@ -31,6 +31,7 @@ struct nf_model_cli {
 	const char *io_backend; /* --io (an I/O backend) */
 	bool io_mmap;           /* --io mmap: dense from the GGUF's mapping, no prefault */
 	long qd;                /* --qd */
+	bool profile;           /* --profile: count active neurons, store them in the store */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
 	struct nf_ctx *ctx;
@@ -71,6 +72,13 @@ void nf_model_cli_close(struct nf_model_cli *mc);
 void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label);
 void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total);
 void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double t_total);
+/*
+ * --profile: store the neurons' firing counts gathered by the cache since
+ * open (tokens: how many tokens were evaluated) in the store the FFN came
+ * from, as a new generation. Prints where; returns an exit code. No-op
+ * without --profile.
+ */
+int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens);
 /* Peak resident set (VmHWM) of this process in bytes, 0 if unknown. */
 uint64_t nf_model_cli_vm_hwm(void);
 

@@ -56,6 +56,10 @@ struct nf_cache_opts {
 	double hot_fraction;       /* of what pinned leaves, for the hot segment (default 0.5) */
 	int numa_node;             /* -1: the caller's node */
 	bool prefault;             /* touch the whole arena at open (no page faults later) */
+	/* Use the store's activation profile (default true): counts seeded from
+	 * it and the hot segment loaded at open, in large sequential reads.
+	 * Without a profile (or with false) the hot set is learned online. */
+	bool use_profile;
 	struct nf_io_opts io;      /* backend, queue depth (default 128), faults */
 };
 
@@ -81,6 +85,7 @@ struct nf_cache_stats {
 	uint64_t requests;         /* read requests submitted (runs of adjacent bundles) */
 	uint64_t bytes_read;       /* by those requests, and by hot loads */
 	uint64_t hot_loads, hot_bytes;
+	uint64_t hot_requests;     /* reads of hot loads (runs split at the I/O context's max_coalesce) */
 	uint64_t evictions;
 	uint64_t errors;
 };
@@ -142,6 +147,10 @@ int nf_cache_release(struct nf_cache *c);
 int nf_cache_hot_load(struct nf_cache *c);
 /* Firing counts of (layer, expert 0) from a profile: n_neurons values. */
 int nf_cache_set_counts(struct nf_cache *c, uint32_t layer, const uint32_t *counts);
+/* The counts of FFN (layer, expert): n_neurons values indexed by neuron id
+ * (times requested since open, plus the profile's counts when one was
+ * used), or NULL when there is no such FFN. Valid until close. */
+const uint32_t *nf_cache_counts(const struct nf_cache *c, uint32_t layer, uint32_t expert);
 
 /*
  * nf_cache_pin_object - read dense object obj into the pinned segment and
@@ -159,6 +168,12 @@ struct nf_cache_layout {
 	uint64_t arena, pinned_used, pinned_cap, hot, cold;
 	uint32_t hot_slots, cold_slots;
 	bool hugepages, numa;
+	/* Where the hot set came from: the store's profile (loaded at open),
+	 * or learned online. profile_error: why a profile present in the store
+	 * was not used (0 if it was, or there is none). */
+	bool hot_from_profile;
+	int profile_error;
+	uint64_t profile_tokens;   /* calibration tokens of the profile used */
 };
 void nf_cache_layout_get(const struct nf_cache *c, struct nf_cache_layout *out);
 
