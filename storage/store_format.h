@@ -20,6 +20,7 @@
 #ifndef NFLASH_STORE_FORMAT_H
 #define NFLASH_STORE_FORMAT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Bytes "\x89NFSTORE" on disk: read as a little-endian u64 this is the value
@@ -70,10 +71,12 @@ struct nf_store_sb_disk {
 	uint64_t profile_length; /* bytes of header, entries and counts */
 	uint32_t profile_crc;    /* crc32c of those bytes */
 	uint32_t reserved1;
-	uint8_t reserved[112];   /* zero */
+	uint8_t reserved[116];   /* zero */
 	uint32_t crc;            /* crc32c of the bytes before this field */
 };
 _Static_assert(sizeof(struct nf_store_sb_disk) == 256, "superblock is 256 bytes");
+_Static_assert(offsetof(struct nf_store_sb_disk, profile_offset) == 112 &&
+	       offsetof(struct nf_store_sb_disk, crc) == 252, "superblock field offsets (docs/FORMAT.md item 5)");
 
 /* One object table entry. kind is enum nf_store_kind. Fields marked FFN are
  * zero for dense objects. */
