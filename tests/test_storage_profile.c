@@ -264,23 +264,18 @@ Test(storage, profile_damaged_or_dropped)
 	nf_store_close(s);
 
 	/* the bit with empty fields, or the fields without the bit: no profile */
-	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
-	s = open_ok(t.path);
-	slot = nf_store_info(s)->sb_slot;
-	nf_store_close(s);
-	patch_sb(t.path, slot, drop_fields);
-	s = open_ok(t.path);
-	cr_assert_eq(nf_store_info(s)->sb_slot, slot);
-	cr_assert(!nf_store_has_profile(s));
-	nf_store_close(s);
-	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
-	s = open_ok(t.path);
-	slot = nf_store_info(s)->sb_slot;
-	nf_store_close(s);
-	patch_sb(t.path, slot, drop_bit);
-	s = open_ok(t.path);
-	cr_assert(!nf_store_has_profile(s));
-	nf_store_close(s);
+	void (*drops[2])(struct nf_store_sb_disk *) = { drop_fields, drop_bit };
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
+		s = open_ok(t.path);
+		slot = nf_store_info(s)->sb_slot;
+		nf_store_close(s);
+		patch_sb(t.path, slot, drops[k]);
+		s = open_ok(t.path);
+		cr_assert_eq(nf_store_info(s)->sb_slot, slot, "case %d", k);
+		cr_assert(!nf_store_has_profile(s), "case %d", k);
+		nf_store_close(s);
+	}
 	nf_store_profile_free(p);
 	ts_dir_remove(&t);
 }
