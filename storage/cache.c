@@ -20,6 +20,10 @@
  *     waits on the I/O context (wait_lock).
  *  6. A failed read frees its slots (loc cleared) so no later lookup can
  *     hit on bytes that never arrived.
+ *  7. Counts are per neuron id; a store profile only seeds them. A hot
+ *     load reads each layer's chosen neurons sorted by store slot, one
+ *     request per run of adjacent slots (split at max_coalesce by the I/O
+ *     context), so a hot-first store's hot set is a few large reads.
  */
 #include <errno.h>
 #include <numa.h>
@@ -113,6 +117,7 @@ void nf_cache_opts_default(struct nf_cache_opts *o)
 	o->hot_fraction = 0.5;
 	o->numa_node = -1;
 	o->use_profile = true;
+	o->profile_hot_fraction = 1.0;
 	nf_io_opts_default(&o->io);
 	/* misses are scattered bundles of a few KiB: the device needs many in
 	 * flight (bench-decode at 2 GiB: I/O wait 55% at 32, 25-28% at 128) */
@@ -219,7 +224,8 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	c->arena_bytes = o->arena_bytes;
 	c->pinned_cap = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
 	uint64_t rest = o->arena_bytes > c->pinned_cap ? o->arena_bytes - c->pinned_cap : 0;
-	double hf = o->hot_fraction < 0 ? 0 : o->hot_fraction > 1 ? 1 : o->hot_fraction;
+	double hf = o->use_profile && nf_store_has_profile(s) ? o->profile_hot_fraction : o->hot_fraction;
+	hf = hf < 0 ? 0 : hf > 1 ? 1 : hf;
 	uint64_t hot = (uint64_t)((double)rest * hf);
 	if (rest - hot < min_cold)
 		hot = rest - min_cold;

@@ -61,6 +61,16 @@ static void run_model(const char *path, uint64_t arena, float *lg, int32_t *gree
 	nf_model_free(m);
 }
 
+static void cleanup(float *a, float *b, float *c, const char *p0, const char *p1, const char *p2)
+{
+	free(a);
+	free(b);
+	free(c);
+	unlink(p0);
+	unlink(p1);
+	unlink(p2);
+}
+
 Test(pipeline, profile_relayout_same_output_fewer_hot_reads, .timeout = 120)
 {
 	char gguf[256], store[256], hot[256], out[4096];
@@ -147,12 +157,7 @@ Test(pipeline, profile_relayout_same_output_fewer_hot_reads, .timeout = 120)
 	nf_cache_close(cache);
 	nf_store_close(s);
 
-	free(a);
-	free(b);
-	free(c);
-	unlink(hot);
-	unlink(store);
-	unlink(gguf);
+	cleanup(a, b, c, hot, store, gguf);
 }
 
 /* A regular llama Q4_0 FFN (QCOL down with its scales object, exact mode)
@@ -200,12 +205,7 @@ Test(pipeline, profile_relayout_of_qcol_bundles_keeps_exact_output, .timeout = 1
 	cr_expect(db <= TOL && dc <= TOL, "hot-first store %.3g (cache), %.3g (unpacked) off the GGUF", db, dc);
 	cr_expect_arr_eq(ga, gb, sizeof(ga));
 	cr_expect_arr_eq(ga, gc, sizeof(ga));
-	free(a);
-	free(b);
-	free(c);
-	unlink(hot);
-	unlink(store);
-	unlink(gguf);
+	cleanup(a, b, c, hot, store, gguf);
 }
 
 Test(pipeline, profile_needs_a_store)
