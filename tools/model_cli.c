@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "nflash/error.h"
 #include "nflash/store.h"
@@ -88,6 +89,8 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 			nf_cli_err("%s: expected auto, aio, uring, sync or mmap, got '%s'", f, v);
 			return NF_EUSAGE;
 		}
+	} else if (!strcmp(f, "--profile")) {
+		mc->profile = true;
 	} else if (!strcmp(f, "--qd")) {
 		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 1, 4096, &mc->qd) < 0)
 			return NF_EUSAGE;
@@ -124,7 +127,12 @@ void nf_model_cli_help(FILE *f)
 		"  --io mmap             baseline (llama.cpp's default loader): a GGUF run dense\n"
 		"                        through its read-only mapping, pages faulted in on demand\n"
 		"                        through the page cache (no prefault, no budget, no store)\n"
-		"  --qd N                reads in flight for stores and --ffn-store (default 128)\n");
+		"  --qd N                reads in flight for stores and --ffn-store (default 128)\n"
+		"  --profile             count how often each FFN neuron fires over this run\n"
+		"                        (calibration) and store the counts in the store (-m STORE\n"
+		"                        or --ffn-store); tokens are evaluated one at a time. The\n"
+		"                        cache then preloads each layer's hottest neurons at start;\n"
+		"                        `nflash store relayout` puts them first in the file\n");
 }
 
 /* Bytes the process holds before the model: program, libraries, thread
@@ -199,6 +207,7 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 	struct nf_cache_opts o;
 	nf_cache_opts_default(&o);
 	o.io.quiet = false;
+	o.use_profile = !mc->profile;   /* a calibration run counts from zero */
 	if (mc->io_backend)
 		o.io.backend = (enum nf_io_backend)nf_io_backend_parse(mc->io_backend);
 	if (mc->qd)
@@ -315,7 +324,17 @@ static int open_engine(struct nf_model_cli *mc)
 		if (rc != NF_EXIT_OK)
 			return rc;
 		sp.cache = mc->cache;
-		sp.hot_after = 4;
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(mc->cache, &cl);
+		/* a profile's hot set is loaded already; else learn it online */
+		sp.hot_after = cl.hot_from_profile ? 0 : 4;
+		if (cl.profile_error)
+			nf_cli_warn("%s: the store's profile is not used (%s); the hot set is learned online",
+				    mc->ffn_store ? mc->ffn_store : mc->path, nf_strerror(cl.profile_error));
+	} else if (mc->profile) {
+		nf_cli_err("--profile counts the neurons read through a store's cache: give -m STORE (from "
+			   "`nflash import`) or --ffn-store STORE");
+		return NF_EXIT_USAGE;
 	}
 	int rc = nf_sparse_open(mc->ctx, &sp, &mc->sparse, &d);
 	if (rc < 0) {
@@ -332,9 +351,10 @@ static int open_engine(struct nf_model_cli *mc)
 				 mib(nf_ctx_attn_stream_bytes(mc->ctx)));
 		fprintf(stderr,
 			"nflash: memory: dense weights %.1f MiB (pinned)%s, neuron cache %.1f MiB (hot %.1f MiB / %u "
-			"slots, cold %.1f MiB / %u slots%s%s), reserved %.1f MiB (KV cache %.1f MiB for -c %u, "
+			"slots%s, cold %.1f MiB / %u slots%s%s), reserved %.1f MiB (KV cache %.1f MiB for -c %u, "
 			"scratch and tables %.1f MiB); fixed overhead %.1f MiB\n",
-			mib(weights), abuf, mib(cl.arena), mib(cl.hot), cl.hot_slots, mib(cl.cold), cl.cold_slots,
+			mib(weights), abuf, mib(cl.arena), mib(cl.hot), cl.hot_slots,
+			cl.hot_from_profile ? " from the profile" : " learned online", mib(cl.cold), cl.cold_slots,
 			cl.hugepages ? ", hugepages" : "", cl.numa ? ", NUMA-placed" : "", mib(mc->reserved),
 			mib(nf_ctx_bytes_kv(mc->ctx)), nf_ctx_n_ctx(mc->ctx),
 			mib(mc->reserved - nf_ctx_bytes_kv(mc->ctx)), mib(mc->overhead));
@@ -438,6 +458,7 @@ static void cache_delta(const struct nf_cache_stats *a, const struct nf_cache_st
 	d->bytes_read = a->bytes_read - b->bytes_read;
 	d->hot_loads = a->hot_loads - b->hot_loads;
 	d->hot_bytes = a->hot_bytes - b->hot_bytes;
+	d->hot_requests = a->hot_requests - b->hot_requests;
 	d->evictions = a->evictions - b->evictions;
 	d->errors = a->errors - b->errors;
 }
@@ -479,6 +500,16 @@ void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 	struct nf_stream_stats a;
 	bool attn = nf_ctx_attn_stats(mc->ctx, &a);
 	stats_line(f, "total", &now, mc->cache ? &c : NULL, attn ? &a : NULL, t_total);
+	if (mc->cache) {
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(mc->cache, &cl);
+		if (cl.hot_from_profile)
+			fprintf(f, "nflash: hot set from the store's profile (%llu calibration tokens): %.1f MiB in %llu "
+				"reads at open\n", (unsigned long long)cl.profile_tokens, mib(c.hot_bytes),
+				(unsigned long long)c.hot_requests);
+		else
+			fprintf(f, "nflash: hot set learned online (no profile used)\n");
+	}
 	fprintf(f, "nflash: peak resident %.1f MiB (VmHWM)", mib(nf_model_cli_vm_hwm()));
 	if (mc->budget)
 		fprintf(f, ", budget %.1f MiB + fixed overhead %.1f MiB", mib(mc->budget), mib(mc->overhead));
@@ -513,6 +544,14 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_u64(j, "lookups", c.lookups);
 	nf_json_u64(j, "misses", c.misses);
 	nf_json_u64(j, "evictions", c.evictions);
+	if (mc->cache) {
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(mc->cache, &cl);
+		nf_json_str(j, "hot_source", cl.hot_from_profile ? "profile" : "online");
+		nf_json_u64(j, "profile_tokens", cl.profile_tokens);
+		nf_json_u64(j, "hot_bytes", c.hot_bytes);
+		nf_json_u64(j, "hot_requests", c.hot_requests);
+	}
 	nf_json_u64(j, "hot_loads", st.hot_loads);
 	nf_json_dbl(j, "hot_load_ms", st.t_hot * 1e3);
 	nf_json_dbl(j, "ffn_ms", st.t_ffn * 1e3);
@@ -617,7 +656,7 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	const struct nf_model_hparams *hp = nf_model_hparams(mc->model);
 	struct nf_ctx_params cp = nf_ctx_defaults();
 	cp.n_ctx = (uint32_t)mc->n_ctx;
-	cp.n_batch = (uint32_t)mc->n_batch;
+	cp.n_batch = mc->profile ? 1u : (uint32_t)mc->n_batch;   /* --profile counts each token */
 	cp.n_threads = (int)mc->n_threads;
 	cp.kv_type = mc->kv_type;
 	if (mc->n_ctx > (long)hp->n_ctx_train)
@@ -634,6 +673,45 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 		return rc;
 	}
 	mc->load_s = nf_cli_now() - t0;
+	return NF_EXIT_OK;
+}
+
+int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens)
+{
+	if (!mc->profile || !mc->cache)
+		return NF_EXIT_OK;
+	struct nf_diag d = { 0 };
+	struct nf_store *store = mc->store ? mc->store : nf_model_store(mc->model);
+	const char *path = mc->store ? mc->ffn_store : mc->path;
+	struct nf_store_profile *p = NULL;
+	int rc = nf_store_profile_alloc(store, &p);
+	if (rc < 0) {
+		nf_cli_err("--profile: %s", nf_strerror(rc));
+		return NF_EXIT_FAIL;
+	}
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(store, i);
+		const uint32_t *cnt = ob->kind == NF_STORE_KIND_FFN ? nf_cache_counts(mc->cache, ob->layer, ob->expert)
+								      : NULL;
+		if (cnt && p->counts[i])
+			memcpy(p->counts[i], cnt, (size_t)p->lens[i] * sizeof(uint32_t));
+	}
+	enum nf_sparse_mode m = nf_sparse_mode_of(mc->sparse);
+	p->source = m == NF_SPARSE_PREDICTOR ? NF_STORE_PROFILE_PREDICTOR
+		    : m == NF_SPARSE_EXACT   ? NF_STORE_PROFILE_EXACT
+					     : NF_STORE_PROFILE_DENSE;
+	p->tokens = tokens;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	p->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	rc = nf_store_update_profile(path, NULL, p, &d);
+	nf_store_profile_free(p);
+	if (rc < 0) {
+		nf_cli_err("--profile: %s", nf_diag_msg(&d, rc));
+		return NF_EXIT_FAIL;
+	}
+	fprintf(stderr, "nflash: profile of %llu tokens (%s mode) stored in %s\n", (unsigned long long)tokens,
+		nf_sparse_mode_name(m), path);
 	return NF_EXIT_OK;
 }
 

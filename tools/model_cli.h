@@ -34,6 +34,7 @@ struct nf_model_cli {
 	long qd;                /* --qd */
 	bool stream_attn;       /* --stream-attn: stream attention even if it fits */
 	long attn_pin;          /* --attn-pin-layers: when streamed, keep the first N pinned */
+	bool profile;           /* --profile: count active neurons, store them in the store */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
 	struct nf_ctx *ctx;
@@ -76,6 +77,13 @@ void nf_model_cli_close(struct nf_model_cli *mc);
 void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label);
 void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total);
 void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double t_total);
+/*
+ * --profile: store the neurons' firing counts gathered by the cache since
+ * open (tokens: how many tokens were evaluated) in the store the FFN came
+ * from, as a new generation. Prints where; returns an exit code. No-op
+ * without --profile.
+ */
+int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens);
 /* Peak resident set (VmHWM) of this process in bytes, 0 if unknown. */
 uint64_t nf_model_cli_vm_hwm(void);
 
