@@ -13,11 +13,15 @@
  *     to fp16 for the V sum; with an F32 cache everything stays f32.
  *  4. Each (token, head) pair is computed by one thread into its own output
  *     slice, using that thread's score row.
+ *  5. Streamed attention (c->attn, layers from c->attn_first on) holds the
+ *     layer's buffer from before the Q/K/V products until after the output
+ *     product, and only then.
  */
 #include <math.h>
 #include <string.h>
 
 #include "nflash/dtype.h"
+#include "nflash/stream.h"
 #include "model_impl.h"
 
 struct att_job {
@@ -140,22 +144,43 @@ static void add_rows(void *arg, size_t b0, size_t b1)
 		j->c->x[i] += j->c->tmp[i];
 }
 
-void nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0)
+int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0)
 {
 	const struct nf_layer_weights *L = &c->m->layers[il];
 	size_t E = c->m->hp.n_embd, KV = c->kv_dim;
 	struct att_job j = { .c = c, .il = il, .nb = nb, .pos0 = pos0, .norm_w = L->attn_norm };
+	/* Streamed: this layer's matrices from the stream's buffer (read
+	 * while the previous layer ran), same shapes and types as bound. */
+	struct nf_weight wq = L->wq, wk = L->wk, wv = L->wv, wo = L->wo;
+	bool streamed = c->attn && il >= c->attn_first;
+	if (streamed) {
+		const void *d[4];
+		int rc = nf_stream_acquire(c->attn, il - c->attn_first, d);
+		if (rc < 0)
+			return rc;
+		wq.data = d[0];
+		wk.data = d[1];
+		wv.data = d[2];
+		wo.data = d[3];
+	} else if (!wq.data) {
+		return NF_EUNSUPPORTED;
+	}
 
 	nf_ctx_parallel(c, nb, norm_rows, &j);
 	struct nf_mm qkv[3] = {
-		{ .w = &L->wq, .y = c->q, .ldy = E },
-		{ .w = &L->wk, .y = c->kn, .ldy = KV },
-		{ .w = &L->wv, .y = c->vn, .ldy = KV },
+		{ .w = &wq, .y = c->q, .ldy = E },
+		{ .w = &wk, .y = c->kn, .ldy = KV },
+		{ .w = &wv, .y = c->vn, .ldy = KV },
 	};
 	nf_ctx_matmul(c, qkv, 3, c->xn, E, nb);
 	nf_ctx_parallel(c, nb, rope_store_rows, &j);
 	nf_ctx_run(c, attend, &j);
-	struct nf_mm o = { .w = &L->wo, .y = c->tmp, .ldy = E };
+	struct nf_mm o = { .w = &wo, .y = c->tmp, .ldy = E };
 	nf_ctx_matmul(c, &o, 1, c->att, E, nb);
+	/* The buffer now takes a later layer. A failed prefetch is not this
+	 * layer's error: the acquire of the layer it was for reports it. */
+	if (streamed)
+		(void)nf_stream_release(c->attn, il - c->attn_first);
 	nf_ctx_parallel(c, nb, add_rows, &j);
+	return 0;
 }

@@ -174,15 +174,28 @@ static void combine_rows(void *arg, size_t b0, size_t b1)
 	}
 }
 
+int nf_ctx_moe_route(struct nf_ctx *c, const struct nf_ffn_io *io, const int32_t **sel, const float **w)
+{
+	const struct nf_model_hparams *hp = &c->m->hp;
+	if (!hp->n_expert || io->layer >= hp->n_layer || io->nb == 0 || io->nb > c->n_batch)
+		return NF_EUSAGE;
+	const struct nf_layer_weights *L = &c->m->layers[io->layer];
+	struct nf_mm r = { .w = &L->router, .y = c->router, .ldy = hp->n_expert };
+	nf_ctx_matmul(c, &r, 1, io->x, hp->n_embd, io->nb);
+	nf_ctx_parallel(c, io->nb, route_rows, c);
+	*sel = c->sel;
+	*w = c->selw;
+	return 0;
+}
+
 int nf_ffn_moe(struct nf_ctx *c, const struct nf_ffn_io *io)
 {
 	const struct nf_model_hparams *hp = &c->m->hp;
 	const struct nf_layer_weights *L = &c->m->layers[io->layer];
 	size_t E = hp->n_embd, F = hp->n_ff, X = hp->n_expert, U = hp->n_expert_used, nb = io->nb;
-
-	struct nf_mm r = { .w = &L->router, .y = c->router, .ldy = X };
-	nf_ctx_matmul(c, &r, 1, io->x, E, nb);
-	nf_ctx_parallel(c, nb, route_rows, c);
+	const int32_t *sel;
+	const float *selw;
+	nf_ctx_moe_route(c, io, &sel, &selw);
 
 	for (uint32_t e = 0; e < X; e++) {
 		size_t cnt = 0;

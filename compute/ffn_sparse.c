@@ -29,6 +29,15 @@
  *     any thread may take any ready chunk; with a cache, a thread with
  *     nothing to do reaps completions (the cache serialises that) and
  *     appends the chunks they complete.
+ *  5. A batch of tokens (prefill) from a cache makes one request per layer
+ *     for the union of its tokens' neurons, so a long prompt reads the FFN
+ *     as large sequential runs; each thread owns a slice of the tokens and
+ *     walks the groups in group order as they land, each token cutting its
+ *     own chunks from its own masks and adding each closed chunk straight
+ *     into its output: the same sums in the same order as invariant 2, so
+ *     a batch equals its tokens one by one, bit for bit.
+ *  6. Mixture-of-experts layers (from a cache only) route as the built-in
+ *     FFN and run each routed expert as a dense FFN of (layer, expert).
  */
 #include <errno.h>
 #include <math.h>
@@ -62,13 +71,14 @@ struct layer_tab {
 	const char *gate, *up, *down;
 	size_t gate_stride, up_stride, down_stride;
 	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16 */
+	const uint16_t **xscales;    /* MoE from a cache: scales per expert */
 	void *owned;                 /* transposed / repacked down (ours) */
 	const struct nf_weight *fc1, *fc2;
 };
 
 struct group_state {
-	uint32_t mask;               /* neurons to compute (bit i: neuron 32g + i) */
-	uint32_t chunk;              /* the chunk it belongs to (if mask) */
+	uint32_t chunk;              /* the chunk it belongs to (if active) */
+	atomic_uint pending;         /* batches: bundles not yet in memory */
 };
 
 struct chunk_state {
@@ -104,6 +114,7 @@ struct nf_sparse {
 	float *h1;                   /* fc1 output (rank) */
 	float *score;                /* fc2 output, then gate values for recall (n_ff) */
 	uint32_t rank;
+	uint32_t *gmask;             /* n_groups: neurons to compute (bit i: neuron 32g + i) */
 	struct group_state *groups;  /* n_groups */
 	struct chunk_state *chunks;  /* max_chunks */
 	uint32_t max_chunks, n_chunks;
@@ -124,6 +135,22 @@ struct nf_sparse {
 	uint64_t tokens, next_hot;
 	double t_req;                /* this layer: request time */
 	_Atomic double t_last_ready; /* and its last completion (set by reapers) */
+	/* batches (prefill) from a cache: one request per layer for the
+	 * union of the tokens' neurons, groups consumed in group order */
+	bool in_batch;
+	uint32_t n_batch;            /* most tokens per call */
+	size_t xq_size;              /* bytes of one prepared input */
+	char *bxq;                   /* n_batch prepared inputs */
+	uint32_t *bmask;             /* n_batch x n_groups neuron masks */
+	uint32_t *bchunk;            /* n_batch x 2: open chunk's first group, active neurons */
+	float *bsum;                 /* nth x E: one chunk's contribution */
+	size_t cur_nb;
+	/* mixture of experts (from a cache only): each token's routed experts
+	 * run as dense FFNs one after the other */
+	uint32_t n_expert, n_expert_used;
+	uint32_t cur_expert;
+	const uint16_t *cur_scales;  /* QCOL scales of (cur_layer, cur_expert) */
+	float *eout;                 /* n_expert_used x E: each routed expert's output */
 	const float *cur_x;          /* token being computed */
 	const struct nf_weight *cur_pred; /* predictor matrix being computed */
 	float *pred_out;             /* and its output */
@@ -225,22 +252,24 @@ static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, co
 			}
 		}
 	}
-	const uint16_t *sc = s->tabs[s->cur_layer].scales + (size_t)gi * E;
+	const uint16_t *sc = s->cur_scales + (size_t)gi * E;
 	for (uint32_t r = 0; r < E; r++)
 		out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc[r];
 }
 
-/* Computes chunk ci of the current (layer, token) into out (E floats). */
-static void chunk_compute(struct nf_sparse *s, uint32_t ci, float *out, char *scratch)
+/* Computes the neurons of groups [g0, g1) of the current layer that mask
+ * (indexed by group) selects, for the token whose prepared input is xq,
+ * into out (E floats). */
+static void chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const uint32_t *mask, const void *xq,
+			  float *out, char *scratch)
 {
 	const struct nf_kernels *k = s->k;
-	const struct chunk_state *c = &s->chunks[ci];
 	uint32_t layer = s->cur_layer, E = s->E;
 	uint32_t ids[CHUNK_MAX], n = 0;
 	float gv[2 * CHUNK_MAX], coef[CHUNK_MAX], *uv;
 	const void *gp[2 * CHUNK_MAX], *up[CHUNK_MAX], *dp[CHUNK_MAX], *cols[CHUNK_MAX];
-	for (uint32_t gi = c->g0; gi < c->g1; gi++) {
-		uint32_t m = s->groups[gi].mask;
+	for (uint32_t gi = g0; gi < g1; gi++) {
+		uint32_t m = mask[gi];
 		while (m) {
 			uint32_t j = gi * GROUP + (uint32_t)__builtin_ctz(m);
 			const char *g, *u, *d;
@@ -261,11 +290,11 @@ static void chunk_compute(struct nf_sparse *s, uint32_t ci, float *out, char *sc
 		return;
 	if (s->has_gate && s->mode != NF_SPARSE_EXACT) {
 		memcpy(gp + n, up, n * sizeof(*up));
-		k->gemv_list[s->kt_gu](E, 2 * n, gp, s->xq, gv);
+		k->gemv_list[s->kt_gu](E, 2 * n, gp, xq, gv);
 		uv = gv + n;
 	} else {
 		if (s->has_gate) {
-			k->gemv_list[s->kt_gu](E, n, gp, s->xq, gv);
+			k->gemv_list[s->kt_gu](E, n, gp, xq, gv);
 			uint32_t kept = 0;
 			for (uint32_t j = 0; j < n; j++) {
 				if (!(gv[j] > 0.0f))
@@ -280,7 +309,7 @@ static void chunk_compute(struct nf_sparse *s, uint32_t ci, float *out, char *sc
 		}
 		uv = gv + CHUNK_MAX;
 		if (n)
-			k->gemv_list[s->kt_gu](E, n, up, s->xq, uv);
+			k->gemv_list[s->kt_gu](E, n, up, xq, uv);
 	}
 
 	/* per group: activations, rounded or quantized as one block, then the
@@ -349,11 +378,33 @@ static void on_ready(void *user, const uint32_t *neurons, uint32_t n, int result
 	}
 	if (s->cache)
 		atomic_store(&s->t_last_ready, now_s());
+	if (s->in_batch) {
+		/* a batch consumes groups in order: count per group */
+		for (uint32_t k = 0; k < n; k++)
+			atomic_fetch_sub(&s->groups[neurons[k] / GROUP].pending, 1);
+		return;
+	}
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t ci = s->groups[neurons[k] / GROUP].chunk;
 		if (atomic_fetch_sub(&s->chunks[ci].pending, 1) == 1)
 			ready_push(s, ci);
 	}
+}
+
+/* Reap completions (serialised by the cache); thread 0 times its waits.
+ * Returns false after recording an error. */
+static bool reap_some(struct nf_sparse *s, int ith)
+{
+	double t0 = ith == 0 ? now_s() : 0.0;
+	int rc = nf_cache_reap(s->cache, on_ready, s);
+	if (ith == 0)
+		s->st.t_wait += now_s() - t0;
+	if (rc < 0) {
+		int expect = 0;
+		atomic_compare_exchange_strong(&s->err, &expect, rc);
+		return false;
+	}
+	return true;
 }
 
 static void worker(void *arg, int ith, int nth)
@@ -376,19 +427,13 @@ static void worker(void *arg, int ith, int nth)
 				;
 			float *out = s->gout + (size_t)ci * s->E;
 			memset(out, 0, s->E * sizeof(float));
-			chunk_compute(s, ci, out, scratch);
+			const struct chunk_state *c = &s->chunks[ci];
+			chunk_compute(s, c->g0, c->g1, s->gmask, s->xq, out, scratch);
 			continue;
 		}
-		/* Nothing ready: reap completions (serialised by the cache). */
-		double t0 = ith == 0 ? now_s() : 0.0;
-		int rc = nf_cache_reap(s->cache, on_ready, s);
-		if (ith == 0)
-			s->st.t_wait += now_s() - t0;
-		if (rc < 0) {
-			int expect = 0;
-			atomic_compare_exchange_strong(&s->err, &expect, rc);
+		/* Nothing ready: reap completions. */
+		if (!reap_some(s, ith))
 			return;
-		}
 	}
 }
 
@@ -447,6 +492,19 @@ static void predict(struct nf_sparse *s, const struct nf_ffn_env *env, const str
 	run_workers(s, env, predict_worker);
 }
 
+/* Neurons of group gi to compute: the predicted ones (score >= threshold,
+ * after predict()), or every neuron that exists. */
+static uint32_t group_mask(const struct nf_sparse *s, uint32_t gi)
+{
+	uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
+	if (s->mode != NF_SPARSE_PREDICTOR)
+		return valid;
+	for (uint32_t i = 0; i < GROUP; i++)
+		if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
+			m |= 1u << i;
+	return m;
+}
+
 /* Gate values of every neuron (in memory) for recall. */
 static void measure_recall(struct nf_sparse *s, uint32_t layer)
 {
@@ -460,7 +518,7 @@ static void measure_recall(struct nf_sparse *s, uint32_t layer)
 			s->k->gemv[s->kt_gu](s->E, 1, t->gate + (size_t)j * t->gate_stride, 0, s->xq, &gv);
 			if (gv > 0.0f) {
 				s->st.recall_fired++;
-				s->st.recall_hit += (s->groups[gi].mask >> i) & 1u;
+				s->st.recall_hit += (s->gmask[gi] >> i) & 1u;
 			}
 		}
 }
@@ -471,6 +529,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	const struct layer_tab *t = &s->tabs[layer];
 	uint64_t later0 = s->st.groups_ready_later;
 	s->cur_layer = layer;
+	s->cur_scales = t->xscales ? t->xscales[s->cur_expert] : t->scales;
 	s->cur_x = x;
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
 	if (s->mode == NF_SPARSE_PREDICTOR)
@@ -484,15 +543,8 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	 * neurons, cut from the masks alone (invariant 2) */
 	uint32_t nc = 0, in_chunk = 0;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-		uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
-		if (s->mode == NF_SPARSE_PREDICTOR) {
-			for (uint32_t i = 0; i < GROUP; i++)
-				if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
-					m |= 1u << i;
-		} else {
-			m = valid;
-		}
-		s->groups[gi].mask = m;
+		uint32_t m = group_mask(s, gi);
+		s->gmask[gi] = m;
 		if (!m)
 			continue;
 		uint32_t pc = (uint32_t)__builtin_popcount(m);
@@ -528,14 +580,14 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	} else {
 		uint32_t n = 0;
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-			uint32_t m = s->groups[gi].mask;
+			uint32_t m = s->gmask[gi];
 			for (uint32_t i = 0; i < GROUP; i++)
 				if (m & (1u << i))
 					s->req[n++] = gi * GROUP + i;
 		}
 		s->t_req = now_s();
 		atomic_store(&s->t_last_ready, 0.0);
-		int rc = nf_cache_request(s->cache, layer, 0, s->req, n, s->ptrs, on_ready, s);
+		int rc = nf_cache_request(s->cache, layer, s->cur_expert, s->req, n, s->ptrs, on_ready, s);
 		/* drop the guard count: chunks whose bundles were all hits are ready now */
 		for (uint32_t ci = 0; ci < nc; ci++) {
 			if (atomic_fetch_sub(&s->chunks[ci].pending, 1) == 1) {
@@ -573,6 +625,165 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	return 0;
 }
 
+/* ---- a batch of tokens from the cache (prefill) ------------------------------------ */
+
+/*
+ * Thread ith's share of a batch: tokens [b0, b1). Walks the layer's groups
+ * in group order, waiting (reaping) until each group's bundles are in
+ * memory; each token cuts its own chunks from its own masks exactly as
+ * token_forward does, and a chunk that closes is computed and added to the
+ * token's output at once: out = 0, then += each chunk in chunk order, the
+ * sums reduce_worker makes for one token.
+ */
+static void batch_worker(void *arg, int ith, int nth)
+{
+	struct nf_sparse *s = arg;
+	size_t nb = s->cur_nb, E = s->E;
+	size_t b0 = nb * (size_t)ith / (size_t)nth, b1 = nb * (size_t)(ith + 1) / (size_t)nth;
+	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
+	float *g = s->bsum + (size_t)ith * E;
+	for (size_t b = b0; b < b1; b++) {
+		memset(s->cur_out + b * E, 0, E * sizeof(float));
+		s->bchunk[2 * b] = 0;
+		s->bchunk[2 * b + 1] = 0;
+	}
+	for (uint32_t gi = 0; gi <= s->n_groups; gi++) {
+		bool last = gi == s->n_groups;
+		if (!last && !s->gmask[gi])
+			continue;
+		while (!last && atomic_load(&s->groups[gi].pending) != 0)
+			if (atomic_load(&s->err) || !reap_some(s, ith))
+				return;
+		for (size_t b = b0; b < b1; b++) {
+			const uint32_t *bm = s->bmask + b * s->n_groups;
+			uint32_t *open = s->bchunk + 2 * b;
+			if (!last) {
+				if (!bm[gi])
+					continue;
+				if (!open[1])
+					open[0] = gi;
+				open[1] += (uint32_t)__builtin_popcount(bm[gi]);
+				if (open[1] < CHUNK_NEURONS)
+					continue;
+			} else if (!open[1]) {
+				continue;
+			}
+			memset(g, 0, E * sizeof(float));
+			chunk_compute(s, open[0], last ? s->n_groups : gi + 1, bm, s->bxq + b * s->xq_size, g, scratch);
+			float *out = s->cur_out + b * E;
+			for (size_t r = 0; r < E; r++)
+				out[r] += g[r];
+			open[1] = 0;
+		}
+	}
+}
+
+/*
+ * Tokens x[0..nb) of one layer with a cache: one request for every neuron
+ * any of them needs (for a long prompt nearly the whole FFN: adjacent
+ * misses coalesce into reads of up to max_coalesce bytes, the FFN read as
+ * large sequential extents), and compute proceeds group by group as those
+ * reads land. Same results, bit for bit, as the tokens one at a time.
+ */
+static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	const struct layer_tab *t = &s->tabs[io->layer];
+	uint64_t later0 = s->st.groups_ready_later, active = 0;
+	s->cur_layer = io->layer;
+	s->cur_scales = t->scales;
+	s->cur_nb = io->nb;
+	s->cur_out = io->out;
+	memset(s->gmask, 0, s->n_groups * sizeof(uint32_t));
+	for (size_t b = 0; b < io->nb; b++) {
+		s->k->act_prepare[s->kt_gu](io->x + b * s->E, s->bxq + b * s->xq_size, s->E);
+		if (s->mode == NF_SPARSE_PREDICTOR)
+			predict(s, env, t, io->resid + b * s->E);
+		uint32_t *bm = s->bmask + b * s->n_groups, n = 0;
+		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+			uint32_t m = group_mask(s, gi);
+			bm[gi] = m;
+			s->gmask[gi] |= m;
+			active += (uint64_t)__builtin_popcount(m);
+			for (; m; m &= m - 1)
+				s->req[n++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
+		}
+		/* for the online hot set, count each token's own neurons; the
+		 * request of the union counts once more, standing in for the last */
+		if (b + 1 < io->nb)
+			nf_cache_count(s->cache, io->layer, 0, s->req, n);
+	}
+	atomic_store(&s->err, 0);
+	uint32_t n = 0;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		uint32_t m = s->gmask[gi];
+		atomic_store(&s->groups[gi].pending, (unsigned)__builtin_popcount(m));
+		for (uint32_t i = 0; i < GROUP; i++)
+			if (m & (1u << i))
+				s->req[n++] = gi * GROUP + i;
+	}
+	s->in_batch = true;
+	s->t_req = now_s();
+	atomic_store(&s->t_last_ready, 0.0);
+	int rc = nf_cache_request(s->cache, io->layer, 0, s->req, n, s->ptrs, on_ready, s);
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		if (!s->gmask[gi])
+			continue;
+		if (atomic_load(&s->groups[gi].pending) == 0)
+			s->st.groups_ready_now++;
+		else
+			s->st.groups_ready_later++;
+	}
+	if (rc >= 0) {
+		run_workers(s, env, batch_worker);
+		rc = 0;
+	}
+	int err = atomic_load(&s->err);
+	int rrc = nf_cache_release(s->cache);
+	s->in_batch = false;
+	if (!err)
+		err = rc < 0 ? rc : rrc < 0 ? rrc : 0;
+	double last = atomic_load(&s->t_last_ready);
+	if (s->st.groups_ready_later > later0 && last > s->t_req)
+		s->st.t_io += last - s->t_req;
+	if (err < 0)
+		return err;
+	s->st.ffn_calls += io->nb;
+	s->st.neurons_total += (uint64_t)s->F * io->nb;
+	s->st.neurons_active += active;
+	return 0;
+}
+
+/* ---- mixture of experts from a cache --------------------------------------------- */
+
+/*
+ * Each token: the router (the built-in FFN's, nf_ctx_moe_route), then each
+ * routed expert in rank order as a dense FFN through the cache (one request
+ * for its neurons), then out = sum over ranks of w * expert(x), summed as
+ * the built-in FFN does.
+ */
+static int moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	const int32_t *sel;
+	const float *w;
+	int rc = nf_ctx_moe_route(s->ctx, io, &sel, &w);
+	size_t E = s->E, U = s->n_expert_used;
+	for (size_t b = 0; b < io->nb && rc == 0; b++) {
+		for (size_t k = 0; k < U && rc == 0; k++) {
+			s->cur_expert = (uint32_t)sel[b * U + k];
+			rc = token_forward(s, env, io->layer, io->x + b * E, io->resid + b * E, s->eout + k * E);
+		}
+		float *o = io->out + b * E;
+		for (size_t i = 0; i < E && rc == 0; i++) {
+			float acc = 0.0f;
+			for (size_t k = 0; k < U; k++)
+				acc += s->eout[k * E + i] * w[b * U + k];
+			o[i] = acc;
+		}
+	}
+	s->cur_expert = 0;
+	return rc;
+}
+
 static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	struct nf_sparse *s = self;
@@ -592,6 +803,11 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 		s->tokens += io->nb;
 	}
 	double t0 = now_s();
+	if (s->n_expert || (s->cache && io->nb > 1 && io->nb <= s->n_batch)) {
+		rc = s->n_expert ? moe_forward(s, env, io) : batch_forward(s, env, io);
+		s->st.t_ffn += now_s() - t0;
+		return rc;
+	}
 	for (size_t b = 0; b < io->nb && rc == 0; b++)
 		rc = token_forward(s, env, io->layer, io->x + b * s->E, io->resid + b * s->E,
 				   io->out + b * s->E);
@@ -714,12 +930,17 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		*out = s;
 		return 0;
 	}
-	if (hp->n_expert) {
+	if (hp->n_expert && (!s->cache || s->mode != NF_SPARSE_DENSE)) {
 		rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
-				  "--sparse-mode %s: mixture-of-experts FFNs are not sparse yet (use --sparse-mode off)",
+				  s->cache ? "--sparse-mode %s: the experts of a mixture-of-experts model stream from "
+					     "the store as dense FFNs only (--sparse-mode dense)"
+					   : "--sparse-mode %s: mixture-of-experts FFNs are not sparse in memory (use "
+					     "--sparse-mode off)",
 				  nf_sparse_mode_name(s->mode));
 		goto fail;
 	}
+	s->n_expert = hp->n_expert;
+	s->n_expert_used = hp->n_expert_used;
 	if (s->mode == NF_SPARSE_PREDICTOR && !has_pred) {
 		rc = nf_diag_fail(diag, NF_EUSAGE,
 				  "--sparse-mode predictor: the model has no predictor (blk.N.fc1/fc2)");
@@ -800,12 +1021,23 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		if (t->fc1)
 			s->rank = t->fc1->nrows > s->rank ? t->fc1->nrows : s->rank;
 		if (s->cache) {
-			if (s->form == DOWN_QCOL &&
-			    (nf_model_ffn_layout(m, il, 0, NULL, NULL, &t->scales, NULL) < 0 || !t->scales)) {
-				rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
-						  "sparse FFN: layer %u: QCOL bundles need their scales: run the store itself "
-						  "(-m STORE), not a GGUF with --ffn-store", il);
-				goto fail;
+			if (s->form != DOWN_QCOL)
+				continue;
+			uint32_t nx = s->n_expert ? s->n_expert : 1;
+			if (s->n_expert && !(t->xscales = zalloc(s, nx * sizeof(*t->xscales))))
+				goto nomem;
+			for (uint32_t e = 0; e < nx; e++) {
+				const uint16_t *sc = NULL;
+				if (nf_model_ffn_layout(m, il, e, NULL, NULL, &sc, NULL) < 0 || !sc) {
+					rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
+							  "sparse FFN: layer %u expert %u: QCOL bundles need their scales: run "
+							  "the store itself (-m STORE), not a GGUF with --ffn-store", il, e);
+					goto fail;
+				}
+				if (s->n_expert)
+					t->xscales[e] = sc;
+				else
+					t->scales = sc;
 			}
 			continue;
 		}
@@ -833,18 +1065,28 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		hq = a > b ? a : b;
 	}
 	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
+	s->xq_size = (xq + 63) & ~(size_t)63;
+	s->n_batch = s->cache && !s->n_expert ? nf_ctx_n_batch(ctx) : 0;
 	/* every chunk but the last holds CHUNK_NEURONS active neurons or more */
 	s->max_chunks = s->F / CHUNK_NEURONS + 1;
 	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
 	    !(s->h1 = zalloc(s, (s->rank + 1) * sizeof(float))) ||
 	    !(s->score = zalloc(s, s->F * sizeof(float))) ||
 	    !(s->groups = zalloc(s, s->n_groups * sizeof(*s->groups))) ||
+	    !(s->gmask = zalloc(s, s->n_groups * sizeof(uint32_t))) ||
 	    !(s->chunks = zalloc(s, s->max_chunks * sizeof(*s->chunks))) ||
 	    !(s->ready = zalloc(s, s->max_chunks * sizeof(uint32_t))) ||
 	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
 	    !(s->req = zalloc(s, s->F * sizeof(uint32_t))) ||
 	    !(s->gout = zalloc(s, (size_t)s->max_chunks * s->E * sizeof(float))) ||
-	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)))
+	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
+	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))))
+		goto nomem;
+	if (s->n_batch > 1 &&
+	    (!(s->bxq = zalloc(s, (size_t)s->n_batch * s->xq_size)) ||
+	     !(s->bmask = zalloc(s, (size_t)s->n_batch * s->n_groups * sizeof(uint32_t))) ||
+	     !(s->bchunk = zalloc(s, (size_t)s->n_batch * 2 * sizeof(uint32_t))) ||
+	     !(s->bsum = zalloc(s, (size_t)s->nth * s->E * sizeof(float)))))
 		goto nomem;
 
 	for (uint32_t il = 0; il < hp->n_layer; il++)
@@ -867,6 +1109,7 @@ void nf_sparse_close(struct nf_sparse *s)
 		for (uint32_t il = 0; il < s->n_layer; il++) {
 			nf_ctx_set_ffn(s->ctx, il, NULL, NULL);
 			free(s->tabs[il].owned);
+			free(s->tabs[il].xscales);
 		}
 	}
 	free(s->tabs);
@@ -881,6 +1124,12 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->req);
 	free(s->gout);
 	free(s->tscratch);
+	free(s->gmask);
+	free(s->bxq);
+	free(s->bmask);
+	free(s->bchunk);
+	free(s->bsum);
+	free(s->eout);
 	free(s);
 }
 

@@ -20,8 +20,10 @@
  * 3. Only this file is compiled with the AVX-512 flags, and kernels.c hands
  *    out its table only after cpuid confirmed every one of them (and AVX2,
  *    FMA, F16C, whose kernels this table reuses).
- * 4. No allocation: repacked activations live on the stack, at most
- *    32 KiB per call.
+ * 4. No allocation: repacked activations live on the stack: at most 32 KiB
+ *    per gemv call, and up to 272 KiB per xr_gemm call (4 tokens x 1024
+ *    blocks x 64 bytes, plus their scales), which every thread of the pool
+ *    and the caller have room for (8 MiB default stacks).
  */
 #include <immintrin.h>
 #include <math.h>

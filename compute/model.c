@@ -229,6 +229,7 @@ static const char *model_path(const struct nf_model *m)
 struct binder {
 	struct nf_model *m;
 	struct nf_diag *diag;
+	bool unmapped_ok;   /* a deferred attention matrix: data may be NULL */
 };
 
 static int bind_raw(struct binder *b, const char *name, bool required, uint32_t n_dims,
@@ -253,10 +254,11 @@ static int bind_raw(struct binder *b, const char *name, bool required, uint32_t 
 					    (unsigned long long)(n_dims > 1 ? ne[1] : 1),
 					    (unsigned long long)(n_dims > 2 ? ne[2] : 1));
 	}
-	if (!t->data)
+	if (!t->data && !b->unmapped_ok)
 		return nf_diag_fail(b->diag, NF_EFORMAT, "%s: tensor %s: data not mapped", path, name);
 	*out = t;
-	b->m->weight_bytes += t->size;
+	if (t->data)
+		b->m->weight_bytes += t->size;
 	return 0;
 }
 
@@ -331,12 +333,29 @@ static int bind_layer(struct binder *b, uint32_t il, struct nf_layer_weights *L)
 	char nm[96];
 	int rc;
 #define NAME(s) (snprintf(nm, sizeof(nm), "blk.%u.%s.weight", il, s), nm)
-	if ((rc = bind_vec(b, NAME("attn_norm"), E, &L->attn_norm)) < 0 ||
-	    (rc = bind_mat(b, NAME("attn_q"), true, E, E, 0, &L->wq)) < 0 ||
+	if ((rc = bind_vec(b, NAME("attn_norm"), E, &L->attn_norm)) < 0)
+		return rc;
+	/* A store's attention may be left there (store_defer_attn): bound
+	 * without data, its objects kept for nf_model_attn_load or a stream. */
+	b->unmapped_ok = b->m->attn_deferred;
+	if ((rc = bind_mat(b, NAME("attn_q"), true, E, E, 0, &L->wq)) < 0 ||
 	    (rc = bind_mat(b, NAME("attn_k"), true, E, KV, 0, &L->wk)) < 0 ||
 	    (rc = bind_mat(b, NAME("attn_v"), true, E, KV, 0, &L->wv)) < 0 ||
-	    (rc = bind_mat(b, NAME("attn_output"), true, E, E, 0, &L->wo)) < 0 ||
-	    (rc = bind_vec(b, NAME("ffn_norm"), E, &L->ffn_norm)) < 0)
+	    (rc = bind_mat(b, NAME("attn_output"), true, E, E, 0, &L->wo)) < 0)
+		return rc;
+	b->unmapped_ok = false;
+	if (b->m->store) {
+		const struct nf_weight *w[4] = { &L->wq, &L->wk, &L->wv, &L->wo };
+		for (size_t k = 0; k < 4; k++) {
+			const struct nf_store_object *o = nf_store_object_find(b->m->store, w[k]->name);
+			if (!o || o->kind != NF_STORE_KIND_DENSE)
+				return nf_diag_fail(b->diag, NF_ENOTFOUND, "%s: no dense object %s",
+						    model_path(b->m), w[k]->name);
+			b->m->attn_obj[(size_t)il * 4 + k] = o;
+			b->m->attn_bytes += (uint64_t)w[k]->row_bytes * w[k]->nrows;
+		}
+	}
+	if ((rc = bind_vec(b, NAME("ffn_norm"), E, &L->ffn_norm)) < 0)
 		return rc;
 	/* A store-backed model's FFN matrices stay in the store (m->ffn). */
 	bool ffn_here = !b->m->store || b->m->ffn_unpacked;
@@ -390,7 +409,7 @@ int nf_model_load(const char *path, const struct nf_model_opts *opts, struct nf_
 	if (!m)
 		return nf_diag_fail(diag, rc, "%s: out of memory", path);
 	if (nf_model_path_is_store(path))
-		rc = nf_model_store_open(m, path, diag);
+		rc = nf_model_store_open(m, path, opts && opts->store_defer_attn, diag);
 	else
 		rc = nf_gguf_open(path, NF_GGUF_MMAP, &m->g, diag);
 	if (rc < 0)
@@ -430,7 +449,9 @@ int nf_model_load(const char *path, const struct nf_model_opts *opts, struct nf_
 		goto fail;
 	}
 	m->layers = calloc(hp->n_layer, sizeof(*m->layers));
-	if (!m->layers) {
+	if (m->store)
+		m->attn_obj = calloc((size_t)hp->n_layer * 4, sizeof(*m->attn_obj));
+	if (!m->layers || (m->store && !m->attn_obj)) {
 		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory", path);
 		goto fail;
 	}
@@ -484,4 +505,27 @@ const struct nf_gguf *nf_model_gguf(const struct nf_model *m)
 uint64_t nf_model_weight_bytes(const struct nf_model *m)
 {
 	return m->weight_bytes;
+}
+
+bool nf_model_attn_in_memory(const struct nf_model *m)
+{
+	return !m->attn_deferred;
+}
+
+uint32_t nf_model_attn_layers_in_memory(const struct nf_model *m)
+{
+	return m->attn_deferred ? m->attn_in_mem : m->hp.n_layer;
+}
+
+uint64_t nf_model_attn_bytes(const struct nf_model *m)
+{
+	if (m->store)
+		return m->attn_bytes;
+	uint64_t b = 0;
+	for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+		const struct nf_layer_weights *L = &m->layers[il];
+		b += (uint64_t)L->wq.row_bytes * L->wq.nrows + (uint64_t)L->wk.row_bytes * L->wk.nrows +
+		     (uint64_t)L->wv.row_bytes * L->wv.nrows + (uint64_t)L->wo.row_bytes * L->wo.nrows;
+	}
+	return b;
 }

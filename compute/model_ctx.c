@@ -20,6 +20,8 @@
 #include <string.h>
 
 #include "nflash/dtype.h"
+#include "nflash/store.h"
+#include "nflash/stream.h"
 #include "model_impl.h"
 
 struct nf_ctx_params nf_ctx_defaults(void)
@@ -259,6 +261,7 @@ void nf_ctx_close(struct nf_ctx *c)
 {
 	if (!c)
 		return;
+	nf_stream_close(c->attn);
 	nf_pool_close(c->pool);
 	for (uint32_t il = 0; c->kcache && il < c->m->hp.n_layer; il++)
 		free(c->kcache[il]);
@@ -279,11 +282,47 @@ const float *nf_ctx_logits(const struct nf_ctx *c) { return c->logits; }
 uint32_t nf_ctx_n_past(const struct nf_ctx *c) { return c->n_past; }
 uint32_t nf_ctx_n_ctx(const struct nf_ctx *c) { return c->n_ctx; }
 int nf_ctx_n_threads(const struct nf_ctx *c) { return c->n_threads; }
+uint32_t nf_ctx_n_batch(const struct nf_ctx *c) { return c->n_batch; }
 const struct nf_kernels *nf_ctx_kernels(const struct nf_ctx *c) { return c->k; }
 const struct nf_model *nf_ctx_model(const struct nf_ctx *c) { return c->m; }
 uint64_t nf_ctx_bytes(const struct nf_ctx *c) { return c->bytes + sizeof(*c); }
 uint64_t nf_ctx_bytes_kv(const struct nf_ctx *c) { return c->bytes_kv; }
 void nf_ctx_reset(struct nf_ctx *c) { c->n_past = 0; }
+
+int nf_ctx_stream_attn(struct nf_ctx *c, const struct nf_stream_opts *o, struct nf_diag *d)
+{
+	const struct nf_model *m = c->m;
+	if (c->attn)
+		return nf_diag_fail(d, NF_EUSAGE, "context: attention is streamed already");
+	if (!m->store || !m->attn_obj)
+		return nf_diag_fail(d, NF_EUNSUPPORTED,
+				    "context: attention can only be streamed from a store (nflash import)");
+	/* the layers whose attention is not in memory; all of them if every
+	 * layer's is (a stream over pinned weights, for comparisons) */
+	c->attn_first = m->attn_deferred ? m->attn_in_mem : 0;
+	return nf_stream_open(m->store, m->attn_obj + (size_t)c->attn_first * 4,
+			      m->hp.n_layer - c->attn_first, 4, o, &c->attn, d);
+}
+
+uint64_t nf_model_attn_stream_bytes(const struct nf_model *m, uint32_t n_slots)
+{
+	if (!m->store || !m->attn_obj)
+		return 0;
+	return (uint64_t)n_slots * nf_stream_slot_bytes(m->store, m->attn_obj, m->hp.n_layer, 4);
+}
+
+uint64_t nf_ctx_attn_stream_bytes(const struct nf_ctx *c)
+{
+	return c->attn ? nf_stream_bytes(c->attn) : 0;
+}
+
+bool nf_ctx_attn_stats(const struct nf_ctx *c, struct nf_stream_stats *out)
+{
+	if (!c->attn)
+		return false;
+	nf_stream_stats_get(c->attn, out);
+	return true;
+}
 
 int nf_ctx_set_ffn(struct nf_ctx *c, uint32_t il, const struct nf_ffn_ops *ops, void *self)
 {
@@ -355,13 +394,15 @@ static int forward(struct nf_ctx *c, const int32_t *ids, size_t nb)
 	nf_ctx_parallel(c, nb, embed_rows, &j);
 
 	for (uint32_t il = 0; il < hp->n_layer; il++) {
-		nf_attention(c, il, nb, c->n_past);
+		int rc = nf_attention(c, il, nb, c->n_past);
+		if (rc < 0)
+			return rc;
 
 		j = (struct rows_job){ .c = c, .w = m->layers[il].ffn_norm, .dst = c->xn, .src = c->x };
 		nf_ctx_parallel(c, nb, norm_rows, &j);
 		struct nf_ffn_io io = { .layer = il, .nb = nb, .resid = c->x, .x = c->xn, .out = c->tmp };
 		const struct nf_ctx_layer_ffn *f = &c->ffn[il];
-		int rc = f->ops ? f->ops->forward(f->self, &c->env, &io) : nf_ctx_ffn_builtin(c, &io);
+		rc = f->ops ? f->ops->forward(f->self, &c->env, &io) : nf_ctx_ffn_builtin(c, &io);
 		if (rc < 0)
 			return rc;
 		residual_add(c, c->tmp, nb);

@@ -40,6 +40,13 @@ struct nf_model {
 	struct nf_model_ffn *ffn;   /* n_layer x max(1, n_expert) */
 	struct nf_io_ctx *load_io;  /* reads at load time only (one context: io_destroy is slow) */
 	bool ffn_unpacked;
+	/* store_defer_attn: attention objects not read at load (data NULL
+	 * until nf_model_attn_load; a context may stream them instead) */
+	bool attn_deferred;
+	uint32_t attn_in_mem;       /* layers [0, attn_in_mem) have their attention in memory */
+	const struct nf_store_object **attn_obj; /* n_layer x 4: q, k, v, output */
+	void *attn_mem;             /* attention read by nf_model_attn_load */
+	uint64_t attn_bytes;        /* bytes of the attention weights */
 	struct nf_model_hparams hp;
 	struct nf_weight tok_embd;
 	struct nf_weight output;    /* token_embd itself when the file ties them */
@@ -60,8 +67,12 @@ struct nf_ctx_layer_ffn {
 	void *self;
 };
 
+struct nf_stream;
+
 struct nf_ctx {
 	const struct nf_model *m;
+	struct nf_stream *attn;     /* streamed attention (nf_ctx_stream_attn), or NULL */
+	uint32_t attn_first;        /* first streamed layer (stream group 0) */
 	const struct nf_kernels *k;
 	struct nf_pool *pool;       /* NULL with one thread */
 	int n_threads;
@@ -108,8 +119,13 @@ struct nf_ctx {
 const struct nf_gguf_tensor *nf_model_find_tensor(const struct nf_model *m, const char *name);
 
 /* compute/model_store.c: open the store at path into m (m->store, m->meta,
- * m->g, m->st, dense objects read and verified). */
-int nf_model_store_open(struct nf_model *m, const char *path, struct nf_diag *diag);
+ * m->g, m->st, dense objects read and verified; with defer_attn the
+ * attention objects are left in the store, their tensors' data NULL). */
+int nf_model_store_open(struct nf_model *m, const char *path, bool defer_attn,
+			struct nf_diag *diag);
+/* True for the names of the attention matrices a stream may hold:
+ * blk.N.attn_q/k/v/output.weight. */
+bool nf_model_is_attn_name(const char *name);
 /* After the hyperparameters are known: check every FFN object against them,
  * fill m->ffn, and with unpack read and unpack the FFNs into m->st. */
 int nf_model_store_ffn(struct nf_model *m, bool unpack, struct nf_diag *diag);
@@ -138,8 +154,9 @@ void nf_ctx_parallel(struct nf_ctx *c, size_t n, void (*fn)(void *arg, size_t b0
 		     void *arg);
 
 /* Attention block of layer il on c->x for nb tokens from position pos0;
- * adds its output to c->x. */
-void nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0);
+ * adds its output to c->x. Returns 0, or the stream's read error
+ * (c->attn), or NF_EUNSUPPORTED (attention deferred and not streamed). */
+int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0);
 
 /* Built-in FFNs (compute/ffn.c). */
 int nf_ffn_dense(struct nf_ctx *c, const struct nf_ffn_io *io);

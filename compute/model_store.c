@@ -128,7 +128,23 @@ static void tensor_of(struct nf_gguf_tensor *t, const char *name, uint32_t n_dim
 	t->data = data;
 }
 
-int nf_model_store_open(struct nf_model *m, const char *path, struct nf_diag *diag)
+bool nf_model_is_attn_name(const char *name)
+{
+	static const char *const kinds[] = { "attn_q", "attn_k", "attn_v", "attn_output" };
+	unsigned l;
+	int n = 0;
+	if (sscanf(name, "blk.%u.%n", &l, &n) != 1 || n == 0)
+		return false;
+	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+		size_t len = strlen(kinds[k]);
+		if (!strncmp(name + n, kinds[k], len) && !strcmp(name + n + len, ".weight"))
+			return true;
+	}
+	return false;
+}
+
+int nf_model_store_open(struct nf_model *m, const char *path, bool defer_attn,
+			struct nf_diag *diag)
 {
 	const struct nf_store_object **objs = NULL;
 	void **bufs = NULL;
@@ -149,7 +165,8 @@ int nf_model_store_open(struct nf_model *m, const char *path, struct nf_diag *di
 	for (uint32_t i = 0; i < n; i++) {
 		const struct nf_store_object *o = nf_store_object_get(s, i);
 		if (o->kind == NF_STORE_KIND_DENSE) {
-			total += round_up(nf_store_object_buf_size(o, bs), MEM_ALIGN);
+			if (!(defer_attn && nf_model_is_attn_name(o->name)))
+				total += round_up(nf_store_object_buf_size(o, bs), MEM_ALIGN);
 			n_dense++;
 		}
 	}
@@ -171,6 +188,12 @@ int nf_model_store_open(struct nf_model *m, const char *path, struct nf_diag *di
 		const struct nf_store_object *o = nf_store_object_get(s, i);
 		if (o->kind != NF_STORE_KIND_DENSE)
 			continue;
+		if (defer_attn && nf_model_is_attn_name(o->name)) {
+			/* left in the store: bound with no data (model.c) */
+			tensor_of(&m->st[m->n_st++], o->name, o->n_dims, o->shape, o->dtype, o->length, NULL);
+			m->attn_deferred = true;
+			continue;
+		}
 		objs[k] = o;
 		bufs[k] = (uint8_t *)m->dense_mem + off;
 		tensor_of(&m->st[m->n_st++], o->name, o->n_dims, o->shape, o->dtype, o->length, bufs[k]);
@@ -341,8 +364,67 @@ int nf_model_store_ffn(struct nf_model *m, bool unpack, struct nf_diag *diag)
 	return rc;
 }
 
+int nf_model_attn_load(struct nf_model *m, uint32_t n_layers, struct nf_diag *diag)
+{
+	const struct nf_model_hparams *hp = &m->hp;
+	uint32_t n_l = n_layers < hp->n_layer ? n_layers : hp->n_layer;
+	if (!m->attn_deferred || n_l <= m->attn_in_mem)
+		return 0;
+	if (m->attn_mem)
+		return nf_diag_fail(diag, NF_EUSAGE, "%s: attention already loaded for %u layers",
+				    nf_store_path(m->store), m->attn_in_mem);
+	uint32_t bs = nf_store_info(m->store)->block_size;
+	size_t n = (size_t)n_l * 4;
+	void **bufs = calloc(n, sizeof(*bufs));
+	uint64_t total = 0;
+	for (size_t i = 0; i < n; i++)
+		total += round_up(nf_store_object_buf_size(m->attn_obj[i], bs), MEM_ALIGN);
+	int rc = -ENOMEM;
+	m->attn_mem = bufs ? nf_io_buf_alloc(total, MEM_ALIGN) : NULL;
+	if (!m->attn_mem) {
+		nf_diag_fail(diag, rc, "%s: out of memory for %llu bytes of attention weights",
+			     nf_store_path(m->store), (unsigned long long)total);
+		goto out;
+	}
+	uint64_t off = 0;
+	for (size_t i = 0; i < n; i++) {
+		bufs[i] = (uint8_t *)m->attn_mem + off;
+		off += round_up(nf_store_object_buf_size(m->attn_obj[i], bs), MEM_ALIGN);
+	}
+	rc = read_objects(m, m->attn_obj, bufs, n, diag);
+	nf_io_ctx_close(m->load_io);
+	m->load_io = NULL;
+	if (rc < 0)
+		goto out;
+	for (uint32_t il = 0; il < n_l; il++) {
+		struct nf_layer_weights *L = &m->layers[il];
+		struct nf_weight *w[4] = { &L->wq, &L->wk, &L->wv, &L->wo };
+		for (size_t k = 0; k < 4; k++) {
+			w[k]->data = bufs[(size_t)il * 4 + k];
+			m->weight_bytes += (uint64_t)w[k]->row_bytes * w[k]->nrows;
+		}
+	}
+	for (size_t i = 0; i < m->n_st; i++)
+		for (size_t j = 0; j < n; j++)
+			if (!m->st[i].data && !strcmp(m->st[i].name, m->attn_obj[j]->name))
+				m->st[i].data = bufs[j];
+	m->attn_in_mem = n_l;
+	m->attn_deferred = n_l < hp->n_layer;
+out:
+	free(bufs);
+	if (rc < 0) {
+		nf_io_buf_free(m->attn_mem);
+		m->attn_mem = NULL;
+	}
+	return rc;
+}
+
 void nf_model_store_free(struct nf_model *m)
 {
+	nf_io_buf_free(m->attn_mem);
+	free(m->attn_obj);
+	m->attn_mem = NULL;
+	m->attn_obj = NULL;
 	nf_io_ctx_close(m->load_io);
 	m->load_io = NULL;
 	nf_io_buf_free(m->meta);

@@ -20,6 +20,10 @@
  *     waits on the I/O context (wait_lock).
  *  6. A failed read frees its slots (loc cleared) so no later lookup can
  *     hit on bytes that never arrived.
+ *  7. Counts are per neuron id; a store profile only seeds them. A hot
+ *     load reads each layer's chosen neurons sorted by store slot, one
+ *     request per run of adjacent slots (split at max_coalesce by the I/O
+ *     context), so a hot-first store's hot set is a few large reads.
  */
 #include <errno.h>
 #include <numa.h>
@@ -101,6 +105,10 @@ struct nf_cache {
 
 	struct nf_cache_stats st;
 	uint64_t meta_bytes;
+	uint64_t max_coalesce;         /* the I/O context's, for counting hot reads */
+	bool hot_from_profile;
+	int profile_error;
+	uint64_t profile_tokens;
 };
 
 void nf_cache_opts_default(struct nf_cache_opts *o)
@@ -108,7 +116,24 @@ void nf_cache_opts_default(struct nf_cache_opts *o)
 	memset(o, 0, sizeof(*o));
 	o->hot_fraction = 0.5;
 	o->numa_node = -1;
+	o->use_profile = true;
+	o->profile_hot_fraction = 1.0;
 	nf_io_opts_default(&o->io);
+	/* misses are scattered bundles of a few KiB: the device needs many in
+	 * flight (bench-decode at 2 GiB: I/O wait 55% at 32, 25-28% at 128) */
+	o->io.qd = 128;
+}
+
+/* Fault every page in now, after the NUMA placement, so that tokens do not
+ * pay for zeroing pages (clear_page was ~9% of a budgeted run's CPU). */
+static void prefault(char *p, uint64_t n)
+{
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(p, n, MADV_POPULATE_WRITE) == 0)
+		return;
+#endif
+	for (uint64_t o = 0; o < n; o += 4096)
+		((volatile char *)p)[o] = 0;
 }
 
 static int geom_of(const struct nf_store_object *obj, struct nf_cache_geom *g)
@@ -163,6 +188,8 @@ uint64_t nf_cache_min_bytes(struct nf_store *s)
 	return (uint64_t)g.n_neurons * g.stride;
 }
 
+static int hot_from_profile(struct nf_cache *c);
+
 static void *meta(struct nf_cache *c, size_t n)
 {
 	void *p = calloc(1, n ? n : 1);
@@ -197,7 +224,8 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	c->arena_bytes = o->arena_bytes;
 	c->pinned_cap = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
 	uint64_t rest = o->arena_bytes > c->pinned_cap ? o->arena_bytes - c->pinned_cap : 0;
-	double hf = o->hot_fraction < 0 ? 0 : o->hot_fraction > 1 ? 1 : o->hot_fraction;
+	double hf = o->use_profile && nf_store_has_profile(s) ? o->profile_hot_fraction : o->hot_fraction;
+	hf = hf < 0 ? 0 : hf > 1 ? 1 : hf;
 	uint64_t hot = (uint64_t)((double)rest * hf);
 	if (rest - hot < min_cold)
 		hot = rest - min_cold;
@@ -221,6 +249,8 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 			c->numa = true;
 		}
 	}
+	if (o->prefault)
+		prefault(c->arena, c->arena_bytes);
 	c->pinned = c->arena;
 	c->hot = c->arena + c->pinned_cap;
 	c->cold = c->hot + (uint64_t)c->n_hot * g->stride;
@@ -261,6 +291,9 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 		memset(c->ffns[i].loc, 0xff, N * sizeof(uint32_t));
 	}
 	if ((rc = nf_io_ctx_open(s, &o->io, &c->io, d)) < 0)
+		goto fail;
+	c->max_coalesce = o->io.max_coalesce ? o->io.max_coalesce : (1u << 20);
+	if (o->use_profile && nf_store_has_profile(s) && (rc = hot_from_profile(c)) < 0)
 		goto fail;
 	*out = c;
 	return 0;
@@ -637,6 +670,19 @@ int nf_cache_set_counts(struct nf_cache *c, uint32_t layer, const uint32_t *coun
 	return 0;
 }
 
+int nf_cache_count(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons, uint32_t n)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NF_EUSAGE;
+	struct ffn_ent *f = &c->ffns[layer * c->g.n_expert + expert];
+	if (!f->obj)
+		return NF_EUSAGE;
+	for (uint32_t k = 0; k < n; k++)
+		if (neurons[k] < c->g.n_neurons)
+			f->count[neurons[k]]++;
+	return 0;
+}
+
 int nf_cache_hot_load(struct nf_cache *c)
 {
 	uint32_t N = c->g.n_neurons, stride = c->g.stride;
@@ -699,6 +745,8 @@ int nf_cache_hot_load(struct nf_cache *c)
 			if (rc < 0)
 				goto out;
 			c->st.hot_loads++;
+			uint64_t seg = c->max_coalesce / stride ? c->max_coalesce / stride : 1;
+			c->st.hot_requests += (len + seg - 1) / seg;
 			c->st.hot_bytes += (uint64_t)len * stride;
 			c->st.bytes_read += (uint64_t)len * stride;
 			next += len;
@@ -722,6 +770,42 @@ out:
 	free(sl);
 	free(slots);
 	return rc < 0 ? rc : 0;
+}
+
+const uint32_t *nf_cache_counts(const struct nf_cache *c, uint32_t layer, uint32_t expert)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NULL;
+	const struct ffn_ent *f = &c->ffns[layer * c->g.n_expert + expert];
+	return f->obj ? f->count : NULL;
+}
+
+/*
+ * Seed the counts from the store's profile and load the hot segment. A
+ * profile that cannot be read (damaged) is not fatal: the hot set is then
+ * learned online and profile_error says why. I/O errors of the load are.
+ */
+static int hot_from_profile(struct nf_cache *c)
+{
+	struct nf_store_profile *p = NULL;
+	int rc = nf_store_profile_read(c->store, &p, NULL);
+	if (rc < 0) {
+		c->profile_error = rc;
+		return 0;
+	}
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(c->store, i);
+		if (!p->counts[i] || ob->kind != NF_STORE_KIND_FFN)
+			continue;
+		struct ffn_ent *f = &c->ffns[ob->layer * c->g.n_expert + ob->expert];
+		memcpy(f->count, p->counts[i], c->g.n_neurons * sizeof(uint32_t));
+	}
+	c->profile_tokens = p->tokens;
+	nf_store_profile_free(p);
+	if ((rc = nf_cache_hot_load(c)) < 0)
+		return rc;
+	c->hot_from_profile = true;
+	return 0;
 }
 
 /* ---- pinned -------------------------------------------------------------------------- */
@@ -774,5 +858,7 @@ void nf_cache_layout_get(const struct nf_cache *c, struct nf_cache_layout *out)
 		.arena = c->arena_bytes, .pinned_used = c->pinned_used, .pinned_cap = c->pinned_cap,
 		.hot = (uint64_t)c->n_hot * c->g.stride, .cold = (uint64_t)c->n_cold * c->g.stride,
 		.hot_slots = c->n_hot, .cold_slots = c->n_cold, .hugepages = c->hugepages, .numa = c->numa,
+		.hot_from_profile = c->hot_from_profile, .profile_error = c->profile_error,
+		.profile_tokens = c->profile_tokens,
 	};
 }

@@ -142,7 +142,6 @@ void nf_store_sb_build(struct nf_store_sb_disk *sb, const struct nf_store_info *
 	sb->version = htole32(NF_STORE_VERSION);
 	sb->sb_size = htole32(sizeof(*sb));
 	sb->generation = htole64(in->generation);
-	sb->compat = htole64(in->compat);
 	sb->incompat = htole64(in->incompat);
 	sb->block_size = htole32(in->block_size);
 	sb->n_objects = htole32(in->n_objects);
@@ -153,6 +152,14 @@ void nf_store_sb_build(struct nf_store_sb_disk *sb, const struct nf_store_info *
 	sb->table_crc = htole32(table_crc);
 	sb->created_ns = htole64(in->created_ns);
 	memcpy(sb->uuid, in->uuid, sizeof(sb->uuid));
+	if (in->profile_length) {
+		sb->compat = htole64(in->compat | NF_STORE_COMPAT_PROFILE);
+		sb->profile_offset = htole64(in->profile_offset);
+		sb->profile_length = htole64(in->profile_length);
+		sb->profile_crc = htole32(in->profile_crc);
+	} else {
+		sb->compat = htole64(in->compat & ~NF_STORE_COMPAT_PROFILE);
+	}
 	sb->crc = htole32(nf_store_sb_crc(sb));
 }
 
@@ -210,6 +217,14 @@ static int sb_check(const uint8_t *raw, const char *path, int slot, uint64_t act
 	sb->table_length = le64toh(sb->table_length);
 	sb->table_crc = le32toh(sb->table_crc);
 	sb->created_ns = le64toh(sb->created_ns);
+	sb->profile_offset = le64toh(sb->profile_offset);
+	sb->profile_length = le64toh(sb->profile_length);
+	sb->profile_crc = le32toh(sb->profile_crc);
+	if (!(sb->compat & NF_STORE_COMPAT_PROFILE)) {
+		/* fields of a feature the writer did not set: ignore them */
+		sb->profile_offset = sb->profile_length = 0;
+		sb->profile_crc = 0;
+	}
 	if (sb->version > NF_STORE_VERSION || sb->version == 0)
 		return nf_diag_fail(d, NF_EVERSION,
 				    "%s: superblock %d: version %u is not supported (this nflash reads version %u)",
@@ -252,6 +267,19 @@ static int sb_check(const uint8_t *raw, const char *path, int slot, uint64_t act
 		return nf_diag_fail(d, NF_EFORMAT,
 				    "%s: superblock %d: n_objects %u does not fit in table_length %llu",
 				    path, slot, sb->n_objects, (unsigned long long)sb->table_length);
+	/* A compat bit with an empty section is a no-profile store (an older
+	 * nflash updated it in place and zeroed what it did not know). */
+	uint64_t pend;
+	if (sb->profile_length &&
+	    (sb->profile_offset % sb->block_size || sb->profile_offset < sb->data_start ||
+	     __builtin_add_overflow(sb->profile_offset, sb->profile_length, &pend) ||
+	     pend > sb->file_size ||
+	     (sb->profile_offset < tend && pend > sb->table_offset)))
+		return nf_diag_fail(d, NF_EFORMAT,
+				    "%s: superblock %d: profile_offset %llu + profile_length %llu is misaligned, "
+				    "past the end of the file or over the object table",
+				    path, slot, (unsigned long long)sb->profile_offset,
+				    (unsigned long long)sb->profile_length);
 	return 0;
 }
 
@@ -532,9 +560,13 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 	s->info.data_start = u->data_start;
 	s->info.table_offset = u->table_offset;
 	s->info.table_length = u->table_length;
+	s->info.table_crc = u->table_crc;
 	s->info.n_objects = u->n_objects;
 	s->info.created_ns = u->created_ns;
 	memcpy(s->info.uuid, u->uuid, sizeof(s->info.uuid));
+	s->info.profile_offset = u->profile_offset;
+	s->info.profile_length = u->profile_length;
+	s->info.profile_crc = u->profile_crc;
 
 	s->table = malloc(u->table_length ? u->table_length : 1);
 	s->objs = calloc(u->n_objects ? u->n_objects : 1, sizeof(*s->objs));
@@ -562,6 +594,15 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 	rc = check_overlaps(s, d);
 	if (rc < 0)
 		goto fail;
+	for (uint32_t i = 0; i < u->n_objects && u->profile_length; i++) {
+		const struct nf_store_object *ob = &s->objs[i];
+		if (ob->length && ob->offset < u->profile_offset + u->profile_length &&
+		    u->profile_offset < ob->offset + ob->length) {
+			rc = nf_diag_fail(d, NF_EFORMAT, "%s: the profile section overlaps object '%s'", path,
+					  ob->name);
+			goto fail;
+		}
+	}
 	free(raw);
 	s->sys.close(fd);
 	*out = s;

@@ -20,6 +20,7 @@
 #ifndef NFLASH_STORE_FORMAT_H
 #define NFLASH_STORE_FORMAT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Bytes "\x89NFSTORE" on disk: read as a little-endian u64 this is the value
@@ -36,7 +37,10 @@
  * compat bits (docs/FORMAT.md items 16-18). */
 #define NF_STORE_INCOMPAT_DOWN_FORMS (1ULL << 0) /* FFN objects use NF_STORE_OBJ_QCOL / _DOWN_DTYPE */
 #define NF_STORE_INCOMPAT_BLOB       (1ULL << 1) /* objects of kind NF_STORE_KIND_BLOB */
-#define NF_STORE_COMPAT_KNOWN   0ULL
+/* Compat: the superblock points at a profile section (docs/FORMAT.md
+ * item 19); a reader that does not know it ignores the section. */
+#define NF_STORE_COMPAT_PROFILE      (1ULL << 0)
+#define NF_STORE_COMPAT_KNOWN   NF_STORE_COMPAT_PROFILE
 #define NF_STORE_INCOMPAT_KNOWN (NF_STORE_INCOMPAT_DOWN_FORMS | NF_STORE_INCOMPAT_BLOB)
 
 /* Object entry flags. */
@@ -62,10 +66,17 @@ struct nf_store_sb_disk {
 	uint32_t reserved0;
 	uint64_t created_ns;     /* CLOCK_REALTIME at creation */
 	uint8_t uuid[16];        /* random, identifies the store */
-	uint8_t reserved[140];   /* zero */
+	/* NF_STORE_COMPAT_PROFILE: the profile section (all zero without it) */
+	uint64_t profile_offset; /* multiple of B, outside objects and table */
+	uint64_t profile_length; /* bytes of header, entries and counts */
+	uint32_t profile_crc;    /* crc32c of those bytes */
+	uint32_t reserved1;
+	uint8_t reserved[116];   /* zero */
 	uint32_t crc;            /* crc32c of the bytes before this field */
 };
 _Static_assert(sizeof(struct nf_store_sb_disk) == 256, "superblock is 256 bytes");
+_Static_assert(offsetof(struct nf_store_sb_disk, profile_offset) == 112 &&
+	       offsetof(struct nf_store_sb_disk, crc) == 252, "superblock field offsets (docs/FORMAT.md item 5)");
 
 /* One object table entry. kind is enum nf_store_kind. Fields marked FFN are
  * zero for dense objects. */
@@ -94,8 +105,36 @@ struct nf_store_obj_disk {
 };
 _Static_assert(sizeof(struct nf_store_obj_disk) == 256, "object entry is 256 bytes");
 
+/* The profile section (docs/FORMAT.md item 19): this header, then n_ffn
+ * entries, then each entry's n_bundles u32 counts, indexed by neuron id. */
+#define NF_STORE_PROFILE_MAGIC   0x4c49464f5250464eULL  /* "NFPROFIL" */
+#define NF_STORE_PROFILE_VERSION 1u
+struct nf_store_profile_disk {
+	uint64_t magic;          /* NF_STORE_PROFILE_MAGIC */
+	uint32_t version;        /* NF_STORE_PROFILE_VERSION */
+	uint32_t n_ffn;          /* entries */
+	uint64_t tokens;         /* calibration tokens counted */
+	uint32_t source;         /* enum nf_store_profile_source */
+	uint32_t reserved0;
+	uint64_t created_ns;     /* CLOCK_REALTIME when counted */
+	uint8_t reserved[24];    /* zero */
+};
+_Static_assert(sizeof(struct nf_store_profile_disk) == 64, "profile header is 64 bytes");
+struct nf_store_profile_entry_disk {
+	uint32_t obj_index;      /* an FFN object of the table */
+	uint32_t n_bundles;      /* its neurons: counts that follow */
+};
+_Static_assert(sizeof(struct nf_store_profile_entry_disk) == 8, "profile entry is 8 bytes");
+
 struct nf_store_object;
 struct nf_store_info;
+struct nf_store_profile;
+
+/* The profile section of p for a store of block size bs: a malloc'd
+ * buffer of *len bytes (rounded up to bs, zero padded), its crc32c over
+ * the unpadded *used bytes. */
+int nf_store_profile_encode(const struct nf_store_profile *p, uint32_t bs, uint8_t **out,
+			    uint64_t *len, uint64_t *used, uint32_t *crc);
 
 /* Shared by the reader and the writers (store.c). */
 uint32_t nf_store_sb_crc(const struct nf_store_sb_disk *sb);

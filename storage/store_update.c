@@ -5,9 +5,13 @@
  *  1. Nothing the current superblock points to is overwritten: the new
  *     table goes after the end of the file, the new superblock over the
  *     older copy.
- *  2. Order: table, fsync, superblock of generation g + 1, fsync. A crash
- *     before the second write leaves generation g in use; a torn
- *     superblock fails its crc and generation g is used.
+ *  2. Order: new bytes (a table or a profile section), fsync, superblock
+ *     of generation g + 1, fsync. A crash before the second write leaves
+ *     generation g in use; a torn superblock fails its crc and generation
+ *     g is used.
+ *  3. A new superblock carries every field of the old one it does not
+ *     change (the table for a profile update, the profile for a
+ *     permutation update).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,13 +38,99 @@ static int write_all(const struct nf_io_sys *sys, int fd, const void *buf, size_
 	return 0;
 }
 
+/*
+ * Append bytes[0, len) (len a multiple of the block size) at the
+ * block-aligned end of the file described by *in, fsync, then write the
+ * superblock of generation g + 1 built from *in as changed by set(), fsync.
+ */
+struct commit {
+	const uint8_t *bytes;
+	uint64_t len;          /* padded to the block size */
+	uint64_t used;         /* meaningful bytes (table or profile length) */
+	uint32_t crc;
+	bool is_table;         /* else: a profile section */
+};
+
+static int commit(const char *path, const struct nf_io_sys *sys, struct nf_store_info in,
+		  uint32_t table_crc, const struct commit *c, struct nf_diag *d)
+{
+	uint64_t bs = in.block_size;
+	uint64_t off = (in.file_size + bs - 1) / bs * bs;
+	int rc;
+	int fd = sys->open(path, O_RDWR, 0);
+	if (fd < 0)
+		return nf_diag_fail(d, -errno, "%s: cannot open for update: %s", path, nf_strerror(-errno));
+	if ((rc = write_all(sys, fd, c->bytes, c->len, off)) < 0 || (sys->fsync(fd) < 0 && (rc = -errno))) {
+		nf_diag_fail(d, rc, "%s: writing the new %s: %s", path,
+			     c->is_table ? "object table" : "profile", nf_strerror(rc));
+		goto out;
+	}
+	in.generation++;
+	in.file_size = off + c->len;
+	if (c->is_table) {
+		in.table_offset = off;
+		in.table_length = c->used;
+		table_crc = c->crc;
+	} else {
+		in.profile_offset = off;
+		in.profile_length = c->used;
+		in.profile_crc = c->crc;
+	}
+	struct nf_store_sb_disk sb;
+	nf_store_sb_build(&sb, &in, table_crc);
+	uint64_t slot = in.generation % 2;
+	if ((rc = write_all(sys, fd, &sb, sizeof(sb), slot * NF_STORE_SB_SLOT)) < 0 ||
+	    (sys->fsync(fd) < 0 && (rc = -errno))) {
+		nf_diag_fail(d, rc, "%s: writing superblock %llu: %s", path, (unsigned long long)slot,
+			     nf_strerror(rc));
+		goto out;
+	}
+	rc = 0;
+out:
+	sys->close(fd);
+	return rc;
+}
+
+int nf_store_update_profile(const char *path, const struct nf_store_open_opts *o,
+			    const struct nf_store_profile *p, struct nf_diag *d)
+{
+	struct nf_store *s = NULL;
+	uint8_t *buf = NULL;
+	int rc = nf_store_open(path, o, &s, d);
+	if (rc < 0)
+		return rc;
+	uint32_t n = nf_store_object_count(s);
+	if (p->n_objects != n) {
+		rc = nf_diag_fail(d, NF_EUSAGE, "%s: the profile is for %u objects, the store has %u", path,
+				  p->n_objects, n);
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(s, i);
+		uint32_t want = ob->kind == NF_STORE_KIND_FFN ? ob->n_bundles : 0;
+		if ((p->counts[i] ? p->lens[i] : 0) != want) {
+			rc = nf_diag_fail(d, NF_EUSAGE, "%s: the profile has %u counts for object '%s' (%u expected)",
+					  path, p->counts[i] ? p->lens[i] : 0, ob->name, want);
+			goto out;
+		}
+	}
+	struct commit c = { .is_table = false };
+	if ((rc = nf_store_profile_encode(p, nf_store_info(s)->block_size, &buf, &c.len, &c.used, &c.crc)) < 0)
+		goto out;
+	c.bytes = buf;
+	rc = commit(path, nf_store_sys(s), *nf_store_info(s), nf_store_info(s)->table_crc, &c, d);
+out:
+	free(buf);
+	nf_store_close(s);
+	return rc;
+}
+
 int nf_store_update_perm(const char *path, const struct nf_store_open_opts *o, uint32_t obj_index,
 			 const uint32_t *perm, struct nf_diag *d)
 {
 	struct nf_store *s = NULL;
 	const struct nf_store_object **v = NULL;
 	uint8_t *tbl = NULL, *pad = NULL;
-	int fd = -1;
 	int rc = nf_store_open(path, o, &s, d);
 	if (rc < 0)
 		return rc;
@@ -81,40 +171,16 @@ int nf_store_update_perm(const char *path, const struct nf_store_open_opts *o, u
 	if ((rc = nf_store_table_encode(v, in.n_objects, &tbl, &len, &crc)) < 0)
 		goto out;
 	uint64_t bs = in.block_size;
-	uint64_t toff = (in.file_size + bs - 1) / bs * bs;
-	uint64_t end = (toff + len + bs - 1) / bs * bs;
-	pad = calloc(1, end - toff);
+	uint64_t padded = (len + bs - 1) / bs * bs;
+	pad = calloc(1, padded);
 	if (!pad) {
 		rc = -ENOMEM;
 		goto out;
 	}
 	memcpy(pad, tbl, len);
-	fd = sys->open(path, O_RDWR, 0);
-	if (fd < 0) {
-		rc = nf_diag_fail(d, -errno, "%s: cannot open for update: %s", path, nf_strerror(-errno));
-		goto out;
-	}
-	if ((rc = write_all(sys, fd, pad, end - toff, toff)) < 0 || (sys->fsync(fd) < 0 && (rc = -errno))) {
-		nf_diag_fail(d, rc, "%s: writing the new object table: %s", path, nf_strerror(rc));
-		goto out;
-	}
-	in.generation++;
-	in.file_size = end;
-	in.table_offset = toff;
-	in.table_length = len;
-	struct nf_store_sb_disk sb;
-	nf_store_sb_build(&sb, &in, crc);
-	uint64_t slot = in.generation % 2;
-	if ((rc = write_all(sys, fd, &sb, sizeof(sb), slot * NF_STORE_SB_SLOT)) < 0 ||
-	    (sys->fsync(fd) < 0 && (rc = -errno))) {
-		nf_diag_fail(d, rc, "%s: writing superblock %llu: %s", path, (unsigned long long)slot,
-			     nf_strerror(rc));
-		goto out;
-	}
-	rc = 0;
+	struct commit c = { .bytes = pad, .len = padded, .used = len, .crc = crc, .is_table = true };
+	rc = commit(path, sys, in, 0, &c, d);
 out:
-	if (fd >= 0)
-		sys->close(fd);
 	free(pad);
 	free(tbl);
 	free(v);

@@ -55,6 +55,7 @@ struct nf_store_writer {
 	uint32_t run_crc;        /* dense object or current extent */
 	uint64_t total, done;
 	uint64_t table_offset, table_length, file_size;
+	struct nf_store_profile *profile;  /* owned copy, or NULL */
 	uint8_t *stage;
 	size_t stage_cap, stage_len;
 	uint64_t stage_off;      /* file offset of stage[0] */
@@ -419,6 +420,46 @@ int nf_store_writer_set_perm(struct nf_store_writer *w, uint32_t i, const uint32
 	return rc;
 }
 
+int nf_store_writer_set_profile(struct nf_store_writer *w, const struct nf_store_profile *p,
+				struct nf_diag *d)
+{
+	if (w->finished || w->err)
+		return w->err ? w->err : nf_diag_fail(d, NF_EUSAGE, "set_profile() after finish()");
+	if (p->n_objects != w->n)
+		return nf_diag_fail(d, NF_EUSAGE, "the profile is for %u objects, the store has %u", p->n_objects,
+				    w->n);
+	for (uint32_t i = 0; i < w->n; i++) {
+		const struct nf_store_object *o = &w->objs[i].o;
+		uint32_t want = o->kind == NF_STORE_KIND_FFN ? o->n_bundles : 0;
+		if ((p->counts[i] ? p->lens[i] : 0) != want)
+			return nf_diag_fail(d, NF_EUSAGE, "the profile has %u counts for object '%s' (%u expected)",
+					    p->counts[i] ? p->lens[i] : 0, o->name, want);
+	}
+	struct nf_store_profile *c = calloc(1, sizeof(*c));
+	if (!c || !(c->counts = calloc(w->n ? w->n : 1, sizeof(*c->counts))) ||
+	    !(c->lens = calloc(w->n ? w->n : 1, sizeof(*c->lens)))) {
+		nf_store_profile_free(c);
+		return -ENOMEM;
+	}
+	c->n_objects = w->n;
+	c->tokens = p->tokens;
+	c->source = p->source;
+	c->created_ns = p->created_ns;
+	for (uint32_t i = 0; i < w->n; i++) {
+		if (!p->counts[i])
+			continue;
+		if (!(c->counts[i] = malloc(4ull * p->lens[i]))) {
+			nf_store_profile_free(c);
+			return -ENOMEM;
+		}
+		memcpy(c->counts[i], p->counts[i], 4ull * p->lens[i]);
+		c->lens[i] = p->lens[i];
+	}
+	nf_store_profile_free(w->profile);
+	w->profile = c;
+	return 0;
+}
+
 static void advance_object(struct nf_store_writer *w)
 {
 	while (w->cur < w->n) {
@@ -640,7 +681,26 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
 	uint32_t table_crc = 0;
 	int rc;
 	if (pad_to(w, w->table_offset) < 0 || write_table(w, &table_crc) < 0 ||
-	    pad_to(w, w->file_size) < 0 || flush_stage(w) < 0) {
+	    pad_to(w, w->file_size) < 0) {
+		rc = w->err;
+		return nf_diag_fail(d, rc, "%s: writing %s: %s", w->path, w->tmp, nf_strerror(rc));
+	}
+	/* The profile section after the table (docs/FORMAT.md item 19). */
+	uint64_t prof_off = 0, prof_used = 0;
+	uint32_t prof_crc = 0;
+	if (w->profile) {
+		uint8_t *pb;
+		uint64_t plen;
+		if ((rc = nf_store_profile_encode(w->profile, w->block_size, &pb, &plen, &prof_used, &prof_crc)) < 0)
+			return nf_diag_fail(d, w->err = rc, "%s: encoding the profile: %s", w->path, nf_strerror(rc));
+		prof_off = w->file_size;
+		rc = append(w, pb, plen);
+		free(pb);
+		if (rc < 0)
+			return nf_diag_fail(d, w->err, "%s: writing %s: %s", w->path, w->tmp, nf_strerror(w->err));
+		w->file_size += plen;
+	}
+	if (flush_stage(w) < 0) {
 		rc = w->err;
 		return nf_diag_fail(d, rc, "%s: writing %s: %s", w->path, w->tmp, nf_strerror(rc));
 	}
@@ -661,6 +721,9 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
 	in.file_size = w->file_size;
 	in.table_offset = w->table_offset;
 	in.table_length = w->table_length;
+	in.profile_offset = prof_off;
+	in.profile_length = prof_used;
+	in.profile_crc = prof_crc;
 	/* Features old readers must refuse (docs/FORMAT.md item 16). */
 	for (uint32_t i = 0; i < w->n; i++) {
 		const struct nf_store_object *o = &w->objs[i].o;
@@ -714,6 +777,7 @@ void nf_store_writer_close(struct nf_store_writer *w)
 		free(w->objs[i].perm);
 	}
 	free(w->objs);
+	nf_store_profile_free(w->profile);
 	nf_io_buf_free(w->stage);
 	free(w->tmp);
 	free(w->path);

@@ -516,8 +516,8 @@ static void check_gemv_list(const struct nf_kernels *k, const struct nf_kernels 
 		enum nf_ktype kt = all_kt[t];
 		size_t step = kt == NF_KT_F32 ? 4 : 2;
 		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
-			size_t n = ns[ni], rb = nf_dtype_row_size(kt_dtype[kt], n), slot = (rb + 128 + 63) & ~(size_t)63;
-			unsigned char *buf = aligned_alloc(64, MAXR * slot);
+			size_t n = ns[ni], rb = nf_dtype_row_size(kt_dtype[kt], n), slot = rb + 128;
+			unsigned char *buf = aligned_alloc(64, (MAXR * slot + 63) & ~(size_t)63);
 			unsigned char *xq = xmalloc(nf_act_size(kt, n));
 			float *xf = xmalloc(n * sizeof(float)), *wf = xmalloc(n * sizeof(float));
 			cr_assert_not_null(buf);

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "nflash/dtype.h"
@@ -18,7 +17,6 @@
 #include "nflash/synth.h"
 #include "util_pipeline.h"
 
-#define NFLASH "build/nflash"
 
 static char gguf[256], store[256];
 
@@ -52,39 +50,10 @@ static void drop_model(void)
 	unlink(store);
 }
 
-/* Run nflash with args; stdout into out, stderr into err; exit status. */
-static int run_cli(const char *args, char *out, size_t out_len, char *err, size_t err_len)
-{
-	char ef[256], cmd[1024];
-	pl_tmp_path(ef, sizeof(ef), "cli-err");
-	snprintf(cmd, sizeof(cmd), NFLASH " %s 2>%s", args, ef);
-	FILE *p = popen(cmd, "r");
-	cr_assert_not_null(p);
-	size_t n = fread(out, 1, out_len - 1, p);
-	out[n] = 0;
-	int st = pclose(p);
-	FILE *e = fopen(ef, "r");
-	n = e ? fread(err, 1, err_len - 1, e) : 0;
-	err[n] = 0;
-	if (e)
-		fclose(e);
-	unlink(ef);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static unsigned long long json_u64(const char *json, const char *key)
-{
-	char k[64];
-	snprintf(k, sizeof(k), "\"%s\":", key);
-	const char *at = strstr(json, k);
-	cr_assert_not_null(at, "no %s in %s", key, json);
-	return strtoull(at + strlen(k), NULL, 10);
-}
-
 Test(pipeline, budget_holds_and_too_small_is_refused)
 {
-	if (access(NFLASH, X_OK) != 0)
-		cr_skip_test("%s is not built", NFLASH);
+	if (access(PL_NFLASH, X_OK) != 0)
+		cr_skip_test("%s is not built", PL_NFLASH);
 	make_model();
 	struct stat sb;
 	cr_assert_eq(stat(gguf, &sb), 0);
@@ -93,7 +62,7 @@ Test(pipeline, budget_holds_and_too_small_is_refused)
 
 	/* too small: refused, the message states the minimum */
 	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13 -c 64 --memory-budget 20M --json", store);
-	int rc = run_cli(args, out, sizeof(out), err, sizeof(err));
+	int rc = pl_run_cli(args, out, sizeof(out), err, sizeof(err));
 	cr_expect_eq(rc, 1, "exit %d: %s", rc, err);
 	const char *at = strstr(err, "at least ");
 	cr_assert_not_null(at, "no minimum in: %s", err);
@@ -104,12 +73,12 @@ Test(pipeline, budget_holds_and_too_small_is_refused)
 	unsigned long long budget = (unsigned long long)(min_mib + 1.0) << 20;
 	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13,300,72,101,259 -c 64 -t 2 --memory-budget %llu --json",
 		 store, budget);
-	rc = run_cli(args, out, sizeof(out), err, sizeof(err));
+	rc = pl_run_cli(args, out, sizeof(out), err, sizeof(err));
 	cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
 	cr_expect(strstr(err, "fixed overhead"), "the overhead is not printed at start: %s", err);
-	unsigned long long hwm = json_u64(out, "vm_hwm_bytes"), over = json_u64(out, "overhead_bytes");
-	cr_expect_eq(json_u64(out, "budget_bytes"), budget);
-	cr_expect(json_u64(out, "bytes_read") > 0);
+	unsigned long long hwm = pl_json_u64(out, "vm_hwm_bytes"), over = pl_json_u64(out, "overhead_bytes");
+	cr_expect_eq(pl_json_u64(out, "budget_bytes"), budget);
+	cr_expect(pl_json_u64(out, "bytes_read") > 0);
 	cr_expect(hwm <= budget + over, "VmHWM %llu > budget %llu + overhead %llu", hwm, budget, over);
 	cr_expect(hwm < (unsigned long long)sb.st_size,
 		  "VmHWM %llu is not below the model's %lld bytes: the check proves nothing", hwm,

@@ -497,3 +497,79 @@ Test(pipeline, read_error_fails_that_eval_only)
 	nf_model_free(m);
 	unlink(sp);
 }
+
+/* A prompt evaluated as one batch through the cache (one request per layer
+ * for the union of the tokens' neurons, consumed in group order) gives the
+ * same logits, bit for bit, as the in-memory engine on the same batch, and
+ * reads the FFNs in fewer requests than the same prompt token by token
+ * (n_batch 1, which also changes the attention's sums, so only the reads
+ * are compared there). */
+static void check_batch(const char *model_path, enum nf_sparse_mode mode)
+{
+	struct nf_model *m = pl_load(model_path, false, false);
+	uint32_t nv = nf_model_hparams(m)->n_vocab;
+	char sp[256], msg[256] = "";
+	pl_tmp_path(sp, sizeof(sp), "store-batch");
+	cr_assert_eq(pl_store_from_model(m, sp, 8, true, msg, sizeof(msg)), 0, "%s", msg);
+	struct nf_store *store;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_store_open(sp, NULL, &store, &d), 0);
+	uint64_t min = nf_cache_min_bytes(store);
+	nf_store_close(store);
+
+	float *lg[2] = { malloc(nv * sizeof(float)), malloc(nv * sizeof(float)) };
+	uint64_t reqs[3] = { 0 }, bytes[3] = { 0 };
+	for (int k = 0; k < 3; k++) {
+		struct nf_ctx_params cp = nf_ctx_defaults();
+		cp.n_threads = 2;
+		cp.n_ctx = 64;
+		cp.n_batch = k == 2 ? 1 : 512;
+		struct nf_ctx *c = NULL;
+		cr_assert_eq(nf_ctx_open(m, &cp, &c, &d), 0);
+		/* k 0: in memory; else one layer of cache: every layer is read
+		 * again for every step */
+		struct nf_cache *cache = k ? open_cache(sp, &store, min, NULL) : NULL;
+		struct nf_sparse *s = engine(c, mode, cache);
+		cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
+		if (k < 2)
+			memcpy(lg[k], nf_ctx_logits(c), nv * sizeof(float));
+		if (cache) {
+			struct nf_cache_stats cs;
+			nf_cache_stats_get(cache, &cs);
+			cr_expect_eq(cs.errors, 0);
+			reqs[k] = cs.requests;
+			bytes[k] = cs.bytes_read;
+		}
+		nf_sparse_close(s);
+		if (cache) {
+			nf_cache_close(cache);
+			nf_store_close(store);
+		}
+		nf_ctx_close(c);
+	}
+	cr_expect(memcmp(lg[0], lg[1], nv * sizeof(float)) == 0,
+		  "%s %s: batch from the cache vs in memory differ by %.3g", model_path,
+		  nf_sparse_mode_name(mode), pl_max_diff(lg[0], lg[1], nv));
+	cr_expect(reqs[1] < reqs[2] && bytes[1] <= bytes[2],
+		  "%s: batch read %llu B in %llu requests, token by token %llu B in %llu", model_path,
+		  (unsigned long long)bytes[1], (unsigned long long)reqs[1], (unsigned long long)bytes[2],
+		  (unsigned long long)reqs[2]);
+	free(lg[0]);
+	free(lg[1]);
+	nf_model_free(m);
+	unlink(sp);
+}
+
+Test(pipeline, batch_from_cache_equals_memory_in_fewer_reads)
+{
+	check_batch("../shared/testdata/models/tiny-llama-f32.gguf", NF_SPARSE_DENSE);
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "synth-batch");
+	cr_assert_eq(pl_synth_tiny(p, "relu", NF_DTYPE_F32, false), 0);
+	check_batch(p, NF_SPARSE_EXACT);
+	unlink(p);
+	pl_tmp_path(p, sizeof(p), "synth-batch-pred");
+	cr_assert_eq(pl_synth_tiny(p, "relu", NF_DTYPE_F16, true), 0);
+	check_batch(p, NF_SPARSE_PREDICTOR);
+	unlink(p);
+}

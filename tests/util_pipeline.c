@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "nflash/dtype.h"
@@ -194,4 +195,32 @@ void pl_import(const char *gguf, char *out, size_t len)
 	struct nf_diag d = { 0 };
 	int rc = nf_import(gguf, out, &o, &r, &d);
 	cr_assert_eq(rc, 0, "import %s: %s", gguf, nf_diag_msg(&d, rc));
+}
+
+int pl_run_cli(const char *args, char *out, size_t out_len, char *err, size_t err_len)
+{
+	char ef[256], cmd[1024];
+	pl_tmp_path(ef, sizeof(ef), "cli-err");
+	snprintf(cmd, sizeof(cmd), PL_NFLASH " %s 2>%s", args, ef);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	size_t n = fread(out, 1, out_len - 1, p);
+	out[n] = 0;
+	int st = pclose(p);
+	FILE *e = fopen(ef, "r");
+	n = e ? fread(err, 1, err_len - 1, e) : 0;
+	err[n] = 0;
+	if (e)
+		fclose(e);
+	unlink(ef);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+unsigned long long pl_json_u64(const char *json, const char *key)
+{
+	char k[64];
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	const char *at = strstr(json, k);
+	cr_assert_not_null(at, "no %s in %s", key, json);
+	return strtoull(at + strlen(k), NULL, 10);
 }

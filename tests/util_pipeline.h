@@ -44,6 +44,17 @@ void pl_import(const char *gguf, char *out, size_t len);
 /* max |a[i] - b[i]| */
 double pl_max_diff(const float *a, const float *b, size_t n);
 
+/* The nflash binary, relative to the repository root. */
+#define PL_NFLASH "build/nflash"
+
+/* Run PL_NFLASH with args (a shell command line): stdout into out, stderr
+ * into err (both NUL-terminated, truncated to their lengths); returns the
+ * exit status, -1 if it did not exit. */
+int pl_run_cli(const char *args, char *out, size_t out_len, char *err, size_t err_len);
+
+/* The number after "key": in json (Criterion-asserts that it is there). */
+unsigned long long pl_json_u64(const char *json, const char *key);
+
 /* Path of a fresh file under /tmp (name gets a unique suffix). */
 void pl_tmp_path(char *out, size_t len, const char *stem);
 

@@ -96,6 +96,9 @@ int nf_cmd_eval(int argc, char **argv)
 		goto done;
 	}
 	nf_model_cli_stats_total(&mc, stderr, t_eval);
+	if ((ret = nf_model_cli_profile_save(&mc, n_ids)) != NF_EXIT_OK)
+		goto done;
+	ret = NF_EXIT_FAIL;
 	if (json) {
 		struct nf_json j;
 		nf_json_init(&j, stdout, false);

@@ -23,7 +23,7 @@
 static void gen_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: nflash generate -m MODEL (-p TEXT | --ids 1,2,3) [-n N] [-c CONTEXT] [-t THREADS]\n"
+		"usage: nflash generate -m MODEL (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [-c CONTEXT] [-t THREADS]\n"
 		"                       [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
 		"                       [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
 		"                       [--kv-type f32|f16] [--ignore-eos] [--print-ids] [--json]\n"
@@ -34,6 +34,7 @@ static void gen_usage(FILE *f)
 	nf_model_cli_help(f);
 	fprintf(f,
 		"  -p, --prompt TEXT     prompt text (tokenized with the model's vocabulary)\n"
+		"  -f, --file FILE       prompt text from FILE (e.g. calibration text for --profile)\n"
 		"  --ids LIST            prompt as comma-separated token ids (used as given)\n"
 		"  -n, --n-predict N     tokens to generate (default 128; -1: until EOS or full context)\n"
 		"  --temp T              temperature (default 0.8; 0: greedy, ties to the lowest id)\n"
@@ -51,6 +52,7 @@ static void gen_usage(FILE *f)
 
 struct gen_opts {
 	const char *prompt;
+	char *prompt_file;       /* -f: the file's text (owned); prompt points at it */
 	int32_t *ids;
 	size_t n_ids;
 	long n_predict;
@@ -69,6 +71,46 @@ static int parse_prob(const char *flag, const char *v, float lo, float hi, float
 	}
 	*out = (float)d;
 	return 0;
+}
+
+/* The whole of text file path, NUL-terminated (malloc'd), or NULL after
+ * an error naming flag. */
+static char *read_text(const char *flag, const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		nf_cli_err("%s %s: %s", flag, path, strerror(errno));
+		return NULL;
+	}
+	size_t cap = 1 << 16, len = 0;
+	char *buf = malloc(cap);
+	while (buf) {
+		len += fread(buf + len, 1, cap - 1 - len, f);
+		if (len < cap - 1)
+			break;
+		char *nb = realloc(buf, cap * 2);
+		if (!nb) {
+			free(buf);
+			buf = NULL;
+			break;
+		}
+		buf = nb;
+		cap *= 2;
+	}
+	if (!buf || ferror(f)) {
+		nf_cli_err("%s %s: %s", flag, path, buf ? "read error" : "out of memory");
+		free(buf);
+		fclose(f);
+		return NULL;
+	}
+	fclose(f);
+	buf[len] = '\0';
+	if (len == 0) {
+		nf_cli_err("%s %s: the file is empty", flag, path);
+		free(buf);
+		return NULL;
+	}
+	return buf;
 }
 
 static int gen_parse(int argc, char **argv, struct nf_model_cli *mc, struct gen_opts *o)
@@ -99,6 +141,7 @@ static int gen_parse(int argc, char **argv, struct nf_model_cli *mc, struct gen_
 			continue;
 		}
 		bool known = !strcmp(f, "-p") || !strcmp(f, "--prompt") || !strcmp(f, "--ids") ||
+			     !strcmp(f, "-f") || !strcmp(f, "--file") ||
 			     !strcmp(f, "-n") || !strcmp(f, "--n-predict") || !strcmp(f, "--temp") ||
 			     !strcmp(f, "--top-k") || !strcmp(f, "--top-p") || !strcmp(f, "--min-p") ||
 			     !strcmp(f, "--repeat-penalty") || !strcmp(f, "--repeat-last-n") ||
@@ -112,6 +155,11 @@ static int gen_parse(int argc, char **argv, struct nf_model_cli *mc, struct gen_
 		int rc = 0;
 		if (!strcmp(f, "-p") || !strcmp(f, "--prompt")) {
 			o->prompt = v;
+		} else if (!strcmp(f, "-f") || !strcmp(f, "--file")) {
+			free(o->prompt_file);
+			if (!(o->prompt_file = read_text(f, v)))
+				return NF_EUSAGE;
+			o->prompt = o->prompt_file;
 		} else if (!strcmp(f, "--ids")) {
 			free(o->ids);
 			o->ids = NULL;
@@ -381,8 +429,9 @@ int nf_cmd_generate(int argc, char **argv)
 	fprintf(stderr, "nflash:       total time = %10.2f ms / %5zu tokens\n",
 		(mc.load_s + t_prompt + t_eval + t_sample) * 1e3, o.n_ids + n_gen);
 	nf_model_cli_stats_total(&mc, stderr, t_prompt + t_eval);
-	ret = NF_EXIT_OK;
+	ret = nf_model_cli_profile_save(&mc, o.n_ids + n_evals);
 done:
+	free(o.prompt_file);
 	free(o.ids);
 	free(out_ids);
 	free(text);

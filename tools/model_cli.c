@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "nflash/error.h"
 #include "nflash/store.h"
@@ -70,6 +71,11 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 		}
 	} else if (!strcmp(f, "--stats")) {
 		mc->stats = true;
+	} else if (!strcmp(f, "--stream-attn")) {
+		mc->stream_attn = true;
+	} else if (!strcmp(f, "--attn-pin-layers")) {
+		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 1 << 20, &mc->attn_pin) < 0)
+			return NF_EUSAGE;
 	} else if (!strcmp(f, "--ffn-store")) {
 		if (!(mc->ffn_store = nf_cli_value(argc, argv, i)))
 			return NF_EUSAGE;
@@ -83,6 +89,8 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 			nf_cli_err("%s: expected auto, aio, uring, sync or mmap, got '%s'", f, v);
 			return NF_EUSAGE;
 		}
+	} else if (!strcmp(f, "--profile")) {
+		mc->profile = true;
 	} else if (!strcmp(f, "--qd")) {
 		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 1, 4096, &mc->qd) < 0)
 			return NF_EUSAGE;
@@ -108,13 +116,23 @@ void nf_model_cli_help(FILE *f)
 		"  --memory-budget SIZE  limit on what the engine holds (K/M/G suffixes); the KV cache\n"
 		"                        for -c counts against it\n"
 		"  --stats               per-token and total FFN statistics on stderr\n"
+		"  --stream-attn         store only: read each layer's attention weights from the store\n"
+		"                        at every step through 2 layer buffers, instead of pinning them\n"
+		"                        (automatic when the pinned dense weights do not fit the budget)\n"
+		"  --attn-pin-layers N   when attention is streamed, keep the first N layers' attention\n"
+		"                        pinned (default 0: the budget left goes to the neuron cache)\n"
 		"  --ffn-store FILE      read the FFN neuron bundles from this store through the\n"
 		"                        segmented cache (O_DIRECT) instead of the GGUF's weights\n"
 		"  --io aio|uring|sync   I/O backend for --ffn-store and stores (default auto)\n"
 		"  --io mmap             baseline (llama.cpp's default loader): a GGUF run dense\n"
 		"                        through its read-only mapping, pages faulted in on demand\n"
 		"                        through the page cache (no prefault, no budget, no store)\n"
-		"  --qd N                reads in flight for --ffn-store (default 32)\n");
+		"  --qd N                reads in flight for stores and --ffn-store (default 128)\n"
+		"  --profile             count how often each FFN neuron fires over this run\n"
+		"                        (calibration) and store the counts in the store (-m STORE\n"
+		"                        or --ffn-store); tokens are evaluated one at a time. The\n"
+		"                        cache then preloads each layer's hottest neurons at start;\n"
+		"                        `nflash store relayout` puts them first in the file\n");
 }
 
 /* Bytes the process holds before the model: program, libraries, thread
@@ -181,25 +199,84 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 	 * per-thread scratch) and the cache's metadata, rounded up */
 	uint64_t groups = (hp->n_ff + 31) / 32;
 	uint64_t engine = groups * hp->n_embd * 4 + (uint64_t)hp->n_ff * 72 +
-			  (uint64_t)hp->n_layer * hp->n_ff * 8 + 64ull * (hp->n_embd * 4 + 256) + (1u << 20);
+			  (uint64_t)hp->n_layer * hp->n_ff * 8 + 64ull * (hp->n_embd * 4 + 256) + (1u << 20) +
+			  /* batches: each token's prepared input and neuron masks */
+			  (uint64_t)nf_ctx_n_batch(mc->ctx) * (hp->n_embd * 4 + 64 + groups * 4) +
+			  64ull * hp->n_embd * 4;
 	uint64_t fixed = *weights + nf_ctx_bytes(mc->ctx) + engine;
 	struct nf_cache_opts o;
 	nf_cache_opts_default(&o);
 	o.io.quiet = false;
+	o.use_profile = !mc->profile;   /* a calibration run counts from zero */
 	if (mc->io_backend)
 		o.io.backend = (enum nf_io_backend)nf_io_backend_parse(mc->io_backend);
 	if (mc->qd)
 		o.io.qd = (unsigned)mc->qd;
+	/* Attention left in the store at load: pinned if the budget holds it,
+	 * else streamed per layer through two buffers, but for the first
+	 * --attn-pin-layers layers (docs/PIPELINE.md "Streamed attention"). */
+	uint64_t attn = nf_model_attn_in_memory(mc->model) ? 0 : nf_model_attn_bytes(mc->model);
+	struct nf_stream_opts so;
+	nf_stream_opts_default(&so);
+	so.io.backend = o.io.backend;
+	uint64_t sbytes = nf_model_attn_stream_bytes(mc->model, so.n_slots);
+	bool stream = attn && (mc->stream_attn || (mc->budget && mc->budget < fixed + attn + min));
+	uint32_t pin = stream ? (uint32_t)(mc->attn_pin < (long)hp->n_layer ? mc->attn_pin : hp->n_layer) : hp->n_layer;
+	uint64_t pin_bytes = attn / hp->n_layer * pin;
+	if (pin == hp->n_layer)
+		stream = false;
 	if (mc->budget) {
-		if (mc->budget < fixed + min) {
-			nf_cli_err("--memory-budget %.1f MiB is too small for %s: at least %.1f MiB "
-				   "needed (%.1f MiB dense weights + %.1f MiB KV cache and scratch + %.1f MiB engine "
-				   "tables + %.1f MiB: one layer's neurons in the cache)",
-				   mib(mc->budget), spath, mib(fixed + min), mib(*weights),
+		uint64_t need = fixed + (stream ? sbytes + pin_bytes : attn) + min;
+		if (mc->budget < need && stream) {
+			nf_cli_err("--memory-budget %.1f MiB is too small for %s even with attention streamed: "
+				   "at least %.1f MiB needed (%.1f MiB pinned dense weights%s + %.1f MiB attention "
+				   "buffers (%u layers' worth) + %.1f MiB KV cache and scratch + %.1f MiB engine "
+				   "tables + %.1f MiB: one layer's neurons in the cache; a smaller -c lowers the "
+				   "KV cache)",
+				   mib(mc->budget), spath, mib(need), mib(*weights + pin_bytes),
+				   pin ? " with --attn-pin-layers' attention" : "", mib(sbytes), so.n_slots,
 				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
 			return NF_EXIT_FAIL;
 		}
+		if (mc->budget < need) {
+			nf_cli_err("--memory-budget %.1f MiB is too small for %s: at least %.1f MiB "
+				   "needed (%.1f MiB dense weights + %.1f MiB KV cache and scratch + %.1f MiB engine "
+				   "tables + %.1f MiB: one layer's neurons in the cache)",
+				   mib(mc->budget), spath, mib(need), mib(*weights + attn),
+				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
+			return NF_EXIT_FAIL;
+		}
+	}
+	if (attn && pin && (rc = nf_model_attn_load(mc->model, pin, &d)) < 0) {
+		nf_cli_err("%s", nf_diag_msg(&d, rc));
+		return NF_EXIT_FAIL;
+	}
+	if (stream) {
+		if ((rc = nf_ctx_stream_attn(mc->ctx, &so, &d)) < 0) {
+			nf_cli_err("%s: streaming attention: %s", spath, nf_diag_msg(&d, rc));
+			return NF_EXIT_FAIL;
+		}
+		mc->attn_streamed = true;
+		char pinned[64] = "";
+		if (pin)
+			snprintf(pinned, sizeof(pinned), ", attention of layers 0-%u", pin - 1);
+		fprintf(stderr,
+			"nflash: attention streamed from the store%s: %u layers x %.1f MiB read at every "
+			"forward step through %u buffers (%.1f MiB); pinned: norms, embeddings, output%s%s "
+			"(%.1f MiB, where the pinned set would be %.1f MiB)\n",
+			mc->stream_attn ? " (--stream-attn)" : " (the pinned dense weights do not fit the budget)",
+			hp->n_layer - pin, mib(attn / hp->n_layer), so.n_slots, mib(sbytes),
+			nf_model_layer(mc->model, 0)->fc1.data ? ", predictors" : "", pinned,
+			mib(*weights + pin_bytes), mib(*weights + attn));
+		*weights += pin_bytes;
+		fixed += sbytes + pin_bytes;
+	} else if (attn) {
+		*weights += attn;
+		fixed += attn;
+	}
+	if (mc->budget) {
 		o.arena_bytes = mc->budget - fixed;
+		o.prefault = true;
 	} else {
 		/* no budget: room for every bundle of the store */
 		uint64_t all = 0;
@@ -227,7 +304,8 @@ static int open_engine(struct nf_model_cli *mc)
 	nf_sparse_params_init(&sp);
 	sp.mode = mc->sparse_mode < 0 ? NF_SPARSE_AUTO : (enum nf_sparse_mode)mc->sparse_mode;
 	/* In memory, "dense" by default is the built-in FFN (the same sums);
-	 * MoE FFNs are not sparse yet. */
+	 * MoE FFNs are not sparse: in memory the built-in FFN runs them, from
+	 * a store their routed experts stream as dense FFNs. */
 	if (mc->sparse_mode < 0) {
 		bool pred = !hp->n_expert && nf_model_layer(mc->model, 0)->fc1.data;
 		if (hp->n_expert || (!pred && hp->act == NF_FFN_SILU))
@@ -240,18 +318,23 @@ static int open_engine(struct nf_model_cli *mc)
 	uint64_t weights = nf_model_weight_bytes(mc->model);
 	mc->overhead = NF_CLI_OVERHEAD;
 	if (streamed) {
-		if (sp.mode == NF_SPARSE_OFF) {
-			if (hp->n_expert) {
-				nf_cli_err("%s: mixture-of-experts FFNs are not streamed from a store yet", mc->path);
-				return NF_EXIT_USAGE;
-			}
+		if (sp.mode == NF_SPARSE_OFF)
 			sp.mode = NF_SPARSE_DENSE;
-		}
 		int rc = open_cache(mc, &weights);
 		if (rc != NF_EXIT_OK)
 			return rc;
 		sp.cache = mc->cache;
-		sp.hot_after = 4;
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(mc->cache, &cl);
+		/* a profile's hot set is loaded already; else learn it online */
+		sp.hot_after = cl.hot_from_profile ? 0 : 4;
+		if (cl.profile_error)
+			nf_cli_warn("%s: the store's profile is not used (%s); the hot set is learned online",
+				    mc->ffn_store ? mc->ffn_store : mc->path, nf_strerror(cl.profile_error));
+	} else if (mc->profile) {
+		nf_cli_err("--profile counts the neurons read through a store's cache: give -m STORE (from "
+			   "`nflash import`) or --ffn-store STORE");
+		return NF_EXIT_USAGE;
 	}
 	int rc = nf_sparse_open(mc->ctx, &sp, &mc->sparse, &d);
 	if (rc < 0) {
@@ -262,15 +345,20 @@ static int open_engine(struct nf_model_cli *mc)
 	if (streamed) {
 		struct nf_cache_layout cl;
 		nf_cache_layout_get(mc->cache, &cl);
+		char abuf[64] = "";
+		if (mc->attn_streamed)
+			snprintf(abuf, sizeof(abuf), " + attention buffers %.1f MiB (streamed)",
+				 mib(nf_ctx_attn_stream_bytes(mc->ctx)));
 		fprintf(stderr,
-			"nflash: memory: dense weights %.1f MiB (pinned), neuron cache %.1f MiB (hot %.1f MiB / %u "
-			"slots, cold %.1f MiB / %u slots%s%s), reserved %.1f MiB (KV cache %.1f MiB for -c %u, "
+			"nflash: memory: dense weights %.1f MiB (pinned)%s, neuron cache %.1f MiB (hot %.1f MiB / %u "
+			"slots%s, cold %.1f MiB / %u slots%s%s), reserved %.1f MiB (KV cache %.1f MiB for -c %u, "
 			"scratch and tables %.1f MiB); fixed overhead %.1f MiB\n",
-			mib(weights), mib(cl.arena), mib(cl.hot), cl.hot_slots, mib(cl.cold), cl.cold_slots,
+			mib(weights), abuf, mib(cl.arena), mib(cl.hot), cl.hot_slots,
+			cl.hot_from_profile ? " from the profile" : " learned online", mib(cl.cold), cl.cold_slots,
 			cl.hugepages ? ", hugepages" : "", cl.numa ? ", NUMA-placed" : "", mib(mc->reserved),
 			mib(nf_ctx_bytes_kv(mc->ctx)), nf_ctx_n_ctx(mc->ctx),
 			mib(mc->reserved - nf_ctx_bytes_kv(mc->ctx)), mib(mc->overhead));
-		weights += cl.arena;
+		weights += cl.arena + nf_ctx_attn_stream_bytes(mc->ctx);
 		if (mc->budget && weights + mc->reserved > mc->budget) {
 			nf_cli_err("--memory-budget %.1f MiB: the engine's tables came to %.1f MiB, more than "
 				   "estimated; at least %.1f MiB needed",
@@ -301,7 +389,7 @@ static int open_engine(struct nf_model_cli *mc)
 }
 
 static void stats_line(FILE *f, const char *label, const struct nf_sparse_stats *d,
-		       const struct nf_cache_stats *c, double t)
+		       const struct nf_cache_stats *c, const struct nf_stream_stats *a, double t)
 {
 	double act = d->neurons_total ? 100.0 * (double)d->neurons_active / (double)d->neurons_total : 0.0;
 	double wait = t > 0 ? 100.0 * d->t_wait / t : 0.0;
@@ -324,7 +412,22 @@ static void stats_line(FILE *f, const char *label, const struct nf_sparse_stats 
 		fprintf(f, ", hot segment refilled in %.2f ms", d->t_hot * 1e3);
 	if (d->recall_fired)
 		fprintf(f, ", predictor recall %.1f%%", 100.0 * (double)d->recall_hit / (double)d->recall_fired);
+	if (a)
+		fprintf(f, "; attention streamed: read %.1f MiB (%llu layers), waited %.2f ms = %.1f%%",
+			(double)a->bytes_read / (1024.0 * 1024.0), (unsigned long long)a->groups_read,
+			a->t_wait * 1e3, t > 0 ? 100.0 * a->t_wait / t : 0.0);
 	fprintf(f, "\n");
+}
+
+static void attn_delta(const struct nf_stream_stats *a, const struct nf_stream_stats *b,
+		       struct nf_stream_stats *d)
+{
+	d->bytes_read = a->bytes_read - b->bytes_read;
+	d->objects_read = a->objects_read - b->objects_read;
+	d->groups_read = a->groups_read - b->groups_read;
+	d->acquires = a->acquires - b->acquires;
+	d->waits = a->waits - b->waits;
+	d->t_wait = a->t_wait - b->t_wait;
 }
 
 static void stats_delta(const struct nf_sparse_stats *a, const struct nf_sparse_stats *b,
@@ -355,6 +458,7 @@ static void cache_delta(const struct nf_cache_stats *a, const struct nf_cache_st
 	d->bytes_read = a->bytes_read - b->bytes_read;
 	d->hot_loads = a->hot_loads - b->hot_loads;
 	d->hot_bytes = a->hot_bytes - b->hot_bytes;
+	d->hot_requests = a->hot_requests - b->hot_requests;
 	d->evictions = a->evictions - b->evictions;
 	d->errors = a->errors - b->errors;
 }
@@ -372,8 +476,14 @@ void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label
 		cache_delta(&cnow, &mc->clast, &cd);
 		mc->clast = cnow;
 	}
+	struct nf_stream_stats anow, ad;
+	bool attn = nf_ctx_attn_stats(mc->ctx, &anow);
+	if (attn) {
+		attn_delta(&anow, &mc->alast, &ad);
+		mc->alast = anow;
+	}
 	double t = nf_cli_now();
-	stats_line(f, label, &d, mc->cache ? &cd : NULL, t - mc->t_last);
+	stats_line(f, label, &d, mc->cache ? &cd : NULL, attn ? &ad : NULL, t - mc->t_last);
 	mc->last = now;
 	mc->t_last = t;
 }
@@ -387,7 +497,19 @@ void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 	nf_sparse_stats_get(mc->sparse, &now);
 	if (mc->cache)
 		nf_cache_stats_get(mc->cache, &c);
-	stats_line(f, "total", &now, mc->cache ? &c : NULL, t_total);
+	struct nf_stream_stats a;
+	bool attn = nf_ctx_attn_stats(mc->ctx, &a);
+	stats_line(f, "total", &now, mc->cache ? &c : NULL, attn ? &a : NULL, t_total);
+	if (mc->cache) {
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(mc->cache, &cl);
+		if (cl.hot_from_profile)
+			fprintf(f, "nflash: hot set from the store's profile (%llu calibration tokens): %.1f MiB in %llu "
+				"reads at open\n", (unsigned long long)cl.profile_tokens, mib(c.hot_bytes),
+				(unsigned long long)c.hot_requests);
+		else
+			fprintf(f, "nflash: hot set learned online (no profile used)\n");
+	}
 	fprintf(f, "nflash: peak resident %.1f MiB (VmHWM)", mib(nf_model_cli_vm_hwm()));
 	if (mc->budget)
 		fprintf(f, ", budget %.1f MiB + fixed overhead %.1f MiB", mib(mc->budget), mib(mc->overhead));
@@ -422,6 +544,14 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_u64(j, "lookups", c.lookups);
 	nf_json_u64(j, "misses", c.misses);
 	nf_json_u64(j, "evictions", c.evictions);
+	if (mc->cache) {
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(mc->cache, &cl);
+		nf_json_str(j, "hot_source", cl.hot_from_profile ? "profile" : "online");
+		nf_json_u64(j, "profile_tokens", cl.profile_tokens);
+		nf_json_u64(j, "hot_bytes", c.hot_bytes);
+		nf_json_u64(j, "hot_requests", c.hot_requests);
+	}
 	nf_json_u64(j, "hot_loads", st.hot_loads);
 	nf_json_dbl(j, "hot_load_ms", st.t_hot * 1e3);
 	nf_json_dbl(j, "ffn_ms", st.t_ffn * 1e3);
@@ -433,6 +563,14 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_u64(j, "neurons_active", st.neurons_active);
 	if (st.recall_fired)
 		nf_json_dbl(j, "predictor_recall", (double)st.recall_hit / (double)st.recall_fired);
+	struct nf_stream_stats a = { 0 };
+	bool attn = mc->ctx && nf_ctx_attn_stats(mc->ctx, &a);
+	nf_json_bool(j, "attn_streamed", attn);
+	nf_json_u64(j, "attn_bytes_read", a.bytes_read);
+	nf_json_u64(j, "attn_layers_read", a.groups_read);
+	nf_json_dbl(j, "attn_wait_ms", a.t_wait * 1e3);
+	nf_json_dbl(j, "attn_wait_share", t_total > 0 ? a.t_wait / t_total : 0.0);
+	nf_json_u64(j, "attn_buffer_bytes", mc->ctx ? nf_ctx_attn_stream_bytes(mc->ctx) : 0);
 	nf_json_u64(j, "budget_bytes", mc->budget);
 	nf_json_u64(j, "reserved_bytes", mc->reserved);
 	nf_json_u64(j, "overhead_bytes", mc->overhead);
@@ -488,18 +626,26 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	if (mc->io_mmap && mc->sparse_mode < 0)
 		mc->sparse_mode = NF_SPARSE_OFF;
 	bool off = mc->sparse_mode == NF_SPARSE_OFF;
-	struct nf_model_opts mo = { .prefault = !mc->ffn_store && !mc->io_mmap, .store_unpack_ffn = off };
-	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
-	if (rc == 0 && nf_model_store(mc->model) && !off && nf_model_hparams(mc->model)->n_expert) {
-		/* mixture of experts: not streamed yet, the built-in FFN runs */
-		nf_model_free(mc->model);
-		mc->model = NULL;
-		mo.store_unpack_ffn = true;
-		rc = nf_model_load(mc->path, &mo, &mc->model, &d);
+	/* A store's attention stays in the store until the budget is sized
+	 * (open_cache pins or streams it). */
+	struct nf_model_opts mo = { .prefault = !mc->ffn_store && !mc->io_mmap, .store_unpack_ffn = off,
+				    .store_defer_attn = !off };
+	if (mc->stream_attn && (off || mc->ffn_store || mc->io_mmap)) {
+		nf_cli_err("--stream-attn: needs a store (-m OUT.nfl from nflash import) whose FFN is streamed "
+			   "(not --sparse-mode off, --ffn-store or --io mmap)");
+		return NF_EXIT_USAGE;
 	}
+	int rc = nf_model_load(mc->path, &mo, &mc->model, &d);
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;
+	}
+	if (mc->stream_attn && !nf_model_store(mc->model)) {
+		nf_cli_err("--stream-attn: %s is a GGUF; attention is streamed from a store (nflash import)",
+			   mc->path);
+		nf_model_free(mc->model);
+		mc->model = NULL;
+		return NF_EXIT_USAGE;
 	}
 	if (mc->ffn_store && nf_model_store(mc->model)) {
 		nf_cli_err("--ffn-store: %s is a store already; its own bundles are used", mc->path);
@@ -510,7 +656,7 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	const struct nf_model_hparams *hp = nf_model_hparams(mc->model);
 	struct nf_ctx_params cp = nf_ctx_defaults();
 	cp.n_ctx = (uint32_t)mc->n_ctx;
-	cp.n_batch = (uint32_t)mc->n_batch;
+	cp.n_batch = mc->profile ? 1u : (uint32_t)mc->n_batch;   /* --profile counts each token */
 	cp.n_threads = (int)mc->n_threads;
 	cp.kv_type = mc->kv_type;
 	if (mc->n_ctx > (long)hp->n_ctx_train)
@@ -527,6 +673,45 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 		return rc;
 	}
 	mc->load_s = nf_cli_now() - t0;
+	return NF_EXIT_OK;
+}
+
+int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens)
+{
+	if (!mc->profile || !mc->cache)
+		return NF_EXIT_OK;
+	struct nf_diag d = { 0 };
+	struct nf_store *store = mc->store ? mc->store : nf_model_store(mc->model);
+	const char *path = mc->store ? mc->ffn_store : mc->path;
+	struct nf_store_profile *p = NULL;
+	int rc = nf_store_profile_alloc(store, &p);
+	if (rc < 0) {
+		nf_cli_err("--profile: %s", nf_strerror(rc));
+		return NF_EXIT_FAIL;
+	}
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(store, i);
+		const uint32_t *cnt = ob->kind == NF_STORE_KIND_FFN ? nf_cache_counts(mc->cache, ob->layer, ob->expert)
+								      : NULL;
+		if (cnt && p->counts[i])
+			memcpy(p->counts[i], cnt, (size_t)p->lens[i] * sizeof(uint32_t));
+	}
+	enum nf_sparse_mode m = nf_sparse_mode_of(mc->sparse);
+	p->source = m == NF_SPARSE_PREDICTOR ? NF_STORE_PROFILE_PREDICTOR
+		    : m == NF_SPARSE_EXACT   ? NF_STORE_PROFILE_EXACT
+					     : NF_STORE_PROFILE_DENSE;
+	p->tokens = tokens;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	p->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	rc = nf_store_update_profile(path, NULL, p, &d);
+	nf_store_profile_free(p);
+	if (rc < 0) {
+		nf_cli_err("--profile: %s", nf_diag_msg(&d, rc));
+		return NF_EXIT_FAIL;
+	}
+	fprintf(stderr, "nflash: profile of %llu tokens (%s mode) stored in %s\n", (unsigned long long)tokens,
+		nf_sparse_mode_name(m), path);
 	return NF_EXIT_OK;
 }
 

@@ -13,6 +13,7 @@
 #include "nflash/model.h"
 #include "nflash/cache.h"
 #include "nflash/sparse.h"
+#include "nflash/stream.h"
 
 struct nf_json;
 
@@ -31,6 +32,9 @@ struct nf_model_cli {
 	const char *io_backend; /* --io (an I/O backend) */
 	bool io_mmap;           /* --io mmap: dense from the GGUF's mapping, no prefault */
 	long qd;                /* --qd */
+	bool stream_attn;       /* --stream-attn: stream attention even if it fits */
+	long attn_pin;          /* --attn-pin-layers: when streamed, keep the first N pinned */
+	bool profile;           /* --profile: count active neurons, store them in the store */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
 	struct nf_ctx *ctx;
@@ -42,6 +46,8 @@ struct nf_model_cli {
 	uint64_t overhead;      /* fixed overhead beside the budget */
 	struct nf_sparse_stats last; /* at the previous per-token report */
 	struct nf_cache_stats clast;
+	bool attn_streamed;     /* attention read per layer per step (nf_ctx_stream_attn) */
+	struct nf_stream_stats alast;
 	double t_last;
 };
 
@@ -71,6 +77,13 @@ void nf_model_cli_close(struct nf_model_cli *mc);
 void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label);
 void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total);
 void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double t_total);
+/*
+ * --profile: store the neurons' firing counts gathered by the cache since
+ * open (tokens: how many tokens were evaluated) in the store the FFN came
+ * from, as a new generation. Prints where; returns an exit code. No-op
+ * without --profile.
+ */
+int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens);
 /* Peak resident set (VmHWM) of this process in bytes, 0 if unknown. */
 uint64_t nf_model_cli_vm_hwm(void);
 

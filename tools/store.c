@@ -1,5 +1,5 @@
 /*
- * store.c - `nflash store mkfake|inspect|verify|bench`: the storage-layer
+ * store.c - `nflash store mkfake|inspect|verify|bench|relayout`: the storage-layer
  * tools.
  *
  * Invariants: every subcommand takes --help; errors name the flag or the
@@ -18,6 +18,7 @@
 #include "nflash/io.h"
 #include "nflash/store.h"
 #include "cli.h"
+#include "store_profile.h"
 #include "trace.h"
 
 int nf_cmd_store(int argc, char **argv);
@@ -162,7 +163,7 @@ static int cmd_mkfake(int argc, char **argv)
 static const char inspect_usage[] =
 	"usage: nflash store inspect STORE [--json]\n"
 	"\n"
-	"Prints a store's superblock, geometry and object table.\n";
+	"Prints a store's superblock, geometry, profile and object table.\n";
 
 static int open_store(const char *path, struct nf_store **s)
 {
@@ -252,6 +253,7 @@ static int cmd_inspect(int argc, char **argv)
 		nf_json_u64(&j, "ffn_span_bytes", ffn0 ? ffn_hi - ffn_lo : 0);
 		nf_json_u64(&j, "ffn_stride", ffn0 ? ffn0->stride : 0);
 		nf_json_u64(&j, "ffn_extent_bytes", ffn0 ? (uint64_t)ffn0->extent_bundles * ffn0->stride : 0);
+		nf_store_profile_print(s, &j);
 		nf_json_arr_begin(&j, "objects");
 		for (uint32_t i = 0; i < in->n_objects; i++) {
 			const struct nf_store_object *o = nf_store_object_get(s, i);
@@ -294,6 +296,7 @@ static int cmd_inspect(int argc, char **argv)
 		printf("objects     %u (%u FFN): dense %.1f MiB, FFN %.1f MiB in %llu extents, %llu bundles\n",
 		       in->n_objects, in->n_ffn, dense_bytes / 1048576.0, ffn_bytes / 1048576.0,
 		       (unsigned long long)extents, (unsigned long long)bundles);
+		nf_store_profile_print(s, NULL);
 		printf("\n%-32s %-5s %-5s %-20s %12s %12s  %s\n", "name", "kind", "type", "shape",
 		       "offset", "length", "bundles/stride/extent");
 		for (uint32_t i = 0; i < in->n_objects; i++) {
@@ -1019,12 +1022,13 @@ out:
 /* ---- dispatch -------------------------------------------------------- */
 
 static const char store_usage[] =
-	"usage: nflash store <mkfake|inspect|verify|bench> ... [--help]\n"
+	"usage: nflash store <mkfake|inspect|verify|bench|relayout> ... [--help]\n"
 	"\n"
 	"  mkfake   write a store with a model's geometry and random contents\n"
 	"  inspect  print a store's superblock and object table\n"
 	"  verify   read everything and check every crc32c (exit 1 on damage)\n"
-	"  bench    measure sparse (random bundles) or sequential (extents) reads\n";
+	"  bench    measure sparse (random bundles) or sequential (extents) reads\n"
+	"  relayout copy a store with each FFN's bundles hottest first (from its profile)\n";
 
 int nf_cmd_store(int argc, char **argv)
 {
@@ -1045,6 +1049,8 @@ int nf_cmd_store(int argc, char **argv)
 		return cmd_verify(argc - 1, argv + 1);
 	if (!strcmp(sub, "bench"))
 		return cmd_bench(argc - 1, argv + 1);
-	nf_cli_err("store: unknown subcommand '%s' (mkfake, inspect, verify, bench)", sub);
+	if (!strcmp(sub, "relayout"))
+		return nf_store_cmd_relayout(argc - 1, argv + 1);
+	nf_cli_err("store: unknown subcommand '%s' (mkfake, inspect, verify, bench, relayout)", sub);
 	return NF_EXIT_USAGE;
 }

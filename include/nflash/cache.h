@@ -7,8 +7,9 @@
  * segments:
  *  - pinned: dense objects every token needs (nf_cache_pin_object);
  *  - hot: per layer, the most frequently requested neurons, loaded in
- *    large sequential reads by nf_cache_hot_load() from the firing counts
- *    (learned online from the requests, or given by a profile);
+ *    large sequential reads by nf_cache_hot_load() from the firing counts:
+ *    the store's profile (nflash/store.h), loaded at open, or counts
+ *    learned online from the requests;
  *  - cold: fixed-size slots (one bundle each) shared by all layers, CLOCK
  *    eviction; a run of bundles adjacent in the store is read with one
  *    request into adjacent slots.
@@ -55,7 +56,17 @@ struct nf_cache_opts {
 	uint64_t pinned_bytes;     /* capacity of the pinned segment (default 0) */
 	double hot_fraction;       /* of what pinned leaves, for the hot segment (default 0.5) */
 	int numa_node;             /* -1: the caller's node */
-	struct nf_io_opts io;      /* backend, queue depth, faults (nf_io_opts_default) */
+	bool prefault;             /* touch the whole arena at open (no page faults later) */
+	/* Use the store's activation profile (default true): counts seeded from
+	 * it and the hot segment loaded at open, in large sequential reads.
+	 * Without a profile (or with false) the hot set is learned online. */
+	bool use_profile;
+	/* hot_fraction when the profile is used (default 1.0: the hot segment
+	 * takes all but the cold minimum, one layer's bundles; on the 7B synth
+	 * model the cold segment's CLOCK adds <5% hits, a profile's hot set
+	 * ~10% more) */
+	double profile_hot_fraction;
+	struct nf_io_opts io;      /* backend, queue depth (default 128), faults */
 };
 
 void nf_cache_opts_default(struct nf_cache_opts *o);
@@ -80,6 +91,7 @@ struct nf_cache_stats {
 	uint64_t requests;         /* read requests submitted (runs of adjacent bundles) */
 	uint64_t bytes_read;       /* by those requests, and by hot loads */
 	uint64_t hot_loads, hot_bytes;
+	uint64_t hot_requests;     /* reads of hot loads (runs split at the I/O context's max_coalesce) */
 	uint64_t evictions;
 	uint64_t errors;
 };
@@ -88,6 +100,9 @@ struct nf_cache;
 
 /*
  * nf_cache_open - a cache over store s's FFN objects (s must outlive it).
+ * With o->use_profile and a profile in the store, the counts are seeded
+ * from it and the hot segment is loaded before it returns (a damaged
+ * profile is skipped: nf_cache_layout says why).
  * Returns 0 and *out, or NF_EUSAGE (no FFN objects, mixed geometry),
  * NF_EBUDGET (arena too small for one layer's neurons: the message states
  * the minimum), the I/O context's errors, or -ENOMEM; d says which.
@@ -139,8 +154,18 @@ int nf_cache_release(struct nf_cache *c);
  * an I/O error.
  */
 int nf_cache_hot_load(struct nf_cache *c);
+/* Count neurons[0..n) of (layer, expert) as used once more without
+ * requesting them (nf_cache_request counts what it is asked for): a batch
+ * that requests the union of its tokens' neurons counts each token's own
+ * set this way, so the online hot set still follows per-token frequency.
+ * Returns 0 or NF_EUSAGE. */
+int nf_cache_count(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons, uint32_t n);
 /* Firing counts of (layer, expert 0) from a profile: n_neurons values. */
 int nf_cache_set_counts(struct nf_cache *c, uint32_t layer, const uint32_t *counts);
+/* The counts of FFN (layer, expert): n_neurons values indexed by neuron id
+ * (times requested since open, plus the profile's counts when one was
+ * used), or NULL when there is no such FFN. Valid until close. */
+const uint32_t *nf_cache_counts(const struct nf_cache *c, uint32_t layer, uint32_t expert);
 
 /*
  * nf_cache_pin_object - read dense object obj into the pinned segment and
@@ -158,6 +183,12 @@ struct nf_cache_layout {
 	uint64_t arena, pinned_used, pinned_cap, hot, cold;
 	uint32_t hot_slots, cold_slots;
 	bool hugepages, numa;
+	/* Where the hot set came from: the store's profile (loaded at open),
+	 * or learned online. profile_error: why a profile present in the store
+	 * was not used (0 if it was, or there is none). */
+	bool hot_from_profile;
+	int profile_error;
+	uint64_t profile_tokens;   /* calibration tokens of the profile used */
 };
 void nf_cache_layout_get(const struct nf_cache *c, struct nf_cache_layout *out);
 

@@ -122,6 +122,12 @@ struct nf_model_opts {
 	 * the built-in FFN refuses to run (nf_ctx_eval returns NF_EUNSUPPORTED)
 	 * until nf_ctx_set_ffn() gives every layer a provider. */
 	bool store_unpack_ffn;
+	/* Store-backed models only: leave the attention matrices (attn_q,
+	 * attn_k, attn_v, attn_output of every layer) in the store. They are
+	 * bound without data; nf_ctx_eval returns NF_EUNSUPPORTED until
+	 * nf_model_attn_load() reads them or the context streams them
+	 * (nf_ctx_stream_attn). Lets a caller decide after sizing the budget. */
+	bool store_defer_attn;
 };
 
 /*
@@ -149,6 +155,24 @@ const struct nf_layer_weights *nf_model_layer(const struct nf_model *m, uint32_t
 const struct nf_gguf *nf_model_gguf(const struct nf_model *m);
 /* Total bytes of weight data bound by the model. */
 uint64_t nf_model_weight_bytes(const struct nf_model *m);
+
+/*
+ * Attention weights. nf_model_attn_bytes: bytes of every layer's attn_q,
+ * attn_k, attn_v and attn_output, in memory or not. nf_model_attn_in_memory:
+ * false while some layer's attention is deferred (store_defer_attn);
+ * nf_model_attn_layers_in_memory: how many leading layers have theirs.
+ * nf_model_attn_load: read the deferred attention of layers [0, n_layers)
+ * (UINT32_MAX: all) into memory (O_DIRECT, checksums verified) and bind
+ * it; the other layers stay deferred, for a stream. Once per model.
+ * Returns 0 (at once if nothing is deferred there), NF_EUSAGE (called
+ * before with fewer layers), -ENOMEM or the read's error (d names the
+ * object; the model stays deferred). Not thread-safe: call before any
+ * context runs or streams.
+ */
+uint64_t nf_model_attn_bytes(const struct nf_model *m);
+bool nf_model_attn_in_memory(const struct nf_model *m);
+uint32_t nf_model_attn_layers_in_memory(const struct nf_model *m);
+int nf_model_attn_load(struct nf_model *m, uint32_t n_layers, struct nf_diag *diag);
 
 /* ---- store-backed models: the FFN seam for the pipeline ------------------ */
 
@@ -222,8 +246,9 @@ void nf_ctx_close(struct nf_ctx *c);
  * (matrix-matrix products; a single token uses matrix-vector products).
  * Afterwards nf_ctx_logits() holds the logits of the last token.
  * Returns 0, NF_EUSAGE if an id is outside the vocabulary or n is 0, NF_EBUDGET
- * if the context would overflow n_ctx (nothing is run), or an FFN
- * implementation's error.
+ * if the context would overflow n_ctx (nothing is run), an FFN
+ * implementation's error, the attention stream's read error, or
+ * NF_EUNSUPPORTED (attention deferred and not streamed).
  */
 int nf_ctx_eval(struct nf_ctx *c, const int32_t *ids, size_t n);
 
@@ -233,6 +258,8 @@ const float *nf_ctx_logits(const struct nf_ctx *c);
 uint32_t nf_ctx_n_past(const struct nf_ctx *c);
 uint32_t nf_ctx_n_ctx(const struct nf_ctx *c);
 int nf_ctx_n_threads(const struct nf_ctx *c);
+/* Most tokens one forward step (and so one FFN call) carries. */
+uint32_t nf_ctx_n_batch(const struct nf_ctx *c);
 const struct nf_kernels *nf_ctx_kernels(const struct nf_ctx *c);
 /* The model the context runs. */
 const struct nf_model *nf_ctx_model(const struct nf_ctx *c);
@@ -241,6 +268,33 @@ uint64_t nf_ctx_bytes(const struct nf_ctx *c);
 uint64_t nf_ctx_bytes_kv(const struct nf_ctx *c);
 /* Forget the cache: the next eval starts at position 0. */
 void nf_ctx_reset(struct nf_ctx *c);
+
+/* ---- streamed attention (docs/PIPELINE.md) -------------------------------- */
+
+struct nf_stream_opts;
+struct nf_stream_stats;
+
+/*
+ * nf_ctx_stream_attn - read each layer's attention matrices (q, k, v,
+ * output) from the model's store at every forward step through
+ * o->n_slots rotating buffers of one layer each (nflash/stream.h): layer
+ * L + 1 is read while layer L computes. Streams the layers whose attention
+ * is not in memory (nf_model_attn_load of the first layers pins those);
+ * if every layer's is in memory, streams them all anyway. o may be
+ * NULL for defaults (2 buffers). Returns 0, NF_EUSAGE (already streaming),
+ * NF_EUNSUPPORTED (the model is not store-backed), or the stream's open
+ * errors. A read error fails the nf_ctx_eval that needed the layer, and
+ * every eval after it (errors stick). The buffers are freed by
+ * nf_ctx_close.
+ */
+int nf_ctx_stream_attn(struct nf_ctx *c, const struct nf_stream_opts *o, struct nf_diag *d);
+/* Bytes the buffers of an attention stream of n_slots would take for model
+ * m (one layer's matrices each, block-rounded); 0 if m is not store-backed. */
+uint64_t nf_model_attn_stream_bytes(const struct nf_model *m, uint32_t n_slots);
+/* Bytes of the attention stream's buffers (0 when not streaming). */
+uint64_t nf_ctx_attn_stream_bytes(const struct nf_ctx *c);
+/* The stream's counters: returns true and fills *out when streaming. */
+bool nf_ctx_attn_stats(const struct nf_ctx *c, struct nf_stream_stats *out);
 
 /* ---- the FFN seam ------------------------------------------------------ */
 
@@ -280,6 +334,15 @@ int nf_ctx_set_ffn(struct nf_ctx *c, uint32_t il, const struct nf_ffn_ops *ops, 
 /* The built-in FFN of layer il (dense SwiGLU/ReGLU/dReLU or MoE), run on
  * the context's scratch; a replacement may call it for layers it skips. */
 int nf_ctx_ffn_builtin(struct nf_ctx *c, const struct nf_ffn_io *io);
+
+/*
+ * nf_ctx_moe_route - the router of MoE layer io->layer for io's tokens, as
+ * the built-in FFN routes (llama.cpp's rule: softmax, top n_expert_used,
+ * ties to the lower id, weights renormalised). *sel and *w get nb x
+ * n_expert_used expert ids and weights in rank order, in the context's
+ * scratch (valid until its next forward step). Returns 0 or NF_EUSAGE.
+ */
+int nf_ctx_moe_route(struct nf_ctx *c, const struct nf_ffn_io *io, const int32_t **sel, const float **w);
 
 #ifdef __cplusplus
 }

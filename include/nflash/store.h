@@ -110,9 +110,13 @@ struct nf_store_info {
 	uint64_t file_size;
 	uint64_t data_start;
 	uint64_t table_offset, table_length;
+	uint32_t table_crc;
 	uint32_t n_objects, n_ffn;
 	uint64_t created_ns;
 	uint8_t uuid[16];
+	/* the profile section (docs/FORMAT.md item 19); length 0: none */
+	uint64_t profile_offset, profile_length;
+	uint32_t profile_crc;
 };
 
 struct nf_store;
@@ -265,6 +269,101 @@ void nf_store_writer_close(struct nf_store_writer *w);
  */
 int nf_store_update_perm(const char *path, const struct nf_store_open_opts *o, uint32_t obj_index,
 			 const uint32_t *perm, struct nf_diag *d);
+
+/* ---- activation profile ------------------------------------------------------ */
+
+/*
+ * A profile: per FFN object, how often each neuron fired over some
+ * calibration tokens (docs/FORMAT.md item 19). The segmented cache
+ * preloads each layer's most frequent neurons from it; a relayout puts
+ * them first in the file. Counts are indexed by neuron id, so they survive
+ * a relayout unchanged.
+ */
+
+/* What "fired" meant when counting. Stored on disk: only ever append. */
+enum nf_store_profile_source {
+	NF_STORE_PROFILE_UNKNOWN = 0,
+	NF_STORE_PROFILE_PREDICTOR = 1,   /* predicted active */
+	NF_STORE_PROFILE_EXACT = 2,       /* requested by the exact mode (see docs/PIPELINE.md) */
+	NF_STORE_PROFILE_DENSE = 3,       /* every neuron (no information) */
+};
+/* "unknown", "predictor", "exact", "dense". */
+const char *nf_store_profile_source_name(uint32_t source);
+
+struct nf_store_profile {
+	uint64_t tokens;           /* calibration tokens counted */
+	uint32_t source;           /* enum nf_store_profile_source */
+	uint64_t created_ns;
+	uint32_t n_objects;        /* entries of counts: the store's object count */
+	uint32_t **counts;         /* [n_objects]: FFN object i's n_bundles counts, else NULL */
+	uint32_t *lens;            /* [n_objects]: entries of counts[i] (0 when NULL) */
+};
+
+/* True when the store has a profile section (it is read and checked by
+ * nf_store_profile_read). */
+bool nf_store_has_profile(const struct nf_store *s);
+
+/*
+ * nf_store_profile_alloc - a zeroed profile shaped for store s (counts for
+ * every FFN object). Returns 0 and *out (free with nf_store_profile_free),
+ * or -ENOMEM.
+ */
+int nf_store_profile_alloc(const struct nf_store *s, struct nf_store_profile **out);
+/* Frees p and its counts. NULL allowed. */
+void nf_store_profile_free(struct nf_store_profile *p);
+
+/*
+ * nf_store_profile_read - read and check store s's profile section (crc,
+ * header, every entry naming an FFN object of this store with its neuron
+ * count). Returns 0 and *out (free with nf_store_profile_free), -ENOENT
+ * when the store has none, NF_ECHECKSUM, NF_EFORMAT, NF_EVERSION or a read
+ * error (d names the field). Thread-safe (reads with pread).
+ */
+int nf_store_profile_read(const struct nf_store *s, struct nf_store_profile **out,
+			  struct nf_diag *d);
+
+/*
+ * nf_store_update_profile - store p (shaped for this store, see
+ * nf_store_profile_alloc) in the store at path, in place, as a new
+ * generation, as nf_store_update_perm() does: the profile section is
+ * appended after the end of the file and fsync'd, then the superblock of
+ * generation g + 1 (compat bit NF_STORE_COMPAT_PROFILE, pointing at it) is
+ * written over the older copy and fsync'd. A crash leaves the store valid
+ * at generation g (the old profile or none) or g + 1. Replaces any earlier
+ * profile (its bytes stay in the file, unreferenced). Returns 0 or a
+ * negative error with d naming the cause.
+ */
+int nf_store_update_profile(const char *path, const struct nf_store_open_opts *o,
+			    const struct nf_store_profile *p, struct nf_diag *d);
+
+/* Give the store being written a profile (shaped for the writer's objects:
+ * n_objects equal, counts for exactly the FFN objects). Copied; any time
+ * before finish. Returns 0, NF_EUSAGE or -ENOMEM. */
+int nf_store_writer_set_profile(struct nf_store_writer *w, const struct nf_store_profile *p,
+				struct nf_diag *d);
+
+/* ---- relayout ------------------------------------------------------------------ */
+
+struct nf_store_relayout_opts {
+	const struct nf_store_profile *profile; /* NULL: the input's own (required then) */
+	const struct nf_io_sys *sys;            /* NULL: nf_io_sys_default */
+	/* Called now and then with bytes written and total; may be NULL. */
+	void (*progress)(void *user, uint64_t done, uint64_t total);
+	void *progress_user;
+};
+
+/*
+ * nf_store_relayout - write a copy of the store at in to out with each
+ * FFN's bundles in descending profile count (slot 0 the hottest; ties in
+ * neuron order), the permutation (neuron -> slot) updated to match, so
+ * neuron ids, the maths and every other object are unchanged; the profile
+ * is stored in the copy. Crash-safe like every creation (nothing under out
+ * unless complete); everything read is checked against its crc32c, and the
+ * copy is re-read and checked after it is written. Returns 0, -ENOENT (no
+ * profile), or a negative error with d naming the cause.
+ */
+int nf_store_relayout(const char *in, const char *out, const struct nf_store_relayout_opts *o,
+		      struct nf_diag *d);
 
 /* ---- fake stores ---------------------------------------------------------- */
 

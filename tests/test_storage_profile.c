@@ -1,0 +1,358 @@
+/*
+ * test_storage_profile.c - a store's activation profile: written in place
+ * as a new generation and read back, written by the writer, carried over a
+ * permutation update, a crash at any write of the update leaving a valid
+ * store (fault injection through the syscall table), a damaged section
+ * refused on read but not on open, a compat bit an older nflash cleared,
+ * and relayout: bundles hot-first, neuron ids keep their bytes.
+ */
+#include <criterion/criterion.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nflash/crc32c.h"
+#include "nflash/dtype.h"
+#include "nflash/io.h"
+#include "nflash/store.h"
+#include "../storage/store_format.h"
+#include "util_storage.h"
+
+/* A profile for s: count of neuron j of object i = (j * 7 + i) % 11. */
+static struct nf_store_profile *make_profile(const struct nf_store *s, uint64_t tokens)
+{
+	struct nf_store_profile *p = NULL;
+	cr_assert_eq(nf_store_profile_alloc(s, &p), 0);
+	for (uint32_t i = 0; i < p->n_objects; i++)
+		for (uint32_t j = 0; j < p->lens[i]; j++)
+			p->counts[i][j] = (j * 7 + i) % 11;
+	p->tokens = tokens;
+	p->source = NF_STORE_PROFILE_PREDICTOR;
+	p->created_ns = 12345;
+	return p;
+}
+
+static void same_profile(const struct nf_store_profile *a, const struct nf_store_profile *b)
+{
+	cr_assert_eq(a->n_objects, b->n_objects);
+	cr_assert_eq(a->tokens, b->tokens);
+	cr_assert_eq(a->source, b->source);
+	cr_assert_eq(a->created_ns, b->created_ns);
+	for (uint32_t i = 0; i < a->n_objects; i++) {
+		cr_assert_eq(a->lens[i], b->lens[i], "object %u", i);
+		if (a->lens[i])
+			cr_assert(!memcmp(a->counts[i], b->counts[i], 4ull * a->lens[i]), "object %u counts", i);
+	}
+}
+
+static struct nf_store *open_ok(const char *path)
+{
+	struct nf_store *s = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_store_open(path, NULL, &s, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	return s;
+}
+
+static struct nf_store_profile *read_ok(const struct nf_store *s)
+{
+	struct nf_store_profile *p = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_store_profile_read(s, &p, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	return p;
+}
+
+Test(storage, profile_update_in_place_and_read_back)
+{
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_Q8_0, 8, 4096, NULL), 0);
+	struct nf_store *s = open_ok(t.path);
+	cr_assert(!nf_store_has_profile(s));
+	struct nf_store_profile *q = NULL;
+	cr_assert_eq(nf_store_profile_read(s, &q, NULL), -ENOENT);
+	uint64_t g0 = nf_store_info(s)->generation;
+	struct nf_store_profile *p = make_profile(s, 100);
+	struct nf_diag d = { 0 };
+	int rc = nf_store_update_profile(t.path, NULL, p, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	nf_store_close(s);
+
+	s = open_ok(t.path);
+	const struct nf_store_info *in = nf_store_info(s);
+	cr_assert_eq(in->generation, g0 + 1);
+	cr_assert(nf_store_has_profile(s));
+	cr_assert(in->compat & NF_STORE_COMPAT_PROFILE);
+	cr_assert_eq(in->other_sb_error, 0);
+	q = read_ok(s);
+	same_profile(p, q);
+	nf_store_profile_free(q);
+
+	/* a second profile replaces the first; a permutation update keeps it */
+	p->tokens = 200;
+	p->counts[2][0] = 999;
+	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, &d), 0);
+	nf_store_close(s);
+	s = open_ok(t.path);
+	const struct nf_store_object *ffn = nf_store_ffn_find(s, 0, 0);
+	uint32_t perm[TS_N];
+	for (uint32_t k = 0; k < ffn->n_bundles; k++)
+		perm[k] = ffn->perm[k];
+	cr_assert_eq(nf_store_update_perm(t.path, NULL, ffn->index, perm, &d), 0, "%s", d.msg);
+	nf_store_close(s);
+	s = open_ok(t.path);
+	cr_assert_eq(nf_store_info(s)->generation, g0 + 3);
+	q = read_ok(s);
+	same_profile(p, q);
+	cr_assert_eq(q->counts[2][0], 999);
+	nf_store_profile_free(q);
+
+	/* a profile shaped for another store is refused, the store unchanged */
+	p->lens[2]--;
+	rc = nf_store_update_profile(t.path, NULL, p, &d);
+	cr_assert_eq(rc, NF_EUSAGE);
+	cr_assert(strstr(d.msg, "counts for object"), "%s", d.msg);
+	p->lens[2]++;
+	nf_store_close(s);
+	s = open_ok(t.path);
+	cr_assert_eq(nf_store_info(s)->generation, g0 + 3);
+	nf_store_profile_free(p);
+	nf_store_close(s);
+	ts_dir_remove(&t);
+}
+
+/* ---- crash safety: a syscall table that fails the k-th write or fsync ---- */
+
+static int fail_at, calls;
+static bool torn;
+
+static ssize_t faulty_pwrite(int fd, const void *buf, size_t len, off_t off)
+{
+	if (++calls == fail_at) {
+		if (torn && len > 100)
+			(void)pwrite(fd, buf, 100, off);   /* a torn write, then the crash */
+		errno = EIO;
+		return -1;
+	}
+	return pwrite(fd, buf, len, off);
+}
+
+static int faulty_fsync(int fd)
+{
+	if (++calls == fail_at) {
+		errno = EIO;
+		return -1;
+	}
+	return fsync(fd);
+}
+
+Test(storage, profile_update_interrupted_at_every_step)
+{
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	struct nf_io_sys sys = nf_io_sys_default;
+	sys.pwrite = faulty_pwrite;
+	sys.fsync = faulty_fsync;
+	struct nf_store_open_opts so = { .sys = &sys };
+	/* the update makes 4 calls: write section, fsync, write superblock, fsync */
+	for (int step = 1; step <= 4; step++)
+		for (int tear = 0; tear < 2; tear++) {
+			cr_assert_eq(ts_make_store(t.path, NF_DTYPE_F16, 8, 4096, NULL), 0);
+			struct nf_store *s = open_ok(t.path);
+			uint64_t g0 = nf_store_info(s)->generation;
+			struct nf_store_profile *p = make_profile(s, 7);
+			nf_store_close(s);
+			calls = 0;
+			fail_at = step;
+			torn = tear;
+			struct nf_diag d = { 0 };
+			int rc = nf_store_update_profile(t.path, &so, p, &d);
+			cr_assert_eq(rc, -EIO, "step %d: %s", step, nf_diag_msg(&d, rc));
+			/* the store opens, at g (no profile) or, when only the final
+			 * fsync failed, at g + 1 with the whole profile */
+			s = open_ok(t.path);
+			uint64_t g = nf_store_info(s)->generation;
+			if (step <= 3) {
+				cr_assert_eq(g, g0, "step %d tear %d: generation %llu", step, tear, (unsigned long long)g);
+				cr_assert(!nf_store_has_profile(s));
+			} else {
+				cr_assert_eq(g, g0 + 1, "step %d", step);
+				struct nf_store_profile *q = read_ok(s);
+				same_profile(p, q);
+				nf_store_profile_free(q);
+			}
+			/* and the update succeeds once the fault is gone */
+			nf_store_close(s);
+			fail_at = -1;
+			rc = nf_store_update_profile(t.path, &so, p, &d);
+			cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+			s = open_ok(t.path);
+			struct nf_store_profile *q = read_ok(s);
+			same_profile(p, q);
+			nf_store_profile_free(q);
+			nf_store_profile_free(p);
+			nf_store_close(s);
+			unlink(t.path);
+		}
+	ts_dir_remove(&t);
+}
+
+/* Rewrite superblock slot k after f changed it (crc resealed). */
+static void patch_sb(const char *path, int k, void (*f)(struct nf_store_sb_disk *))
+{
+	struct nf_store_sb_disk sb;
+	ts_read(path, (uint64_t)k * NF_STORE_SB_SLOT, &sb, sizeof(sb));
+	f(&sb);
+	sb.crc = htole32(nf_store_sb_crc(&sb));
+	ts_patch(path, (uint64_t)k * NF_STORE_SB_SLOT, &sb, sizeof(sb));
+}
+
+static void drop_fields(struct nf_store_sb_disk *sb)
+{
+	/* what an older nflash writes on an in-place update: the compat bit
+	 * copied, the fields it does not know zeroed */
+	sb->profile_offset = sb->profile_length = 0;
+	sb->profile_crc = 0;
+}
+
+static void drop_bit(struct nf_store_sb_disk *sb)
+{
+	sb->compat &= ~htole64(NF_STORE_COMPAT_PROFILE);
+}
+
+static void past_end(struct nf_store_sb_disk *sb)
+{
+	sb->profile_offset = htole64(le64toh(sb->file_size));
+}
+
+Test(storage, profile_damaged_or_dropped)
+{
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_F32, 8, 4096, NULL), 0);
+	struct nf_store *s = open_ok(t.path);
+	struct nf_store_profile *p = make_profile(s, 3);
+	nf_store_close(s);
+	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
+	s = open_ok(t.path);
+	int slot = nf_store_info(s)->sb_slot;
+	uint64_t off = nf_store_info(s)->profile_offset;
+	nf_store_close(s);
+
+	/* a flipped count: the store opens, the profile read says why */
+	ts_flip(t.path, off + 64 + 8 * 3 + 4 * 5, 2);
+	s = open_ok(t.path);
+	struct nf_store_profile *q = NULL;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_store_profile_read(s, &q, &d), NF_ECHECKSUM);
+	cr_assert(strstr(d.msg, "profile"), "%s", d.msg);
+	nf_store_close(s);
+	ts_flip(t.path, off + 64 + 8 * 3 + 4 * 5, 2);
+
+	/* a section pointing past the end makes that superblock invalid; the
+	 * other copy (generation g - 1, no profile) is used */
+	patch_sb(t.path, slot, past_end);
+	s = open_ok(t.path);
+	cr_assert_eq(nf_store_info(s)->sb_slot, !slot);
+	cr_assert_eq(nf_store_info(s)->other_sb_error, NF_EFORMAT);
+	cr_assert(!nf_store_has_profile(s));
+	nf_store_close(s);
+
+	/* the bit with empty fields, or the fields without the bit: no profile */
+	void (*drops[2])(struct nf_store_sb_disk *) = { drop_fields, drop_bit };
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
+		s = open_ok(t.path);
+		slot = nf_store_info(s)->sb_slot;
+		nf_store_close(s);
+		patch_sb(t.path, slot, drops[k]);
+		s = open_ok(t.path);
+		cr_assert_eq(nf_store_info(s)->sb_slot, slot, "case %d", k);
+		cr_assert(!nf_store_has_profile(s), "case %d", k);
+		nf_store_close(s);
+	}
+	nf_store_profile_free(p);
+	ts_dir_remove(&t);
+}
+
+static void relayout_progress(void *user, uint64_t done, uint64_t total)
+{
+	uint64_t *last = user;
+	cr_assert_leq(done, total);
+	cr_assert_geq(done, *last);
+	*last = done;
+}
+
+Test(storage, profile_relayout_puts_hot_bundles_first)
+{
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_Q4_0, 8, 4096, NULL), 0);
+	char out[256];
+	snprintf(out, sizeof(out), "%s/hot.nfs", t.dir);
+	struct nf_diag d = { 0 };
+	/* no profile: refused, nothing written */
+	cr_assert_eq(nf_store_relayout(t.path, out, NULL, &d), -ENOENT);
+	cr_assert_eq(ts_dir_count(&t), 1);
+	struct nf_store *s = open_ok(t.path);
+	struct nf_store_profile *p = make_profile(s, 5);
+	nf_store_close(s);
+	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
+	uint64_t last = 0;
+	struct nf_store_relayout_opts o = { .progress = relayout_progress, .progress_user = &last };
+	int rc = nf_store_relayout(t.path, out, &o, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	cr_assert_gt(last, 0);
+	cr_assert_eq(ts_dir_count(&t), 2, "no temporary file is left");
+
+	s = open_ok(t.path);
+	struct nf_store *r = open_ok(out);
+	struct nf_io_ctx *io = NULL;
+	cr_assert_eq(nf_io_ctx_open(r, NULL, &io, &d), 0, "%s", d.msg);
+	struct nf_store_profile *q = read_ok(r);
+	same_profile(p, q);
+	cr_assert_eq(nf_store_object_count(r), nf_store_object_count(s));
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
+		const struct nf_store_object *a = nf_store_object_get(s, i), *b = nf_store_object_get(r, i);
+		cr_assert_str_eq(a->name, b->name);
+		cr_assert_eq(a->kind, b->kind);
+		cr_assert_eq(a->length, b->length);
+		if (a->kind != NF_STORE_KIND_FFN) {
+			cr_assert_eq(a->crc, b->crc, "%s", a->name);
+			continue;
+		}
+		/* slots in descending count, ties in neuron order */
+		uint32_t by_slot[TS_N], who[TS_N];
+		for (uint32_t j = 0; j < b->n_bundles; j++) {
+			by_slot[b->perm[j]] = p->counts[i][j];
+			who[b->perm[j]] = j;
+		}
+		for (uint32_t k = 1; k < b->n_bundles; k++)
+			cr_assert(by_slot[k - 1] > by_slot[k] || (by_slot[k - 1] == by_slot[k] && who[k - 1] < who[k]),
+				  "%s: slot %u", b->name, k);
+		/* neuron j's bundle holds what ts_make_store wrote for neuron j
+		 * (the input's perm is the identity) */
+		uint8_t *buf = nf_io_buf_alloc(nf_store_object_buf_size(b, 4096), nf_io_ctx_align(io));
+		struct ts_done dn = { 0 };
+		cr_assert_eq(nf_io_ctx_read_object(io, b, buf, ts_on_done, &dn), 0);
+		cr_assert_geq(nf_io_ctx_wait(io, 0, -1), 0);
+		cr_assert_eq(dn.result, 0, "%s", nf_strerror(dn.result));
+		for (uint32_t j = 0; j < b->n_bundles; j++) {
+			uint32_t slot = b->perm[j];
+			cr_assert_eq(ts_check_bundles(a, &j, 1, buf + (uint64_t)slot * b->stride), 0,
+				     "%s neuron %u", b->name, j);
+		}
+		nf_io_buf_free(buf);
+	}
+	nf_store_profile_free(q);
+	nf_io_ctx_close(io);
+	nf_store_close(r);
+	nf_store_close(s);
+	nf_store_profile_free(p);
+	ts_dir_remove(&t);
+}
