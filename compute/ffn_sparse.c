@@ -152,8 +152,6 @@ struct nf_sparse {
 	const uint16_t *cur_scales;  /* QCOL scales of (cur_layer, cur_expert) */
 	float *eout;                 /* n_expert_used x E: each routed expert's output */
 	const float *cur_x;          /* token being computed */
-	const struct nf_weight *cur_pred; /* predictor matrix being computed */
-	float *pred_out;             /* and its output */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
 };
@@ -464,32 +462,15 @@ static void reduce_worker(void *arg, int ith, int nth)
 
 /* ---- one token ------------------------------------------------------------------- */
 
-/* Rows of s->cur_pred split over the threads (gemv rows are independent:
- * the same bits whatever the split). */
-static void predict_worker(void *arg, int ith, int nth)
-{
-	struct nf_sparse *s = arg;
-	const struct nf_weight *w = s->cur_pred;
-	size_t r0 = (size_t)w->nrows * (size_t)ith / (size_t)nth;
-	size_t r1 = (size_t)w->nrows * (size_t)(ith + 1) / (size_t)nth;
-	s->k->gemv[w->kt](w->n, r1 - r0, (const char *)w->data + r0 * w->row_bytes, w->row_bytes, s->hq,
-			  s->pred_out + r0);
-}
-
-static void predict(struct nf_sparse *s, const struct nf_ffn_env *env, const struct layer_tab *t,
-		    const float *resid)
+static void predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid)
 {
 	const struct nf_kernels *k = s->k;
 	k->act_prepare[t->fc1->kt](resid, s->hq, s->E);
-	s->cur_pred = t->fc1;
-	s->pred_out = s->h1;
-	run_workers(s, env, predict_worker);
+	k->gemv[t->fc1->kt](t->fc1->n, t->fc1->nrows, t->fc1->data, t->fc1->row_bytes, s->hq, s->h1);
 	for (uint32_t i = 0; i < s->rank; i++)
 		s->h1[i] = s->h1[i] > 0.0f ? s->h1[i] : 0.0f;
 	k->act_prepare[t->fc2->kt](s->h1, s->hq, s->rank);
-	s->cur_pred = t->fc2;
-	s->pred_out = s->score;
-	run_workers(s, env, predict_worker);
+	k->gemv[t->fc2->kt](t->fc2->n, t->fc2->nrows, t->fc2->data, t->fc2->row_bytes, s->hq, s->score);
 }
 
 /* Neurons of group gi to compute: the predicted ones (score >= threshold,
@@ -533,7 +514,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	s->cur_x = x;
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
 	if (s->mode == NF_SPARSE_PREDICTOR)
-		predict(s, env, t, resid);
+		predict(s, t, resid);
 
 	uint64_t active = 0;
 	atomic_store(&s->n_ready, 0);
@@ -697,7 +678,7 @@ static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, cons
 	for (size_t b = 0; b < io->nb; b++) {
 		s->k->act_prepare[s->kt_gu](io->x + b * s->E, s->bxq + b * s->xq_size, s->E);
 		if (s->mode == NF_SPARSE_PREDICTOR)
-			predict(s, env, t, io->resid + b * s->E);
+			predict(s, t, io->resid + b * s->E);
 		uint32_t *bm = s->bmask + b * s->n_groups, n = 0;
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 			uint32_t m = group_mask(s, gi);

@@ -701,16 +701,14 @@ INLINE __m512 go_scales8(const char *a, const char *b, const float *dx)
  * y[2p] and y[2p + 1]. Blocks go 8 at a time: the 8 blocks' scales of a
  * pair are gathered into one vector (go_scales8), and each block's
  * [A x8 | B x8] scale vector, with the high-nibble lanes divided by 16, is
- * one VPERMT2PS from it. nx[0..2P) are the next group's rows, whose
- * first pl lines are prefetched meanwhile (pl = 0: none). P <= GO_PAIRS,
- * a constant at every call.
+ * one VPERMT2PS from it. nx[0..2 * GO_PAIRS) are the next group's rows,
+ * whose first pl lines are prefetched meanwhile (pl = 0: none).
  */
-INLINE void go_pass_q4_0(const int P, size_t nb, const char *const *a, const char *const *b,
-			 const char *const *nx, size_t pl, const struct xr *xp, const float *dx, float *y)
+INLINE void go_pass_q4_0(size_t nb, const char *const *a, const char *const *b, const char *const *nx,
+			 size_t pl, const struct xr *xp, const float *dx, float *y)
 {
-	enum { BSZ = sizeof(struct nf_block_q4_0) };
-	const int R = 2 * P;
-	__m512 acc[GO_PAIRS];
+	enum { BSZ = sizeof(struct nf_block_q4_0), P = GO_PAIRS, R = 2 * GO_PAIRS };
+	__m512 acc[P];
 	for (int p = 0; p < P; p++)
 		acc[p] = _mm512_setzero_ps();
 	size_t i = 0;
@@ -793,7 +791,7 @@ static void go_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes
 		}
 		for (int q = 0; q < R; q++)
 			nx[q] = wc + (r + R + q) * row_bytes;
-		go_pass_q4_0(P, nb, a, b, nx, r + 2 * R <= nrows ? (len + 63) / 64 : 0, xp, dx, y + r);
+		go_pass_q4_0(nb, a, b, nx, r + 2 * R <= nrows ? (len + 63) / 64 : 0, xp, dx, y + r);
 	}
 	for (; r < nrows; r += 2) {
 		/* the last one or two rows: a lone row pairs with itself */
@@ -804,42 +802,34 @@ static void go_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes
 }
 
 /* gemv_list for Q4_0: the same passes over rows at arbitrary addresses,
- * the next group's rows prefetched from the list; the last group as a
- * pass of fewer pairs, a lone row paired with itself. */
-_Static_assert(GO_PAIRS == 4, "go_gemv_list_q4_0's last pass covers 1 to 4 pairs");
+ * the next group's rows prefetched from the list. */
 static void go_gemv_list_q4_0(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y)
 {
-	enum { BSZ = sizeof(struct nf_block_q4_0), R = 2 * GO_PAIRS };
+	enum { BSZ = sizeof(struct nf_block_q4_0) };
 	size_t nb = n / NF_QK, len = nb * BSZ;
 	if (nb > GO_MAX_BLOCKS) {
 		nf_kavx2_gemv_list_q4_0(n, nrows, rows, xq, y);
 		return;
 	}
-	/* the first group's rows load while x is repacked */
-	for (size_t q = 0; q < R && q < nrows; q++)
-		for (size_t l = 0; l < (len + 63) / 64; l++)
-			_mm_prefetch((const char *)rows[q] + 64 * l, _MM_HINT_T0);
 	struct xr xp[GO_MAX_BLOCKS];
 	float dx[GO_MAX_BLOCKS];
 	xr_pack(xq, nb, go_shift(), xp, dx);
-	for (size_t r = 0; r < nrows; r += R) {
-		size_t m = nrows - r < R ? nrows - r : R, last = nrows - 1;
-		const char *a[GO_PAIRS], *b[GO_PAIRS], *nx[R];
-		float yy[R];
-		for (size_t p = 0; p < GO_PAIRS; p++) {
-			a[p] = rows[r + 2 * p < last ? r + 2 * p : last];
-			b[p] = rows[r + 2 * p + 1 < last ? r + 2 * p + 1 : last];
+	size_t r = 0;
+	enum { P = GO_PAIRS, R = 2 * GO_PAIRS };
+	for (; r + R <= nrows; r += R) {
+		const char *a[P], *b[P], *nx[R];
+		for (int p = 0; p < P; p++) {
+			a[p] = rows[r + 2 * p];
+			b[p] = rows[r + 2 * p + 1];
 		}
-		for (size_t q = 0; q < R; q++)
-			nx[q] = rows[r + R + q < last ? r + R + q : last];
-		size_t pl = r + R < nrows ? (len + 63) / 64 : 0;
-		switch ((m + 1) / 2) {
-		case 1: go_pass_q4_0(1, nb, a, b, nx, pl, xp, dx, yy); break;
-		case 2: go_pass_q4_0(2, nb, a, b, nx, pl, xp, dx, yy); break;
-		case 3: go_pass_q4_0(3, nb, a, b, nx, pl, xp, dx, yy); break;
-		default: go_pass_q4_0(GO_PAIRS, nb, a, b, nx, pl, xp, dx, yy); break;
-		}
-		memcpy(y + r, yy, m * sizeof(float));
+		bool next = r + 2 * R <= nrows;
+		for (int q = 0; q < R; q++)
+			nx[q] = next ? rows[r + R + q] : NULL;
+		go_pass_q4_0(nb, a, b, nx, next ? (len + 63) / 64 : 0, xp, dx, y + r);
+	}
+	for (; r < nrows; r += 2) {
+		bool two = r + 1 < nrows;
+		go_pair_q4_0(nb, rows[r], two ? rows[r + 1] : rows[r], xp, dx, y + r, two ? y + r + 1 : NULL);
 	}
 }
 
