@@ -53,6 +53,7 @@ struct ffn_ent {
 	const struct nf_store_object *obj;
 	uint32_t *loc;     /* per neuron: cold slot, hot slot | HOT_BIT, or NO_SLOT */
 	uint32_t *count;   /* per neuron: times requested (or profile counts) */
+	uint32_t *inv;     /* per store slot: its neuron (the permutation inverted) */
 };
 
 /* One read: a run of bundles of one FFN landing in adjacent slots. */
@@ -60,7 +61,8 @@ struct read_rec {
 	struct nf_cache *c;
 	uint32_t ffn;
 	uint32_t first_slot;   /* arena cold slot of the first bundle */
-	uint32_t n;
+	uint32_t n;            /* requested neurons reported (neurons[]) */
+	uint32_t n_slots;      /* cold slots the read fills (n, plus bridged gaps) */
 	uint32_t *neurons;     /* into run_neurons */
 	uint32_t *store_slots; /* into run_slots */
 	int result;
@@ -106,6 +108,8 @@ struct nf_cache {
 	struct nf_cache_stats st;
 	uint64_t meta_bytes;
 	uint64_t max_coalesce;         /* the I/O context's, for counting hot reads */
+	uint32_t max_gap;              /* bundles a miss read may bridge */
+	uint32_t *span_slots;          /* one read's store slots (gaps included) */
 	bool hot_from_profile;
 	int profile_error;
 	uint64_t profile_tokens;
@@ -122,6 +126,7 @@ void nf_cache_opts_default(struct nf_cache_opts *o)
 	/* misses are scattered bundles of a few KiB: the device needs many in
 	 * flight (bench-decode at 2 GiB: I/O wait 55% at 32, 25-28% at 128) */
 	o->io.qd = 128;
+	o->max_gap = 2;
 }
 
 /* Fault every page in now, after the NUMA placement, so that tokens do not
@@ -264,6 +269,7 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	    !(c->sortbuf = meta(c, N * sizeof(uint64_t))) ||
 	    !(c->run_neurons = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->run_slots = meta(c, N * sizeof(uint32_t))) ||
+	    !(c->span_slots = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->order = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->pinned_list = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->ev = meta(c, (N + 2) * sizeof(struct event)))) {
@@ -284,15 +290,20 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	}
 	for (uint32_t i = 0; i < c->n_ffn; i++) {
 		if (!(c->ffns[i].loc = meta(c, N * sizeof(uint32_t))) ||
-		    !(c->ffns[i].count = meta(c, N * sizeof(uint32_t)))) {
+		    !(c->ffns[i].count = meta(c, N * sizeof(uint32_t))) ||
+		    !(c->ffns[i].inv = meta(c, N * sizeof(uint32_t)))) {
 			rc = nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 			goto fail;
 		}
 		memset(c->ffns[i].loc, 0xff, N * sizeof(uint32_t));
+		if (c->ffns[i].obj)
+			for (uint32_t j = 0; j < N; j++)
+				c->ffns[i].inv[c->ffns[i].obj->perm[j]] = j;
 	}
 	if ((rc = nf_io_ctx_open(s, &o->io, &c->io, d)) < 0)
 		goto fail;
 	c->max_coalesce = o->io.max_coalesce ? o->io.max_coalesce : (1u << 20);
+	c->max_gap = o->max_gap;
 	if (o->use_profile && nf_store_has_profile(s) && (rc = hot_from_profile(c)) < 0)
 		goto fail;
 	*out = c;
@@ -489,39 +500,68 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 		}
 	}
 
-	/* runs of adjacent store slots -> adjacent cold slots, one read each */
+	/* runs of adjacent store slots -> adjacent cold slots, one read each;
+	 * misses at most max_gap slots apart join one read when the bundles
+	 * between them are cached nowhere: those are read and cached too (not
+	 * reported), one request instead of two (each costs the kernel CPU) */
 	int rc = 0;
 	uint32_t k = 0;
 	while (k < n_miss) {
 		uint32_t len = 1;
 		while (k + len < n_miss && c->run_slots[k + len] == c->run_slots[k + len - 1] + 1)
 			len++;
-		uint32_t take = len, at;
-		while ((at = clock_alloc(c, take)) == NO_SLOT && take > 1)
-			take = (take + 1) / 2;
+		uint32_t e = k + len, span = len, at = NO_SLOT;
+		while (c->max_gap && e < n_miss) {
+			uint32_t d = c->run_slots[e] - c->run_slots[e - 1];
+			bool free_gap = d <= c->max_gap + 1 && (uint64_t)(span + d) * stride <= c->max_coalesce;
+			for (uint32_t h = c->run_slots[e - 1] + 1; free_gap && h < c->run_slots[e]; h++)
+				free_gap = f->loc[f->inv[h]] == NO_SLOT;
+			if (!free_gap)
+				break;
+			span += d;
+			e++;
+			while (e < n_miss && c->run_slots[e] == c->run_slots[e - 1] + 1) {
+				span++;
+				e++;
+			}
+		}
+		if (span > len && (at = clock_alloc(c, span)) == NO_SLOT) {
+			e = k + len;  /* no room for the gaps: the plain run */
+			span = len;
+		}
+		uint32_t take = len;
+		if (span > len) {
+			take = e - k;
+		} else {
+			while ((at = clock_alloc(c, take)) == NO_SLOT && take > 1)
+				take = (take + 1) / 2;
+			span = take;
+		}
 		if (at == NO_SLOT) {
 			rc = NF_EBUDGET;
 			break;
 		}
-		for (uint32_t i = 0; i < take; i++) {
+		uint32_t s0 = c->run_slots[k];
+		for (uint32_t i = 0; i < span; i++) {
 			struct slot_meta *m = &c->cold_meta[at + i];
 			evict(c, m);
 			m->ffn = fi;
-			m->neuron = c->run_neurons[k + i];
+			m->neuron = f->inv[s0 + i];
 			m->ref = 1;
 			m->pinned = 1;
 			c->pinned_list[c->n_pinned_list++] = at + i;
 			f->loc[m->neuron] = at + i;
 			ptrs[m->neuron] = c->cold + (uint64_t)(at + i) * stride;
+			c->span_slots[i] = s0 + i;
 		}
 		struct read_rec *r = &c->reads[c->n_reads++];
-		*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take,
+		*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take, .n_slots = span,
 					.neurons = c->run_neurons + k, .store_slots = c->run_slots + k };
 		atomic_fetch_add(&c->outstanding, 1);
 		k += take;
 		/* the I/O context holds a bounded number of requests: when it is
 		 * full, let some complete (their events wait in the queue) */
-		while ((rc = nf_io_ctx_read_bundles(c->io, obj, r->store_slots, take,
+		while ((rc = nf_io_ctx_read_bundles(c->io, obj, c->span_slots, span,
 						    c->cold + (uint64_t)at * stride, read_done, r)) == -EAGAIN) {
 			int w = nf_io_ctx_wait(c->io, 1, -1);
 			if (w < 0 && w != -ETIMEDOUT) {
@@ -536,7 +576,8 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 			break;
 		}
 		c->st.requests++;
-		c->st.bytes_read += (uint64_t)take * stride;
+		c->st.bytes_read += (uint64_t)span * stride;
+		c->st.gap_bundles += span - take;
 	}
 	if (k < n_miss) {
 		/* neurons never submitted: report them failed */
@@ -559,7 +600,7 @@ static void read_failed(struct nf_cache *c, struct read_rec *r)
 		c->layer_err = r->result;
 	if (r->first_slot == NO_SLOT)
 		return;
-	for (uint32_t i = 0; i < r->n; i++) {
+	for (uint32_t i = 0; i < r->n_slots; i++) {
 		struct slot_meta *m = &c->cold_meta[r->first_slot + i];
 		if (m->ffn != NO_SLOT)
 			c->ffns[m->ffn].loc[m->neuron] = NO_SLOT;

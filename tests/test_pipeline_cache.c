@@ -59,10 +59,12 @@ static void fx_close(struct fx *f)
 	unlink(f->path);
 }
 
-static struct nf_cache *cache_open(struct fx *f, uint64_t arena, double hot, const struct nf_io_fault_rule *rule)
+static struct nf_cache *cache_open_gap(struct fx *f, uint64_t arena, double hot, const struct nf_io_fault_rule *rule,
+				       uint32_t max_gap)
 {
 	struct nf_cache_opts o;
 	nf_cache_opts_default(&o);
+	o.max_gap = max_gap;
 	o.arena_bytes = arena;
 	o.hot_fraction = hot;
 	o.io.quiet = true;
@@ -76,6 +78,12 @@ static struct nf_cache *cache_open(struct fx *f, uint64_t arena, double hot, con
 	int rc = nf_cache_open(f->store, &o, &c, &d);
 	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
 	return c;
+}
+
+/* Reads join only adjacent misses (max_gap 0), so request counts are exact. */
+static struct nf_cache *cache_open(struct fx *f, uint64_t arena, double hot, const struct nf_io_fault_rule *rule)
+{
+	return cache_open_gap(f, arena, hot, rule, 0);
 }
 
 /* Request, then reap until every neuron was reported. */
@@ -291,6 +299,7 @@ Test(pipeline, cache_waits_when_the_io_context_is_full)
 	o.arena_bytes = 2 * nf_cache_min_bytes(f.store);
 	o.io.quiet = true;
 	o.io.max_requests = 2; /* far fewer than the runs below */
+	o.max_gap = 0;         /* one read per run */
 	struct nf_cache *c = NULL;
 	struct nf_diag d = { 0 };
 	cr_assert_eq(nf_cache_open(f.store, &o, &c, &d), 0, "%s", d.msg);
@@ -304,6 +313,53 @@ Test(pipeline, cache_waits_when_the_io_context_is_full)
 	nf_cache_stats_get(c, &st);
 	cr_expect_eq(st.requests, 40);
 	check_bytes(&f, 0, ids, 40);
+	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
+/* max_gap 1: misses one slot apart are one read; the bundle between them
+ * is read and cached (a hit afterwards, right bytes) but not reported; a
+ * gap holding a cached bundle, or wider than max_gap, splits the read. */
+Test(pipeline, cache_bridges_one_bundle_gaps)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	struct nf_cache *c = cache_open_gap(&f, 4 * min, 0.0, NULL, 1);
+	uint32_t odd[5] = { 21, 23, 25, 27, 29 };
+	fetch(&f, c, 0, odd, 5);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(f.n_got, 5, "only the requested neurons are reported");
+	cr_expect_eq(st.misses, 5);
+	cr_expect_eq(st.requests, 1, "5 misses 2 slots apart took %llu requests", (unsigned long long)st.requests);
+	cr_expect_eq(st.gap_bundles, 4);
+	check_bytes(&f, 0, odd, 5);
+	cr_assert_eq(nf_cache_release(c), 0);
+	/* the bridged bundles are cached: hits, with the file's bytes */
+	nf_cache_stats_reset(c);
+	uint32_t even[4] = { 22, 24, 26, 28 };
+	f.n_got = 0;
+	cr_assert_eq(nf_cache_request(c, 0, 0, even, 4, f.ptrs, ready, &f), 0);
+	cr_expect_eq(f.n_got, 4);
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.hits_cold, 4);
+	check_bytes(&f, 0, even, 4);
+	cr_assert_eq(nf_cache_release(c), 0);
+	/* 40 is cached: 39 and 41 may not bridge it; 44 is 3 slots from 41 */
+	nf_cache_stats_reset(c);
+	uint32_t one = 40;
+	fetch(&f, c, 0, &one, 1);
+	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_stats_reset(c);
+	uint32_t split[3] = { 39, 41, 44 };
+	fetch(&f, c, 0, split, 3);
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.requests, 3, "a cached bundle or a wide gap must split the read (%llu requests)",
+		     (unsigned long long)st.requests);
+	cr_expect_eq(st.gap_bundles, 0);
+	check_bytes(&f, 0, split, 3);
 	cr_assert_eq(nf_cache_release(c), 0);
 	nf_cache_close(c);
 	fx_close(&f);

@@ -20,6 +20,7 @@ void nf_model_cli_init(struct nf_model_cli *mc)
 	mc->n_batch = 512;
 	mc->kv_type = NF_KV_F32;
 	mc->sparse_mode = -1;
+	mc->read_gap = -1;
 }
 
 int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
@@ -91,6 +92,9 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 		}
 	} else if (!strcmp(f, "--profile")) {
 		mc->profile = true;
+	} else if (!strcmp(f, "--read-gap")) {
+		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 64, &mc->read_gap) < 0)
+			return NF_EUSAGE;
 	} else if (!strcmp(f, "--qd")) {
 		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 1, 4096, &mc->qd) < 0)
 			return NF_EUSAGE;
@@ -128,6 +132,8 @@ void nf_model_cli_help(FILE *f)
 		"                        through its read-only mapping, pages faulted in on demand\n"
 		"                        through the page cache (no prefault, no budget, no store)\n"
 		"  --qd N                reads in flight for stores and --ffn-store (default 128)\n"
+		"  --read-gap N          join misses up to N bundles apart into one read, reading the\n"
+		"                        bundles between them too (default 2; 0: adjacent only)\n"
 		"  --profile             count how often each FFN neuron fires over this run\n"
 		"                        (calibration) and store the counts in the store (-m STORE\n"
 		"                        or --ffn-store); tokens are evaluated one at a time. The\n"
@@ -212,6 +218,8 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 		o.io.backend = (enum nf_io_backend)nf_io_backend_parse(mc->io_backend);
 	if (mc->qd)
 		o.io.qd = (unsigned)mc->qd;
+	if (mc->read_gap >= 0)
+		o.max_gap = (uint32_t)mc->read_gap;
 	/* Attention left in the store at load: pinned if the budget holds it,
 	 * else streamed per layer through two buffers, but for the first
 	 * --attn-pin-layers layers (docs/PIPELINE.md "Streamed attention"). */
@@ -544,6 +552,7 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_u64(j, "lookups", c.lookups);
 	nf_json_u64(j, "misses", c.misses);
 	nf_json_u64(j, "evictions", c.evictions);
+	nf_json_u64(j, "gap_bundles", c.gap_bundles);
 	if (mc->cache) {
 		struct nf_cache_layout cl;
 		nf_cache_layout_get(mc->cache, &cl);

@@ -32,6 +32,7 @@ struct nf_model_cli {
 	const char *io_backend; /* --io (an I/O backend) */
 	bool io_mmap;           /* --io mmap: dense from the GGUF's mapping, no prefault */
 	long qd;                /* --qd */
+	long read_gap;          /* --read-gap (-1: the cache's default) */
 	bool stream_attn;       /* --stream-attn: stream attention even if it fits */
 	long attn_pin;          /* --attn-pin-layers: when streamed, keep the first N pinned */
 	bool profile;           /* --profile: count active neurons, store them in the store */

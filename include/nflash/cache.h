@@ -55,6 +55,11 @@ struct nf_cache_opts {
 	uint64_t arena_bytes;      /* pinned + hot + cold; required */
 	uint64_t pinned_bytes;     /* capacity of the pinned segment (default 0) */
 	double hot_fraction;       /* of what pinned leaves, for the hot segment (default 0.5) */
+	/* Misses up to this many store slots apart are read as one request,
+	 * the bundles between them (cached nowhere) read and cached as well:
+	 * one request costs more than a few KiB more (default 2; 0: only
+	 * adjacent misses join). */
+	uint32_t max_gap;
 	int numa_node;             /* -1: the caller's node */
 	bool prefault;             /* touch the whole arena at open (no page faults later) */
 	/* Use the store's activation profile (default true): counts seeded from
@@ -94,6 +99,7 @@ struct nf_cache_stats {
 	uint64_t hot_requests;     /* reads of hot loads (runs split at the I/O context's max_coalesce) */
 	uint64_t evictions;
 	uint64_t errors;
+	uint64_t gap_bundles;      /* not requested, read to join two misses in one read */
 };
 
 struct nf_cache;
