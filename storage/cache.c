@@ -126,7 +126,7 @@ void nf_cache_opts_default(struct nf_cache_opts *o)
 	/* misses are scattered bundles of a few KiB: the device needs many in
 	 * flight (bench-decode at 2 GiB: I/O wait 55% at 32, 25-28% at 128) */
 	o->io.qd = 128;
-	o->max_gap = 2;
+	o->max_gap = 4;
 }
 
 /* Fault every page in now, after the NUMA placement, so that tokens do not

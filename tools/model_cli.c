@@ -133,7 +133,7 @@ void nf_model_cli_help(FILE *f)
 		"                        through the page cache (no prefault, no budget, no store)\n"
 		"  --qd N                reads in flight for stores and --ffn-store (default 128)\n"
 		"  --read-gap N          join misses up to N bundles apart into one read, reading the\n"
-		"                        bundles between them too (default 2; 0: adjacent only)\n"
+		"                        bundles between them too (default 4; 0: adjacent only)\n"
 		"  --profile             count how often each FFN neuron fires over this run\n"
 		"                        (calibration) and store the counts in the store (-m STORE\n"
 		"                        or --ffn-store); tokens are evaluated one at a time. The\n"

@@ -57,7 +57,7 @@ struct nf_cache_opts {
 	double hot_fraction;       /* of what pinned leaves, for the hot segment (default 0.5) */
 	/* Misses up to this many store slots apart are read as one request,
 	 * the bundles between them (cached nowhere) read and cached as well:
-	 * one request costs more than a few KiB more (default 2; 0: only
+	 * one request costs more than a few KiB more (default 4; 0: only
 	 * adjacent misses join). */
 	uint32_t max_gap;
 	int numa_node;             /* -1: the caller's node */
