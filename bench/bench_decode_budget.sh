@@ -6,9 +6,12 @@
 # default loader) inside a cgroup v1 memory limit of the same size.
 #
 # The store is prepared as a user would: imported, profiled on calibration
-# text (`generate --profile`, 64 tokens sampled after an English paragraph,
-# none of them the measured ids), then copied hot-first (`store relayout`),
-# so the cache preloads each layer's hot neurons in ~1 MiB reads at open.
+# text (`generate --profile` under a 2 GiB budget, BENCH_CALIB_N tokens
+# sampled after an English paragraph, none of them the measured ids), then
+# copied in the profile's layout (`store relayout`): each layer's hot
+# neurons first, so the cache preloads them in ~1 MiB reads at open, then
+# the rest with neurons that fire together side by side, so a token's
+# misses take fewer reads (docs/PIPELINE.md, "Co-activation layout").
 # BENCH_PROFILE=0 measures the plain imported store instead.
 #
 # Per budget (1, 1.5, 2, 3 GiB) and for the model fully in memory ("mem":
@@ -27,7 +30,8 @@
 # BENCH_MMAP_N (by the mmap baseline, default 8: it takes seconds a token),
 # BENCH_REPS (nflash repetitions, default 3), BENCH_MMAP_REPS (default 1),
 # BENCH_THREADS (default 2), BENCH_CTX (default 64; KV cache in f16),
-# BENCH_PROFILE (default 1), BENCH_ALIGN (import --bundle-align, default
+# BENCH_PROFILE (default 1), BENCH_CALIB_N (calibration tokens, default
+# 512: the co-activation record's length), BENCH_ALIGN (import --bundle-align, default
 # 512: bundles packed at the direct-I/O alignment instead of 4 KiB pages).
 #
 # Needs root for drop_caches and the cgroup; without them it says so and
@@ -51,7 +55,8 @@ RUNOPTS="-c $CTX --kv-type f16 -b 16 -t $T"
 IDS=1,450,4996,17354,1701,29916,432,17204,975,278
 GGUF=$DIR/synth-7b.gguf
 STORE=$DIR/synth-7b-a$ALIGN.nfl
-HOT=$DIR/synth-7b-a$ALIGN-hot.nfl
+HOT=$DIR/synth-7b-a$ALIGN-co.nfl
+CALIB_N=${BENCH_CALIB_N:-512}
 CALIB="The history of the city begins with a small settlement on the river, where farmers and fishermen traded grain, salt and wool. Over the centuries it grew into a market town, then a centre of learning, with a university, a cathedral and a harbour that connected it to the rest of the world."
 
 CGROOT=/sys/fs/cgroup/memory
@@ -98,10 +103,10 @@ fi
 if [ "$PROFILE" = 1 ]; then
 	if [ ! -s "$HOT" ] || [ "$STORE" -nt "$HOT" ]; then
 		rm -f "$HOT"
-		say "profiling $STORE on calibration text (generate --profile, 64 tokens)"
-		"$NF" generate -m "$STORE" --memory-budget 2G -c 256 --kv-type f16 -t "$T" -p "$CALIB" -n 64 \
-			--temp 0.8 --seed 7 --ignore-eos --profile >/dev/null
-		say "writing the hot-first copy $HOT (store relayout)"
+		say "profiling $STORE on calibration text (generate --profile, $CALIB_N tokens)"
+		"$NF" generate -m "$STORE" --memory-budget 2G -c $((CALIB_N + 128)) --kv-type f16 -t "$T" -p "$CALIB" \
+			-n "$CALIB_N" --temp 0.8 --seed 7 --ignore-eos --profile >/dev/null
+		say "writing the copy in the profile's layout $HOT (store relayout)"
 		"$NF" store relayout "$STORE" "$HOT"
 	fi
 	STORE=$HOT

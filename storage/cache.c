@@ -54,6 +54,9 @@ struct ffn_ent {
 	uint32_t *loc;     /* per neuron: cold slot, hot slot | HOT_BIT, or NO_SLOT */
 	uint32_t *count;   /* per neuron: times requested (or profile counts) */
 	uint32_t *inv;     /* per store slot: its neuron (the permutation inverted) */
+	uint64_t *sig;     /* sig_tokens: n_neurons rows of sig_words; bit t of a row: asked
+			    * for by this FFN's request t (NULL when not recording) */
+	uint32_t sig_n;    /* requests recorded in sig */
 };
 
 /* One read: a run of bundles of one FFN landing in adjacent slots. */
@@ -88,6 +91,7 @@ struct nf_cache {
 	struct slot_meta *hot_meta, *cold_meta;
 	uint32_t hand;
 	bool hugepages, numa;
+	uint32_t sig_words;            /* co-activation record: words per neuron (0: off) */
 
 	/* the current request */
 	struct read_rec *reads;        /* n_neurons at most */
@@ -211,6 +215,7 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	if (!c)
 		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 	c->store = s;
+	c->sig_words = (uint32_t)(((uint64_t)o->sig_tokens + 63) / 64);
 	pthread_mutex_init(&c->ev_lock, NULL);
 	pthread_mutex_init(&c->wait_lock, NULL);
 	if ((rc = scan_ffns(s, &c->g, d)) < 0)
@@ -295,6 +300,12 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 			rc = nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 			goto fail;
 		}
+		if (c->sig_words && c->ffns[i].obj &&
+		    !(c->ffns[i].sig = meta(c, (size_t)N * c->sig_words * sizeof(uint64_t)))) {
+			rc = nf_diag_fail(d, -ENOMEM, "cache: no memory for the co-activation record (%u tokens)",
+					  c->sig_words * 64);
+			goto fail;
+		}
 		memset(c->ffns[i].loc, 0xff, N * sizeof(uint32_t));
 		if (c->ffns[i].obj)
 			for (uint32_t j = 0; j < N; j++)
@@ -322,6 +333,8 @@ void nf_cache_close(struct nf_cache *c)
 		for (uint32_t i = 0; i < c->n_ffn; i++) {
 			free(c->ffns[i].loc);
 			free(c->ffns[i].count);
+			free(c->ffns[i].inv);
+			free(c->ffns[i].sig);
 		}
 	free(c->ffns);
 	free(c->hot_meta);
@@ -445,6 +458,13 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 		return NF_EUSAGE;
 	const struct nf_store_object *obj = f->obj;
 	uint32_t stride = c->g.stride;
+
+	if (f->sig && f->sig_n < c->sig_words * 64u) {
+		uint32_t t = f->sig_n++;
+		for (uint32_t k = 0; k < n; k++)
+			if (neurons[k] < c->g.n_neurons)
+				f->sig[(size_t)neurons[k] * c->sig_words + t / 64] |= 1ull << (t % 64);
+	}
 
 	/* hits now; misses collected in c->order */
 	uint32_t n_miss = 0, n_hit = 0;
@@ -882,6 +902,20 @@ int nf_cache_pin_object(struct nf_cache *c, const struct nf_store_object *obj, c
 }
 
 /* ---- stats --------------------------------------------------------------------------- */
+
+const uint64_t *nf_cache_signatures(const struct nf_cache *c, uint32_t layer, uint32_t expert,
+				    uint32_t *tokens, uint32_t *words)
+{
+	*tokens = *words = 0;
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NULL;
+	const struct ffn_ent *f = &c->ffns[layer * c->g.n_expert + expert];
+	if (!f->sig)
+		return NULL;
+	*tokens = f->sig_n;
+	*words = c->sig_words;
+	return f->sig;
+}
 
 void nf_cache_stats_get(const struct nf_cache *c, struct nf_cache_stats *out)
 {

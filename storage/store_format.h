@@ -115,11 +115,14 @@ struct nf_store_profile_disk {
 	uint32_t n_ffn;          /* entries */
 	uint64_t tokens;         /* calibration tokens counted */
 	uint32_t source;         /* enum nf_store_profile_source */
-	uint32_t reserved0;
+	uint32_t flags;          /* NF_STORE_PROFILE_F_* (unknown bits ignored) */
 	uint64_t created_ns;     /* CLOCK_REALTIME when counted */
 	uint8_t reserved[24];    /* zero */
 };
 _Static_assert(sizeof(struct nf_store_profile_disk) == 64, "profile header is 64 bytes");
+/* flags: after every entry's counts, the same entries' layout orders
+ * (n_bundles neuron ids each, a permutation), in the same order */
+#define NF_STORE_PROFILE_F_ORDER 1u
 struct nf_store_profile_entry_disk {
 	uint32_t obj_index;      /* an FFN object of the table */
 	uint32_t n_bundles;      /* its neurons: counts that follow */

@@ -41,10 +41,14 @@ void nf_store_profile_free(struct nf_store_profile *p)
 {
 	if (!p)
 		return;
-	if (p->counts)
-		for (uint32_t i = 0; i < p->n_objects; i++)
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		if (p->counts)
 			free(p->counts[i]);
+		if (p->order)
+			free(p->order[i]);
+	}
 	free(p->counts);
+	free(p->order);
 	free(p->lens);
 	free(p);
 }
@@ -85,15 +89,65 @@ int nf_store_profile_alloc(const struct nf_store *s, struct nf_store_profile **o
 	return 0;
 }
 
+/* p has an order for every FFN entry, each a permutation of its neurons. */
+static bool has_orders(const struct nf_store_profile *p)
+{
+	if (!p->order)
+		return false;
+	bool any = false;
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		if (!p->counts[i] || !p->lens[i])
+			continue;
+		if (!p->order[i] || !nf_store_profile_order_valid(p->order[i], p->lens[i]))
+			return false;
+		any = true;
+	}
+	return any;
+}
+
+bool nf_store_profile_order_valid(const uint32_t *order, uint32_t n)
+{
+	uint8_t *seen = calloc(n ? n : 1, 1);
+	bool ok = seen != NULL;
+	for (uint32_t r = 0; ok && r < n; r++) {
+		if (order[r] >= n || seen[order[r]])
+			ok = false;
+		else
+			seen[order[r]] = 1;
+	}
+	free(seen);
+	return ok;
+}
+
+static void put_u32s(uint8_t *buf, uint64_t *off, const uint32_t *v, uint32_t n)
+{
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t x = htole32(v[k]);
+		memcpy(buf + *off, &x, 4);
+		*off += 4;
+	}
+}
+
+static void get_u32s(const uint8_t *buf, uint64_t *off, uint32_t *v, uint32_t n)
+{
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t x;
+		memcpy(&x, buf + *off, 4);
+		v[k] = le32toh(x);
+		*off += 4;
+	}
+}
+
 int nf_store_profile_encode(const struct nf_store_profile *p, uint32_t bs, uint8_t **out,
 			    uint64_t *len, uint64_t *used, uint32_t *crc)
 {
 	uint32_t n_ffn = 0;
 	uint64_t total = sizeof(struct nf_store_profile_disk);
+	bool orders = has_orders(p);
 	for (uint32_t i = 0; i < p->n_objects; i++)
 		if (p->counts[i] && p->lens[i]) {
 			n_ffn++;
-			total += sizeof(struct nf_store_profile_entry_disk) + 4ull * p->lens[i];
+			total += sizeof(struct nf_store_profile_entry_disk) + (orders ? 8ull : 4ull) * p->lens[i];
 		}
 	uint64_t padded = (total + bs - 1) / bs * bs;
 	uint8_t *buf = calloc(1, padded);
@@ -106,6 +160,7 @@ int nf_store_profile_encode(const struct nf_store_profile *p, uint32_t bs, uint8
 	h.n_ffn = htole32(n_ffn);
 	h.tokens = htole64(p->tokens);
 	h.source = htole32(p->source);
+	h.flags = htole32(orders ? NF_STORE_PROFILE_F_ORDER : 0);
 	h.created_ns = htole64(p->created_ns);
 	memcpy(buf, &h, sizeof(h));
 	uint64_t eoff = sizeof(h), coff = eoff + (uint64_t)n_ffn * sizeof(struct nf_store_profile_entry_disk);
@@ -115,12 +170,11 @@ int nf_store_profile_encode(const struct nf_store_profile *p, uint32_t bs, uint8
 		struct nf_store_profile_entry_disk e = { htole32(i), htole32(p->lens[i]) };
 		memcpy(buf + eoff, &e, sizeof(e));
 		eoff += sizeof(e);
-		for (uint32_t k = 0; k < p->lens[i]; k++) {
-			uint32_t v = htole32(p->counts[i][k]);
-			memcpy(buf + coff, &v, 4);
-			coff += 4;
-		}
+		put_u32s(buf, &coff, p->counts[i], p->lens[i]);
 	}
+	for (uint32_t i = 0; orders && i < p->n_objects; i++)
+		if (p->counts[i] && p->lens[i])
+			put_u32s(buf, &coff, p->order[i], p->lens[i]);
 	*out = buf;
 	*len = padded;
 	*used = total;
@@ -214,11 +268,34 @@ int nf_store_profile_read(const struct nf_store *s, struct nf_store_profile **ou
 			goto out;
 		}
 		p->lens[oi] = nb;
-		for (uint32_t j = 0; j < nb; j++) {
-			uint32_t v;
-			memcpy(&v, buf + coff, 4);
-			p->counts[oi][j] = le32toh(v);
-			coff += 4;
+		get_u32s(buf, &coff, p->counts[oi], nb);
+	}
+	if (le32toh(h.flags) & NF_STORE_PROFILE_F_ORDER) {
+		/* the orders follow, entry by entry in the same order */
+		if (!(p->order = calloc(n_obj ? n_obj : 1, sizeof(*p->order)))) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		eoff = sizeof(h);
+		for (uint32_t k = 0; k < n_ffn; k++) {
+			struct nf_store_profile_entry_disk e;
+			memcpy(&e, buf + eoff, sizeof(e));
+			eoff += sizeof(e);
+			uint32_t oi = le32toh(e.obj_index), nb = le32toh(e.n_bundles);
+			if (coff + 4ull * nb > len) {
+				rc = PFAIL(NF_EFORMAT, "%s: profile entry %u: order past the end of the section", path, k);
+				goto out;
+			}
+			if (!(p->order[oi] = malloc(4ull * (nb ? nb : 1)))) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			get_u32s(buf, &coff, p->order[oi], nb);
+			if (!nf_store_profile_order_valid(p->order[oi], nb)) {
+				rc = PFAIL(NF_EFORMAT, "%s: profile entry %u: the order of object %u is not a permutation "
+					   "of its %u neurons", path, k, oi, nb);
+				goto out;
+			}
 		}
 	}
 	*out = p;

@@ -5,9 +5,11 @@
  * Invariants:
  *  1. Only the placement of bundles changes: every object keeps its name,
  *     kind, type, shape and bytes; an FFN's bundle of neuron n moves to
- *     slot rank(n) (descending profile count, ties in neuron order) and
- *     perm[n] = rank(n), so every reader that maps neuron ids through perm
- *     computes exactly what it computed on the input.
+ *     slot rank(n) and perm[n] = rank(n), so every reader that maps neuron
+ *     ids through perm computes exactly what it computed on the input.
+ *     rank is the profile's order where it has one (hot first, then
+ *     co-activated neurons side by side: nf_coact_order), else descending
+ *     count, ties in neuron order.
  *  2. Every byte copied was checked against its crc32c when read (the I/O
  *     context verifies whole objects and extents), the writer recomputes
  *     the extent checksums for the new order, and the copy is re-read and
@@ -49,6 +51,18 @@ static int hot_order(const uint32_t *counts, uint32_t n, uint32_t *order, uint32
 		perm[k[r].neuron] = r;
 	}
 	free(k);
+	return 0;
+}
+
+/* The layout of FFN object i: the profile's order where it has a valid
+ * one, else hot_order. */
+static int new_order(const struct nf_store_profile *p, uint32_t i, uint32_t n, uint32_t *order, uint32_t *perm)
+{
+	if (!p->order || !p->order[i] || !nf_store_profile_order_valid(p->order[i], n))
+		return hot_order(p->counts[i], n, order, perm);
+	memcpy(order, p->order[i], (size_t)n * sizeof(*order));
+	for (uint32_t r = 0; r < n; r++)
+		perm[order[r]] = r;
 	return 0;
 }
 
@@ -108,7 +122,9 @@ static int verify_copy(const char *path, const struct nf_store_open_opts *so,
 		goto out;
 	for (uint32_t i = 0; i < q->n_objects; i++)
 		if (q->lens[i] != p->lens[i] ||
-		    (q->lens[i] && memcmp(q->counts[i], p->counts[i], 4ull * q->lens[i]))) {
+		    (q->lens[i] && memcmp(q->counts[i], p->counts[i], 4ull * q->lens[i])) ||
+		    (q->order && q->order[i] && (!p->order || !p->order[i] ||
+						 memcmp(q->order[i], p->order[i], 4ull * q->lens[i])))) {
 			rc = nf_diag_fail(d, NF_ECHECKSUM, "%s: the profile read back differs (object %u)", path, i);
 			goto out;
 		}
@@ -179,7 +195,7 @@ int nf_store_relayout(const char *in, const char *out, const struct nf_store_rel
 		const struct nf_store_object *ob = nf_store_object_get(s, i);
 		if (ob->kind != NF_STORE_KIND_FFN)
 			continue;
-		if ((rc = hot_order(p->counts[i], ob->n_bundles, order, perm)) < 0 ||
+		if ((rc = new_order(p, i, ob->n_bundles, order, perm)) < 0 ||
 		    (rc = nf_store_writer_set_perm(w, i, perm, d)) < 0)
 			goto out;
 	}
@@ -201,7 +217,7 @@ int nf_store_relayout(const char *in, const char *out, const struct nf_store_rel
 		if (ob->kind != NF_STORE_KIND_FFN) {
 			rc = nf_store_writer_write_dense(w, buf, ob->length);
 		} else {
-			if ((rc = hot_order(p->counts[i], ob->n_bundles, order, perm)) < 0)
+			if ((rc = new_order(p, i, ob->n_bundles, order, perm)) < 0)
 				goto out;
 			for (uint32_t r = 0; r < ob->n_bundles && rc == 0; r++)
 				rc = nf_store_writer_write_bundles(w, buf + (uint64_t)ob->perm[order[r]] * ob->stride, 1);

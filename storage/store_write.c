@@ -442,6 +442,10 @@ int nf_store_writer_set_profile(struct nf_store_writer *w, const struct nf_store
 		return -ENOMEM;
 	}
 	c->n_objects = w->n;
+	if (p->order && !(c->order = calloc(w->n ? w->n : 1, sizeof(*c->order)))) {
+		nf_store_profile_free(c);
+		return -ENOMEM;
+	}
 	c->tokens = p->tokens;
 	c->source = p->source;
 	c->created_ns = p->created_ns;
@@ -454,6 +458,13 @@ int nf_store_writer_set_profile(struct nf_store_writer *w, const struct nf_store
 		}
 		memcpy(c->counts[i], p->counts[i], 4ull * p->lens[i]);
 		c->lens[i] = p->lens[i];
+		if (p->order && p->order[i]) {
+			if (!(c->order[i] = malloc(4ull * (p->lens[i] ? p->lens[i] : 1)))) {
+				nf_store_profile_free(c);
+				return -ENOMEM;
+			}
+			memcpy(c->order[i], p->order[i], 4ull * p->lens[i]);
+		}
 	}
 	nf_store_profile_free(w->profile);
 	w->profile = c;

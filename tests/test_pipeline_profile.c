@@ -1,7 +1,8 @@
 /*
  * test_pipeline_profile.c - activation profiles end to end on a tiny
  * synthetic ReLU model with a predictor: `generate --profile` stores the
- * counts in the store; `store relayout` writes a hot-first copy whose
+ * counts and the co-activation layout planned from the run in the store;
+ * `store relayout` writes a copy in that layout (hot first) whose
  * store-backed output equals the original store's and the GGUF's (logits
  * within 1e-5, same greedy ids); the cache preloads the hot set from the
  * profile at open, in fewer and larger reads from the relayouted copy,
@@ -85,6 +86,7 @@ Test(pipeline, profile_relayout_same_output_fewer_hot_reads, .timeout = 120)
 	int ec = ts_run_cmd(nf_cmd_generate, argv, out, sizeof(out));
 	cr_assert_eq(ec, 0, "%s", out);
 	cr_assert(strstr(out, "profile of 44 tokens (predictor mode) stored in"), "%s", out);
+	cr_assert(strstr(out, "co-activation layout of 2 FFNs planned"), "%s", out);
 
 	struct nf_store *s = NULL;
 	struct nf_diag d = { 0 };
@@ -104,14 +106,24 @@ Test(pipeline, profile_relayout_same_output_fewer_hot_reads, .timeout = 120)
 			mn = p->counts[i][j] < mn ? p->counts[i][j] : mn;
 		}
 		cr_expect(mx <= 44 && mx > mn, "object %u: counts in [%u, %u]", i, mn, mx);
+		/* the planned layout: a permutation, the most frequent first */
+		cr_assert(p->order && p->order[i], "object %u has no co-activation order", i);
+		cr_assert(nf_store_profile_order_valid(p->order[i], p->lens[i]));
+		cr_expect_eq(p->counts[i][p->order[i][0]], mx, "object %u: slot 0 is not the hottest", i);
 	}
 	cr_expect_eq(n_ffn, nf_store_info(s)->n_ffn);
 	uint64_t min = nf_cache_min_bytes(s);
-	nf_store_profile_free(p);
 	nf_store_close(s);
 
 	int rc = nf_store_relayout(store, hot, NULL, &d);
 	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	/* the copy is in that layout */
+	cr_assert_eq(nf_store_open(hot, NULL, &s, &d), 0, "%s", d.msg);
+	for (uint32_t i = 0; i < p->n_objects; i++)
+		for (uint32_t r = 0; p->counts[i] && r < p->lens[i]; r++)
+			cr_assert_eq(nf_store_object_get(s, i)->perm[p->order[i][r]], r, "object %u slot %u", i, r);
+	nf_store_close(s);
+	nf_store_profile_free(p);
 
 	/* same output: GGUF in memory, the store, the hot-first copy; a cache
 	 * of three layers' worth, half of it hot */

@@ -4,7 +4,8 @@
  * permutation update, a crash at any write of the update leaving a valid
  * store (fault injection through the syscall table), a damaged section
  * refused on read but not on open, a compat bit an older nflash cleared,
- * and relayout: bundles hot-first, neuron ids keep their bytes.
+ * and relayout: bundles hot-first, neuron ids keep their bytes; a
+ * co-activation order stored, checked on read and applied by relayout.
  */
 #include <criterion/criterion.h>
 #include <endian.h>
@@ -353,6 +354,118 @@ Test(storage, profile_relayout_puts_hot_bundles_first)
 	nf_io_ctx_close(io);
 	nf_store_close(r);
 	nf_store_close(s);
+	nf_store_profile_free(p);
+	ts_dir_remove(&t);
+}
+
+/* ---- the co-activation order (FORMAT.md item 19, flag 1) ---- */
+
+static uint32_t new_crc;
+static void set_crc(struct nf_store_sb_disk *sb)
+{
+	sb->profile_crc = htole32(new_crc);
+}
+
+Test(storage, profile_order_stored_checked_and_applied_by_relayout)
+{
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_Q8_0, 8, 4096, NULL), 0);
+	char out[256];
+	snprintf(out, sizeof(out), "%s/co.nfs", t.dir);
+	struct nf_store *s = open_ok(t.path);
+	struct nf_store_profile *p = make_profile(s, 7);
+	nf_store_close(s);
+	/* an order that is not a permutation is not stored (counts are) */
+	cr_assert(!!(p->order = calloc(p->n_objects, sizeof(*p->order))));
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		if (!p->lens[i])
+			continue;
+		cr_assert(!!(p->order[i] = malloc(4ull * p->lens[i])));
+		for (uint32_t r = 0; r < p->lens[i]; r++)
+			p->order[i][r] = (r * 5 + i) % p->lens[i];   /* 5 and TS_N are coprime */
+	}
+	uint32_t keep = p->order[2][3];
+	p->order[2][3] = p->order[2][4];
+	cr_assert(!nf_store_profile_order_valid(p->order[2], p->lens[2]));
+	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
+	s = open_ok(t.path);
+	struct nf_store_profile *q = read_ok(s);
+	same_profile(p, q);
+	cr_assert_null(q->order);
+	nf_store_profile_free(q);
+	nf_store_close(s);
+
+	/* a valid one: read back equal */
+	p->order[2][3] = keep;
+	cr_assert(nf_store_profile_order_valid(p->order[2], p->lens[2]));
+	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
+	s = open_ok(t.path);
+	q = read_ok(s);
+	same_profile(p, q);
+	cr_assert_not_null(q->order);
+	for (uint32_t i = 0; i < p->n_objects; i++)
+		if (p->lens[i])
+			cr_assert(!memcmp(p->order[i], q->order[i], 4ull * p->lens[i]), "object %u order", i);
+	nf_store_profile_free(q);
+
+	/* relayout follows the order: neuron order[r] in slot r, bytes kept,
+	 * the profile (with its order) carried over */
+	struct nf_diag d = { 0 };
+	int rc = nf_store_relayout(t.path, out, NULL, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_store *r = open_ok(out);
+	struct nf_io_ctx *io = NULL;
+	cr_assert_eq(nf_io_ctx_open(r, NULL, &io, &d), 0, "%s", d.msg);
+	q = read_ok(r);
+	cr_assert_not_null(q->order);
+	for (uint32_t i = 0; i < nf_store_object_count(r); i++) {
+		const struct nf_store_object *a = nf_store_object_get(s, i), *b = nf_store_object_get(r, i);
+		if (b->kind != NF_STORE_KIND_FFN)
+			continue;
+		cr_assert(!memcmp(p->order[i], q->order[i], 4ull * p->lens[i]), "object %u order", i);
+		for (uint32_t k = 0; k < b->n_bundles; k++)
+			cr_assert_eq(b->perm[p->order[i][k]], k, "%s slot %u", b->name, k);
+		uint8_t *buf = nf_io_buf_alloc(nf_store_object_buf_size(b, 4096), nf_io_ctx_align(io));
+		struct ts_done dn = { 0 };
+		cr_assert_eq(nf_io_ctx_read_object(io, b, buf, ts_on_done, &dn), 0);
+		cr_assert_geq(nf_io_ctx_wait(io, 0, -1), 0);
+		cr_assert_eq(dn.result, 0, "%s", nf_strerror(dn.result));
+		for (uint32_t j = 0; j < b->n_bundles; j++)
+			cr_assert_eq(ts_check_bundles(a, &j, 1, buf + (uint64_t)b->perm[j] * b->stride), 0,
+				     "%s neuron %u", b->name, j);
+		nf_io_buf_free(buf);
+	}
+	nf_store_profile_free(q);
+	nf_io_ctx_close(io);
+	nf_store_close(r);
+
+	/* a section whose order repeats a neuron (crc resealed: written by a
+	 * faulty tool, not damaged on disk) is refused, naming the entry */
+	const struct nf_store_info *in = nf_store_info(s);
+	uint64_t off = in->profile_offset, len = in->profile_length;
+	int slot = in->sb_slot;
+	nf_store_close(s);
+	uint8_t *sec = malloc(len);
+	ts_read(t.path, off, sec, len);
+	uint32_t n_ffn;
+	memcpy(&n_ffn, sec + 12, 4);
+	uint64_t total_counts = 0;
+	for (uint32_t k = 0; k < le32toh(n_ffn); k++) {
+		uint32_t nb;
+		memcpy(&nb, sec + 64 + 8 * k + 4, 4);
+		total_counts += le32toh(nb);
+	}
+	uint64_t ord0 = 64 + 8ull * le32toh(n_ffn) + 4 * total_counts;   /* first entry's order */
+	memcpy(sec + ord0 + 4, sec + ord0, 4);
+	ts_patch(t.path, off, sec, len);
+	new_crc = nf_crc32c(0, sec, len);
+	patch_sb(t.path, slot, set_crc);
+	s = open_ok(t.path);
+	cr_assert_eq(nf_store_profile_read(s, &q, &d), NF_EFORMAT);
+	cr_assert(strstr(d.msg, "not a permutation"), "%s", d.msg);
+	nf_store_close(s);
+	free(sec);
 	nf_store_profile_free(p);
 	ts_dir_remove(&t);
 }

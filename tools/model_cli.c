@@ -5,10 +5,13 @@
  * Invariants: every error names the flag or the file; the load time covers
  * parsing, mapping and prefaulting the weights and allocating the context.
  */
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "nflash/coact.h"
 #include "nflash/error.h"
 #include "nflash/store.h"
 #include "cli.h"
@@ -214,6 +217,25 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 	nf_cache_opts_default(&o);
 	o.io.quiet = false;
 	o.use_profile = !mc->profile;   /* a calibration run counts from zero */
+	if (mc->profile) {
+		/* the hot segment as large as a run with the profile will have
+		 * (its size is the head of the co-activation layout), and the
+		 * record the layout is planned from, counted in the budget */
+		o.hot_fraction = o.profile_hot_fraction;
+		o.sig_tokens = NF_PROFILE_SIG_TOKENS;
+		uint64_t neurons = 0;
+		for (uint32_t i = 0; i < nf_store_object_count(store); i++) {
+			const struct nf_store_object *ob = nf_store_object_get(store, i);
+			if (ob->kind == NF_STORE_KIND_FFN)
+				neurons += ob->n_bundles;
+		}
+		uint64_t rec = neurons * ((NF_PROFILE_SIG_TOKENS + 63) / 64) * 8;
+		fixed += rec;
+		/* what this calibration run holds that a run under the same
+		 * budget does not: the record, and (mostly) the KV cache of a
+		 * long -c; the layout's head counts them as hot */
+		mc->profile_extra = rec + nf_ctx_bytes(mc->ctx);
+	}
 	if (mc->io_backend)
 		o.io.backend = (enum nf_io_backend)nf_io_backend_parse(mc->io_backend);
 	if (mc->qd)
@@ -685,6 +707,54 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	return NF_EXIT_OK;
 }
 
+/* Plan every FFN's co-activation layout from the cache's record into
+ * p->order (nflash/coact.h). The head is the share of neurons the cache
+ * keeps hot under this budget. Prints what the layout saves on the
+ * calibration tokens themselves. Returns 0 or -ENOMEM (no order then). */
+static int plan_orders(struct nf_model_cli *mc, struct nf_store *store, struct nf_store_profile *p)
+{
+	struct nf_cache_layout cl;
+	struct nf_cache_geom g;
+	nf_cache_layout_get(mc->cache, &cl);
+	nf_cache_geometry(mc->cache, &g);
+	uint32_t n_ffn = 0, gap = mc->read_gap >= 0 ? (uint32_t)mc->read_gap : 4;
+	for (uint32_t i = 0; i < p->n_objects; i++)
+		n_ffn += p->counts[i] != NULL;
+	if (!n_ffn || !(p->order = calloc(p->n_objects, sizeof(*p->order))))
+		return -ENOMEM;
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	double by_count = 0, coact = 0;
+	uint32_t tokens_max = 0, head_sum = 0;
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(store, i);
+		if (!p->counts[i])
+			continue;
+		uint32_t n = p->lens[i], tokens, words;
+		uint32_t head = (uint32_t)(((double)cl.hot_slots + (double)mc->profile_extra / g.stride) / n_ffn + 0.5);
+		const uint64_t *sig = nf_cache_signatures(mc->cache, ob->layer, ob->expert, &tokens, &words);
+		if (!(p->order[i] = malloc((size_t)n * sizeof(uint32_t))) ||
+		    nf_coact_order(p->counts[i], NULL, 0, n, head, p->order[i]) < 0)
+			return -ENOMEM;
+		if (sig && tokens)
+			by_count += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
+		if (nf_coact_order(p->counts[i], sig, words, n, head, p->order[i]) < 0)
+			return -ENOMEM;
+		if (sig && tokens)
+			coact += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
+		tokens_max = tokens > tokens_max ? tokens : tokens_max;
+		head_sum += head < n ? head : n;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	fprintf(stderr,
+		"nflash: co-activation layout of %u FFNs planned in %.1f s from %u calibration tokens: after the "
+		"%u most frequent neurons per FFN, a calibration token's reads (gap %u) %.0f by count -> %.0f "
+		"co-activated\n",
+		n_ffn, secs, tokens_max, head_sum / n_ffn, gap, by_count, coact);
+	return 0;
+}
+
 int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens)
 {
 	if (!mc->profile || !mc->cache)
@@ -710,6 +780,13 @@ int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens)
 		    : m == NF_SPARSE_EXACT   ? NF_STORE_PROFILE_EXACT
 					     : NF_STORE_PROFILE_DENSE;
 	p->tokens = tokens;
+	if (plan_orders(mc, store, p) < 0) {
+		nf_cli_warn("--profile: no memory to plan the co-activation layout; storing counts only");
+		for (uint32_t i = 0; p->order && i < p->n_objects; i++)
+			free(p->order[i]);
+		free(p->order);
+		p->order = NULL;
+	}
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	p->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;

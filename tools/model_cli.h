@@ -36,6 +36,7 @@ struct nf_model_cli {
 	bool stream_attn;       /* --stream-attn: stream attention even if it fits */
 	long attn_pin;          /* --attn-pin-layers: when streamed, keep the first N pinned */
 	bool profile;           /* --profile: count active neurons, store them in the store */
+	uint64_t profile_extra; /* bytes a --profile run holds beyond a normal run's (KV, record) */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
 	struct nf_ctx *ctx;
@@ -78,12 +79,17 @@ void nf_model_cli_close(struct nf_model_cli *mc);
 void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label);
 void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total);
 void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double t_total);
+/* Calibration tokens (per FFN) recorded for the co-activation layout. */
+#define NF_PROFILE_SIG_TOKENS 512
+
 /*
  * --profile: store the neurons' firing counts gathered by the cache since
- * open (tokens: how many tokens were evaluated) in the store the FFN came
- * from, as a new generation. Prints where; returns an exit code. No-op
- * without --profile.
+ * open (tokens: how many tokens were evaluated), and the co-activation
+ * layout planned from the first NF_PROFILE_SIG_TOKENS of them
+ * (nflash/coact.h), in the store the FFN came from, as a new generation.
+ * Prints where; returns an exit code. No-op without --profile.
  */
+
 int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens);
 /* Peak resident set (VmHWM) of this process in bytes, 0 if unknown. */
 uint64_t nf_model_cli_vm_hwm(void);

@@ -1028,7 +1028,7 @@ static const char store_usage[] =
 	"  inspect  print a store's superblock and object table\n"
 	"  verify   read everything and check every crc32c (exit 1 on damage)\n"
 	"  bench    measure sparse (random bundles) or sequential (extents) reads\n"
-	"  relayout copy a store with each FFN's bundles hottest first (from its profile)\n";
+	"  relayout copy a store in its profile's layout: hottest first, co-activated side by side\n";
 
 int nf_cmd_store(int argc, char **argv)
 {

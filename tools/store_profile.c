@@ -1,6 +1,6 @@
 /*
  * store_profile.c - the profile side of `nflash store`: `store relayout`
- * (copy a store with each FFN's bundles in hotness order) and the profile
+ * (copy a store with each FFN's bundles in the profile's layout) and the profile
  * summary `store inspect` prints.
  *
  * Invariants: relayout never writes over its input (OUT must differ from
@@ -20,6 +20,8 @@
 struct prof_summary {
 	double top10_share;        /* of all counts, held by the top 10% neurons of each FFN */
 	bool hot_first;            /* every FFN's slot order is descending count */
+	bool has_order;            /* the profile has a co-activation order */
+	bool follows_order;        /* every FFN's slots are in that order */
 	uint32_t n_ffn;
 };
 
@@ -34,6 +36,7 @@ static void summarize(const struct nf_store *s, const struct nf_store_profile *p
 	uint64_t all = 0, top = 0;
 	memset(o, 0, sizeof(*o));
 	o->hot_first = true;
+	o->has_order = o->follows_order = p->order != NULL;
 	uint32_t max_n = 0;
 	for (uint32_t i = 0; i < p->n_objects; i++)
 		max_n = p->lens[i] > max_n ? p->lens[i] : max_n;
@@ -57,6 +60,9 @@ static void summarize(const struct nf_store *s, const struct nf_store_profile *p
 		for (uint32_t k = 1; k < n && o->hot_first; k++)
 			if (by_slot[k] > by_slot[k - 1])
 				o->hot_first = false;
+		for (uint32_t r = 0; r < n && o->follows_order; r++)
+			if (!p->order[i] || ob->perm[p->order[i][r]] != r)
+				o->follows_order = false;
 	}
 	free(tmp);
 	free(by_slot);
@@ -82,16 +88,21 @@ void nf_store_profile_print(const struct nf_store *s, struct nf_json *j)
 			nf_json_u64(j, "created_ns", p->created_ns);
 			nf_json_u64(j, "ffn_objects", sm.n_ffn);
 			nf_json_dbl(j, "top10_share", sm.top10_share);
-			nf_json_bool(j, "hot_first_layout", sm.hot_first);
+			nf_json_bool(j, "hot_first_layout", sm.hot_first || sm.follows_order);
+			nf_json_bool(j, "coactivation_order", sm.has_order);
+			nf_json_str(j, "layout", sm.follows_order ? "coactivation" : sm.hot_first ? "hot_first" : "neuron");
 		}
 		nf_json_obj_end(j);
 	} else if (rc < 0) {
 		printf("profile     damaged: %s\n", nf_diag_msg(&d, rc));
 	} else if (p) {
 		printf("profile     %llu calibration tokens (%s), %u FFNs; top 10%% of neurons fire %.1f%% of the "
-		       "time; layout %s\n",
+		       "time;%s layout %s\n",
 		       (unsigned long long)p->tokens, nf_store_profile_source_name(p->source), sm.n_ffn,
-		       100.0 * sm.top10_share, sm.hot_first ? "hot-first (relayouted)" : "neuron order");
+		       100.0 * sm.top10_share, sm.has_order ? " co-activation order planned;" : "",
+		       sm.follows_order ? "hot first, then co-activated (relayouted)"
+		       : sm.hot_first	? "hot-first (relayouted)"
+					: "neuron order");
 	} else {
 		printf("profile     none (the hot set is learned online; see `nflash generate --profile`)\n");
 	}
@@ -101,12 +112,14 @@ void nf_store_profile_print(const struct nf_store *s, struct nf_json *j)
 static const char relayout_usage[] =
 	"usage: nflash store relayout IN OUT [--profile-from STORE]\n"
 	"\n"
-	"Writes a copy of the store IN to OUT with each FFN's neuron bundles in\n"
-	"descending firing count (the hottest first), so the cache preloads each\n"
-	"layer's hot neurons in a few large sequential reads and misses of warm\n"
-	"neurons coalesce. Neuron ids, the model's output and every other object are\n"
-	"unchanged; the profile is stored in OUT. The counts come from IN's profile\n"
-	"(`nflash generate -m IN --profile ...`) or from STORE's (same model).\n"
+	"Writes a copy of the store IN to OUT with each FFN's neuron bundles in the\n"
+	"profile's layout: the most frequent first, so the cache preloads each\n"
+	"layer's hot neurons in a few large sequential reads, then neurons that\n"
+	"fired together in the calibration run side by side, so a token's misses\n"
+	"take fewer reads (a profile without that plan, from an older nflash: all\n"
+	"in descending firing count). Neuron ids, the model's output and every other\n"
+	"object are unchanged; the profile is stored in OUT. The profile is IN's\n"
+	"(`nflash generate -m IN --profile ...`) or STORE's (same model).\n"
 	"OUT appears only when complete and verified.\n";
 
 static void relayout_progress(void *user, uint64_t done, uint64_t total)
@@ -157,6 +170,16 @@ int nf_store_cmd_relayout(int argc, char **argv)
 		}
 		nf_store_close(src);
 	}
+	bool p_has_order = p ? p->order != NULL : false;
+	if (!p) {
+		/* only to say which layout is written: the relayout reads it again */
+		struct nf_store *s = NULL;
+		struct nf_store_profile *q = NULL;
+		if (nf_store_open(in, NULL, &s, NULL) == 0 && nf_store_profile_read(s, &q, NULL) == 0)
+			p_has_order = q->order != NULL;
+		nf_store_profile_free(q);
+		nf_store_close(s);
+	}
 	struct nf_progress pr;
 	nf_progress_start(&pr, "relayout", 0, true);
 	struct nf_store_relayout_opts o = { .profile = p, .progress = relayout_progress, .progress_user = &pr };
@@ -168,6 +191,7 @@ int nf_store_cmd_relayout(int argc, char **argv)
 		nf_cli_err("store relayout: %s", nf_diag_msg(&d, rc));
 		return NF_EXIT_FAIL;
 	}
-	fprintf(stderr, "nflash: %s written hot-first from %s and verified in %.1f s\n", out, in, nf_cli_now() - t0);
+	fprintf(stderr, "nflash: %s written from %s in the profile's layout (%s) and verified in %.1f s\n", out, in,
+		p_has_order ? "hot first, then co-activated" : "hot first", nf_cli_now() - t0);
 	return NF_EXIT_OK;
 }

@@ -72,6 +72,11 @@ struct nf_cache_opts {
 	 * ~10% more) */
 	double profile_hot_fraction;
 	struct nf_io_opts io;      /* backend, queue depth (default 128), faults */
+	/* Record which neurons each of an FFN's first sig_tokens requests asked
+	 * for, for a co-activation layout (nf_cache_signatures, nf_coact_order;
+	 * default 0: off). Costs n_neurons * ceil(sig_tokens / 64) * 8 bytes per
+	 * FFN, outside the arena (a calibration run's). */
+	uint32_t sig_tokens;
 };
 
 void nf_cache_opts_default(struct nf_cache_opts *o);
@@ -172,6 +177,13 @@ int nf_cache_set_counts(struct nf_cache *c, uint32_t layer, const uint32_t *coun
  * (times requested since open, plus the profile's counts when one was
  * used), or NULL when there is no such FFN. Valid until close. */
 const uint32_t *nf_cache_counts(const struct nf_cache *c, uint32_t layer, uint32_t expert);
+
+/* The co-activation record of FFN (layer, expert) (opts sig_tokens):
+ * n_neurons rows of *words uint64_t, bit t of neuron j's row set when the
+ * FFN's request t asked for j, *tokens requests recorded. NULL when not
+ * recording. Valid until close. */
+const uint64_t *nf_cache_signatures(const struct nf_cache *c, uint32_t layer, uint32_t expert,
+				    uint32_t *tokens, uint32_t *words);
 
 /*
  * nf_cache_pin_object - read dense object obj into the pinned segment and

@@ -296,8 +296,16 @@ struct nf_store_profile {
 	uint64_t created_ns;
 	uint32_t n_objects;        /* entries of counts: the store's object count */
 	uint32_t **counts;         /* [n_objects]: FFN object i's n_bundles counts, else NULL */
+	/* [n_objects] or NULL: FFN object i's suggested bundle order (neuron
+	 * ids by store slot, a permutation of its n_bundles neurons: the most
+	 * frequent first, then co-activated neurons next to each other; see
+	 * nf_coact_order), else NULL. Stored when every FFN has one. */
+	uint32_t **order;
 	uint32_t *lens;            /* [n_objects]: entries of counts[i] (0 when NULL) */
 };
+
+/* order[0..n) is a permutation of 0..n-1. */
+bool nf_store_profile_order_valid(const uint32_t *order, uint32_t n);
 
 /* True when the store has a profile section (it is read and checked by
  * nf_store_profile_read). */

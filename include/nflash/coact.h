@@ -1,0 +1,60 @@
+/*
+ * nflash/coact.h - a co-activation layout for an FFN's bundles.
+ *
+ * A miss costs a read request, and on this class of device a request costs
+ * more than a few KiB of bytes (docs/PIPELINE.md, "Bridging gaps"). When
+ * neurons that fire together sit in adjacent store slots, a token's misses
+ * form fewer, longer runs: fewer requests for the same neurons.
+ *
+ * nf_coact_order plans one FFN from a calibration record: per neuron its
+ * firing count and a bitmap of the calibration tokens it fired on (the
+ * cache records them: nf_cache_opts.sig_tokens, nf_cache_signatures).
+ *
+ *	uint32_t *order = malloc(n * sizeof(*order));
+ *	nf_coact_order(counts, sig, words, n, head, order);   // order[slot] = neuron
+ *
+ * The result is stored in the store's profile (nf_store_profile.order) by
+ * `nflash generate --profile`, and `nflash store relayout` applies it.
+ *
+ * Thread-safety: pure function of its arguments.
+ */
+#ifndef NFLASH_COACT_H
+#define NFLASH_COACT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * nf_coact_order - order[0..n): neuron ids by store slot, a permutation.
+ *  1. The first min(head, n) slots: the most frequent neurons (descending
+ *     count, ties by id), the part a cache keeps hot, read at open in
+ *     large runs.
+ *  2. Then every other neuron that fired in the record (a nonzero row of
+ *     sig), chained greedily: starting from the most frequent, each next
+ *     slot takes the unplaced neuron whose firing bitmap is most similar
+ *     (Jaccard: common tokens / tokens of either) to the one just placed;
+ *     ties (and the case of no common token) go to the higher count, then
+ *     the lower id.
+ *  3. Then the neurons that never fired in the record, by count and id.
+ * sig: n rows of words uint64_t (bit t: fired at calibration token t), or
+ * NULL (then the order is by count alone). counts: n values.
+ * Returns 0 or -ENOMEM. O(m^2 * words) for m neurons in part 2.
+ */
+int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, uint32_t n, uint32_t head,
+		   uint32_t *order);
+
+/* Mean over tokens of the number of runs (maximal groups of adjacent
+ * slots, a gap of up to max_gap slots joining two) that the fired neurons
+ * outside the first head slots of order form: the read requests a token's
+ * misses cost under that layout when the head is cached. Tokens t in
+ * [0, tokens) of the record. For reports and tests. */
+double nf_coact_runs(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
+		     uint32_t head, uint32_t max_gap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NFLASH_COACT_H */

@@ -1,0 +1,130 @@
+/*
+ * test_planner_coact.c - the co-activation layout (nflash/coact.h): a
+ * permutation with the most frequent neurons first; neurons that fire
+ * together end up side by side, so a token's misses cost fewer reads than
+ * under the count order; neurons that never fired go last; the same record
+ * gives the same layout.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nflash/coact.h"
+#include "nflash/store.h"
+
+#define N 256
+#define T 200
+#define W ((T + 63) / 64)
+
+static uint64_t sig[N * W];
+static uint32_t counts[N];
+
+static void fire(uint32_t j, uint32_t t)
+{
+	sig[(size_t)j * W + t / 64] |= 1ull << (t % 64);
+	counts[j]++;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(uint32_t n)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint32_t)(rng % n);
+}
+
+/*
+ * Neurons 0..15 fire on most tokens (the hot set). The other 240 form 12
+ * clusters of 20, interleaved by id (neuron j in cluster j % 12), so the
+ * id order scatters every cluster; token t fires two clusters, each
+ * member with probability 0.8. Neurons 250..255 never fire.
+ */
+static void make_record(void)
+{
+	memset(sig, 0, sizeof(sig));
+	memset(counts, 0, sizeof(counts));
+	for (uint32_t t = 0; t < T; t++) {
+		for (uint32_t j = 0; j < 16; j++)
+			if (rnd(10) < 9)
+				fire(j, t);
+		uint32_t a = rnd(12), b = rnd(12);
+		for (uint32_t j = 16; j < 250; j++) {
+			uint32_t c = (j - 16) % 12;
+			if ((c == a || c == b) && rnd(10) < 8)
+				fire(j, t);
+		}
+	}
+}
+
+Test(planner, coact_order_groups_co_firing_neurons)
+{
+	make_record();
+	uint32_t by_count[N], co[N], again[N];
+	cr_assert_eq(nf_coact_order(counts, NULL, 0, N, 16, by_count), 0);
+	cr_assert_eq(nf_coact_order(counts, sig, W, N, 16, co), 0);
+	cr_assert(nf_store_profile_order_valid(by_count, N));
+	cr_assert(nf_store_profile_order_valid(co, N));
+
+	/* the head is the count order's head, in the same order */
+	cr_assert(!memcmp(by_count, co, 16 * sizeof(uint32_t)));
+	for (uint32_t r = 0; r < 16; r++)
+		cr_assert_lt(co[r], 16u, "slot %u holds neuron %u", r, co[r]);
+	/* by count: descending, ties by id */
+	for (uint32_t r = 1; r < N; r++) {
+		uint32_t x = by_count[r - 1], y = by_count[r];
+		cr_assert(counts[x] > counts[y] || (counts[x] == counts[y] && x < y), "slot %u", r);
+	}
+	/* never fired: last, by id (their counts are all 0) */
+	for (uint32_t r = 0; r < 6; r++)
+		cr_assert_eq(co[N - 6 + r], 250 + r);
+
+	/* each cluster occupies consecutive slots: at most a few boundaries
+	 * where the cluster changes (exactly 11 if every cluster is one run) */
+	uint32_t changes = 0;
+	for (uint32_t r = 17; r < N - 6; r++)
+		changes += (co[r] - 16) % 12 != (co[r - 1] - 16) % 12;
+	cr_assert_leq(changes, 14, "clusters split %u times", changes);
+
+	/* so a token's misses (outside the head) form far fewer runs */
+	double runs_count = nf_coact_runs(sig, W, T, N, by_count, 16, 0);
+	double runs_co = nf_coact_runs(sig, W, T, N, co, 16, 0);
+	cr_assert_gt(runs_count, 20.0, "by count: %.1f runs", runs_count);
+	cr_assert_lt(runs_co, 6.0, "co-activation: %.1f runs (by count %.1f)", runs_co, runs_count);
+	/* bridging gaps of 4 helps the count order, but not to the same point */
+	cr_assert_lt(nf_coact_runs(sig, W, T, N, co, 16, 4), nf_coact_runs(sig, W, T, N, by_count, 16, 4));
+
+	/* the same record, the same layout */
+	cr_assert_eq(nf_coact_order(counts, sig, W, N, 16, again), 0);
+	cr_assert(!memcmp(co, again, sizeof(co)));
+}
+
+Test(planner, coact_order_edges)
+{
+	make_record();
+	uint32_t o[N];
+	/* a head of everything (or more) is the count order */
+	uint32_t ref[N];
+	cr_assert_eq(nf_coact_order(counts, NULL, 0, N, 0, ref), 0);
+	cr_assert_eq(nf_coact_order(counts, sig, W, N, N + 5, o), 0);
+	cr_assert(!memcmp(o, ref, sizeof(o)));
+	/* head 0: the chain starts at the most frequent neuron */
+	cr_assert_eq(nf_coact_order(counts, sig, W, N, 0, o), 0);
+	cr_assert(nf_store_profile_order_valid(o, N));
+	cr_assert_eq(o[0], ref[0]);
+	/* an empty record: count order */
+	static uint64_t none[N * W];
+	cr_assert_eq(nf_coact_order(counts, none, W, N, 3, o), 0);
+	cr_assert(!memcmp(o, ref, sizeof(o)));
+	/* one neuron, zero neurons */
+	uint32_t one = 7, c1 = 1;
+	uint64_t s1 = 1;
+	cr_assert_eq(nf_coact_order(&c1, &s1, 1, 1, 0, &one), 0);
+	cr_assert_eq(one, 0u);
+	cr_assert_eq(nf_coact_order(NULL, NULL, 0, 0, 0, NULL), 0);
+	cr_assert_eq(nf_coact_runs(sig, W, 0, N, ref, 0, 0), 0.0);
+	/* the validity check itself */
+	uint32_t bad[3] = { 0, 2, 2 }, big[2] = { 0, 2 };
+	cr_assert(!nf_store_profile_order_valid(bad, 3));
+	cr_assert(!nf_store_profile_order_valid(big, 2));
+}
