@@ -134,7 +134,7 @@ void nf_model_cli_help(FILE *f)
 		"  --io mmap             baseline (llama.cpp's default loader): a GGUF run dense\n"
 		"                        through its read-only mapping, pages faulted in on demand\n"
 		"                        through the page cache (no prefault, no budget, no store)\n"
-		"  --qd N                reads in flight for stores and --ffn-store (default 128)\n"
+		"  --qd N                reads in flight for stores and --ffn-store (default 256)\n"
 		"  --read-gap N          join misses up to N bundles apart into one read, reading the\n"
 		"                        bundles between them too (default 4; 0: adjacent only)\n"
 		"  --profile             count how often each FFN neuron fires over this run\n"

@@ -71,7 +71,7 @@ struct nf_cache_opts {
 	 * model the cold segment's CLOCK adds <5% hits, a profile's hot set
 	 * ~10% more) */
 	double profile_hot_fraction;
-	struct nf_io_opts io;      /* backend, queue depth (default 128), faults */
+	struct nf_io_opts io;      /* backend, queue depth (default 256), faults */
 	/* Record which neurons each of an FFN's first sig_tokens requests asked
 	 * for, for a co-activation layout (nf_cache_signatures, nf_coact_order;
 	 * default 0: off). Costs n_neurons * ceil(sig_tokens / 64) * 8 bytes per
