@@ -56,9 +56,10 @@ static int hot_order(const uint32_t *counts, uint32_t n, uint32_t *order, uint32
 
 /* The layout of FFN object i: the profile's order where it has a valid
  * one, else hot_order. */
-static int new_order(const struct nf_store_profile *p, uint32_t i, uint32_t n, uint32_t *order, uint32_t *perm)
+static int new_order(const struct nf_store_profile *p, bool by_count, uint32_t i, uint32_t n, uint32_t *order,
+		     uint32_t *perm)
 {
-	if (!p->order || !p->order[i] || !nf_store_profile_order_valid(p->order[i], n))
+	if (by_count || !p->order || !p->order[i] || !nf_store_profile_order_valid(p->order[i], n))
 		return hot_order(p->counts[i], n, order, perm);
 	memcpy(order, p->order[i], (size_t)n * sizeof(*order));
 	for (uint32_t r = 0; r < n; r++)
@@ -195,7 +196,7 @@ int nf_store_relayout(const char *in, const char *out, const struct nf_store_rel
 		const struct nf_store_object *ob = nf_store_object_get(s, i);
 		if (ob->kind != NF_STORE_KIND_FFN)
 			continue;
-		if ((rc = new_order(p, i, ob->n_bundles, order, perm)) < 0 ||
+		if ((rc = new_order(p, o && o->by_count, i, ob->n_bundles, order, perm)) < 0 ||
 		    (rc = nf_store_writer_set_perm(w, i, perm, d)) < 0)
 			goto out;
 	}
@@ -217,7 +218,7 @@ int nf_store_relayout(const char *in, const char *out, const struct nf_store_rel
 		if (ob->kind != NF_STORE_KIND_FFN) {
 			rc = nf_store_writer_write_dense(w, buf, ob->length);
 		} else {
-			if ((rc = new_order(p, i, ob->n_bundles, order, perm)) < 0)
+			if ((rc = new_order(p, o && o->by_count, i, ob->n_bundles, order, perm)) < 0)
 				goto out;
 			for (uint32_t r = 0; r < ob->n_bundles && rc == 0; r++)
 				rc = nf_store_writer_write_bundles(w, buf + (uint64_t)ob->perm[order[r]] * ob->stride, 1);

@@ -440,6 +440,27 @@ Test(storage, profile_order_stored_checked_and_applied_by_relayout)
 	nf_io_ctx_close(io);
 	nf_store_close(r);
 
+	/* by_count ignores the order: descending count, ties by id */
+	char out2[256];
+	snprintf(out2, sizeof(out2), "%s/count.nfs", t.dir);
+	struct nf_store_relayout_opts bc = { .by_count = true };
+	rc = nf_store_relayout(t.path, out2, &bc, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	r = open_ok(out2);
+	for (uint32_t i = 0; i < nf_store_object_count(r); i++) {
+		const struct nf_store_object *b = nf_store_object_get(r, i);
+		if (b->kind != NF_STORE_KIND_FFN)
+			continue;
+		uint32_t who[TS_N];
+		for (uint32_t j = 0; j < b->n_bundles; j++)
+			who[b->perm[j]] = j;
+		for (uint32_t k = 1; k < b->n_bundles; k++) {
+			uint32_t x = p->counts[i][who[k - 1]], y = p->counts[i][who[k]];
+			cr_assert(x > y || (x == y && who[k - 1] < who[k]), "%s: slot %u", b->name, k);
+		}
+	}
+	nf_store_close(r);
+
 	/* a section whose order repeats a neuron (crc resealed: written by a
 	 * faulty tool, not damaged on disk) is refused, naming the entry */
 	const struct nf_store_info *in = nf_store_info(s);

@@ -235,6 +235,7 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 		 * budget does not: the record, and (mostly) the KV cache of a
 		 * long -c; the layout's head counts them as hot */
 		mc->profile_extra = rec + nf_ctx_bytes(mc->ctx);
+		mc->profile_rec = rec;
 	}
 	if (mc->io_backend)
 		o.io.backend = (enum nf_io_backend)nf_io_backend_parse(mc->io_backend);
@@ -371,7 +372,7 @@ static int open_engine(struct nf_model_cli *mc)
 		nf_cli_err("%s: %s", mc->path, nf_diag_msg(&d, rc));
 		return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
 	}
-	mc->reserved = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse);
+	mc->reserved = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse) + mc->profile_rec;
 	if (streamed) {
 		struct nf_cache_layout cl;
 		nf_cache_layout_get(mc->cache, &cl);
@@ -379,15 +380,18 @@ static int open_engine(struct nf_model_cli *mc)
 		if (mc->attn_streamed)
 			snprintf(abuf, sizeof(abuf), " + attention buffers %.1f MiB (streamed)",
 				 mib(nf_ctx_attn_stream_bytes(mc->ctx)));
+		char rbuf[96] = "";
+		if (mc->profile_rec)
+			snprintf(rbuf, sizeof(rbuf), ", --profile's co-activation record %.1f MiB", mib(mc->profile_rec));
 		fprintf(stderr,
 			"nflash: memory: dense weights %.1f MiB (pinned)%s, neuron cache %.1f MiB (hot %.1f MiB / %u "
 			"slots%s, cold %.1f MiB / %u slots%s%s), reserved %.1f MiB (KV cache %.1f MiB for -c %u, "
-			"scratch and tables %.1f MiB); fixed overhead %.1f MiB\n",
+			"scratch and tables %.1f MiB%s); fixed overhead %.1f MiB\n",
 			mib(weights), abuf, mib(cl.arena), mib(cl.hot), cl.hot_slots,
 			cl.hot_from_profile ? " from the profile" : " learned online", mib(cl.cold), cl.cold_slots,
 			cl.hugepages ? ", hugepages" : "", cl.numa ? ", NUMA-placed" : "", mib(mc->reserved),
 			mib(nf_ctx_bytes_kv(mc->ctx)), nf_ctx_n_ctx(mc->ctx),
-			mib(mc->reserved - nf_ctx_bytes_kv(mc->ctx)), mib(mc->overhead));
+			mib(mc->reserved - mc->profile_rec - nf_ctx_bytes_kv(mc->ctx)), rbuf, mib(mc->overhead));
 		weights += cl.arena + nf_ctx_attn_stream_bytes(mc->ctx);
 		if (mc->budget && weights + mc->reserved > mc->budget) {
 			nf_cli_err("--memory-budget %.1f MiB: the engine's tables came to %.1f MiB, more than "

@@ -37,6 +37,7 @@ struct nf_model_cli {
 	long attn_pin;          /* --attn-pin-layers: when streamed, keep the first N pinned */
 	bool profile;           /* --profile: count active neurons, store them in the store */
 	uint64_t profile_extra; /* bytes a --profile run holds beyond a normal run's (KV, record) */
+	uint64_t profile_rec;   /* of which the co-activation record (in reserved) */
 	/* filled by nf_model_cli_open */
 	struct nf_model *model;
 	struct nf_ctx *ctx;

@@ -110,7 +110,7 @@ void nf_store_profile_print(const struct nf_store *s, struct nf_json *j)
 }
 
 static const char relayout_usage[] =
-	"usage: nflash store relayout IN OUT [--profile-from STORE]\n"
+	"usage: nflash store relayout IN OUT [--profile-from STORE] [--by-count]\n"
 	"\n"
 	"Writes a copy of the store IN to OUT with each FFN's neuron bundles in the\n"
 	"profile's layout: the most frequent first, so the cache preloads each\n"
@@ -120,7 +120,11 @@ static const char relayout_usage[] =
 	"in descending firing count). Neuron ids, the model's output and every other\n"
 	"object are unchanged; the profile is stored in OUT. The profile is IN's\n"
 	"(`nflash generate -m IN --profile ...`) or STORE's (same model).\n"
-	"OUT appears only when complete and verified.\n";
+	"OUT appears only when complete and verified.\n"
+	"\n"
+	"  --profile-from STORE  take the profile from STORE (same model)\n"
+	"  --by-count            descending firing count only, ignoring the planned\n"
+	"                        co-activation order (to compare the two layouts)\n";
 
 static void relayout_progress(void *user, uint64_t done, uint64_t total)
 {
@@ -132,10 +136,13 @@ static void relayout_progress(void *user, uint64_t done, uint64_t total)
 int nf_store_cmd_relayout(int argc, char **argv)
 {
 	const char *in = NULL, *out = NULL, *from = NULL;
+	bool by_count = false;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			fputs(relayout_usage, stdout);
 			return NF_EXIT_OK;
+		} else if (!strcmp(argv[i], "--by-count")) {
+			by_count = true;
 		} else if (!strcmp(argv[i], "--profile-from")) {
 			if (!(from = nf_cli_value(argc, argv, &i)))
 				return NF_EXIT_USAGE;
@@ -182,7 +189,9 @@ int nf_store_cmd_relayout(int argc, char **argv)
 	}
 	struct nf_progress pr;
 	nf_progress_start(&pr, "relayout", 0, true);
-	struct nf_store_relayout_opts o = { .profile = p, .progress = relayout_progress, .progress_user = &pr };
+	struct nf_store_relayout_opts o = {
+		.profile = p, .progress = relayout_progress, .progress_user = &pr, .by_count = by_count
+	};
 	double t0 = nf_cli_now();
 	rc = nf_store_relayout(in, out, &o, &d);
 	nf_progress_end(&pr);
@@ -192,6 +201,6 @@ int nf_store_cmd_relayout(int argc, char **argv)
 		return NF_EXIT_FAIL;
 	}
 	fprintf(stderr, "nflash: %s written from %s in the profile's layout (%s) and verified in %.1f s\n", out, in,
-		p_has_order ? "hot first, then co-activated" : "hot first", nf_cli_now() - t0);
+		p_has_order && !by_count ? "hot first, then co-activated" : "by firing count", nf_cli_now() - t0);
 	return NF_EXIT_OK;
 }

@@ -358,12 +358,16 @@ struct nf_store_relayout_opts {
 	/* Called now and then with bytes written and total; may be NULL. */
 	void (*progress)(void *user, uint64_t done, uint64_t total);
 	void *progress_user;
+	/* Ignore the profile's co-activation order: descending count only
+	 * (for comparisons; default false). */
+	bool by_count;
 };
 
 /*
  * nf_store_relayout - write a copy of the store at in to out with each
- * FFN's bundles in descending profile count (slot 0 the hottest; ties in
- * neuron order), the permutation (neuron -> slot) updated to match, so
+ * FFN's bundles in the profile's co-activation order where it has one
+ * (nf_store_profile.order, unless o->by_count), else in descending profile
+ * count (slot 0 the hottest; ties in neuron order), the permutation (neuron -> slot) updated to match, so
  * neuron ids, the maths and every other object are unchanged; the profile
  * is stored in the copy. Crash-safe like every creation (nothing under out
  * unless complete); everything read is checked against its crc32c, and the
