@@ -729,7 +729,9 @@ static int plan_orders(struct nf_model_cli *mc, struct nf_store *store, struct n
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	double by_count = 0, coact = 0;
-	uint32_t tokens_max = 0, head_sum = 0;
+	uint32_t tokens_max = 0, head_sum = 0, done = 0;
+	struct nf_progress pr;
+	nf_progress_start(&pr, "planning the layout", n_ffn, false);
 	for (uint32_t i = 0; i < p->n_objects; i++) {
 		const struct nf_store_object *ob = nf_store_object_get(store, i);
 		if (!p->counts[i])
@@ -737,18 +739,21 @@ static int plan_orders(struct nf_model_cli *mc, struct nf_store *store, struct n
 		uint32_t n = p->lens[i], tokens, words;
 		uint32_t head = (uint32_t)(((double)cl.hot_slots + (double)mc->profile_extra / g.stride) / n_ffn + 0.5);
 		const uint64_t *sig = nf_cache_signatures(mc->cache, ob->layer, ob->expert, &tokens, &words);
-		if (!(p->order[i] = malloc((size_t)n * sizeof(uint32_t))) ||
-		    nf_coact_order(p->counts[i], NULL, 0, n, head, p->order[i]) < 0)
-			return -ENOMEM;
-		if (sig && tokens)
+		bool ok = (p->order[i] = malloc((size_t)n * sizeof(uint32_t))) &&
+			  nf_coact_order(p->counts[i], NULL, 0, n, head, p->order[i]) == 0;
+		if (ok && sig && tokens)
 			by_count += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
-		if (nf_coact_order(p->counts[i], sig, words, n, head, p->order[i]) < 0)
+		if (!ok || nf_coact_order(p->counts[i], sig, words, n, head, p->order[i]) < 0) {
+			nf_progress_end(&pr);
 			return -ENOMEM;
+		}
 		if (sig && tokens)
 			coact += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
 		tokens_max = tokens > tokens_max ? tokens : tokens_max;
 		head_sum += head < n ? head : n;
+		nf_progress_update(&pr, ++done);
 	}
+	nf_progress_end(&pr);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 	fprintf(stderr,
