@@ -711,6 +711,62 @@ struct hot_pick {
 	uint32_t count, neuron;
 };
 
+/* Neurons of FFN f with count >= t. */
+static uint64_t count_at_least(const struct ffn_ent *f, uint32_t N, uint32_t t)
+{
+	uint64_t k = 0;
+	if (f->obj)
+		for (uint32_t j = 0; j < N; j++)
+			k += f->count[j] >= t;
+	return k;
+}
+
+int nf_cache_hot_quota(const struct nf_cache *c, uint64_t slots, uint32_t *quota)
+{
+	uint32_t N = c->g.n_neurons, hi = 0;
+	uint64_t fired = 0;
+	for (uint32_t fi = 0; fi < c->n_ffn; fi++) {
+		const struct ffn_ent *f = &c->ffns[fi];
+		quota[fi] = 0;
+		for (uint32_t j = 0; f->obj && j < N; j++) {
+			hi = f->count[j] > hi ? f->count[j] : hi;
+			fired += f->count[j] > 0;
+		}
+	}
+	if (fired <= slots) {
+		/* room for every neuron that ever fired */
+		for (uint32_t fi = 0; fi < c->n_ffn; fi++)
+			quota[fi] = (uint32_t)count_at_least(&c->ffns[fi], N, 1);
+		return 0;
+	}
+	/* the largest t with at least `slots` counts >= t (t >= 1) */
+	uint32_t lo = 1;
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo + 1) / 2;
+		uint64_t k = 0;
+		for (uint32_t fi = 0; fi < c->n_ffn && k < slots; fi++)
+			k += count_at_least(&c->ffns[fi], N, mid);
+		if (k >= slots)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	/* everything above t, then the ties at t in FFN order */
+	uint64_t left = slots;
+	for (uint32_t fi = 0; fi < c->n_ffn; fi++) {
+		uint64_t k = lo < UINT32_MAX ? count_at_least(&c->ffns[fi], N, lo + 1) : 0;
+		quota[fi] = (uint32_t)k;
+		left -= k;
+	}
+	for (uint32_t fi = 0; fi < c->n_ffn && left; fi++) {
+		uint64_t ties = count_at_least(&c->ffns[fi], N, lo) - quota[fi];
+		uint64_t take = ties < left ? ties : left;
+		quota[fi] += (uint32_t)take;
+		left -= take;
+	}
+	return 0;
+}
+
 static int cmp_pick(const void *a, const void *b)
 {
 	const struct hot_pick *x = a, *y = b;
@@ -762,24 +818,24 @@ int nf_cache_hot_load(struct nf_cache *c)
 	struct hot_pick *pk = malloc(N * sizeof(*pk));
 	uint64_t *sl = malloc(N * sizeof(uint64_t));
 	uint32_t *slots = malloc((size_t)c->n_hot * sizeof(uint32_t)); /* store slots, all runs */
+	uint32_t *quota = malloc((size_t)c->n_ffn * sizeof(uint32_t));
 	int rc = 0, res = 0;
-	if (!pk || !sl || !slots) {
+	if (!pk || !sl || !slots || !quota) {
 		rc = -ENOMEM;
 		goto out;
 	}
-	uint32_t per = c->n_hot / c->n_ffn, next = 0;
-	if (per > N)
-		per = N;
-	for (uint32_t fi = 0; fi < c->n_ffn && per; fi++) {
+	/* the n_hot highest counts over all FFNs: a layer (or an expert) that
+	 * fires more gets more of the hot segment */
+	nf_cache_hot_quota(c, c->n_hot, quota);
+	uint32_t next = 0;
+	for (uint32_t fi = 0; fi < c->n_ffn; fi++) {
 		struct ffn_ent *f = &c->ffns[fi];
-		if (!f->obj)
+		if (!f->obj || !quota[fi])
 			continue;
 		for (uint32_t j = 0; j < N; j++)
 			pk[j] = (struct hot_pick){ .count = f->count[j], .neuron = j };
 		qsort(pk, N, sizeof(*pk), cmp_pick);
-		uint32_t take = 0;
-		while (take < per && pk[take].count > 0)
-			take++;
+		uint32_t take = quota[fi];
 		for (uint32_t i = 0; i < take; i++)
 			sl[i] = (uint64_t)f->obj->perm[pk[i].neuron] << 32 | pk[i].neuron;
 		qsort(sl, take, sizeof(uint64_t), cmp_u64);
@@ -833,6 +889,7 @@ out:
 	free(pk);
 	free(sl);
 	free(slots);
+	free(quota);
 	return rc < 0 ? rc : 0;
 }
 

@@ -2,7 +2,8 @@
  * test_pipeline_cache.c - the segmented neuron cache on an imported store:
  * bytes served equal the store's, misses of adjacent bundles coalesced into
  * one read, hits afterwards, CLOCK eviction under a one-layer arena, the hot
- * segment, a too-small arena refused with the minimum, and a failed read
+ * segment (filled from the highest counts over all layers), a too-small
+ * arena refused with the minimum, and a failed read
  * reported and forgotten (no later hit on bytes that never arrived).
  */
 #include <criterion/criterion.h>
@@ -361,6 +362,74 @@ Test(pipeline, cache_bridges_one_bundle_gaps)
 	cr_expect_eq(st.gap_bundles, 0);
 	check_bytes(&f, 0, split, 3);
 	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
+/* The hot segment goes to the neurons with the highest counts over all
+ * FFNs, not an equal share per layer: a layer whose neurons fire more gets
+ * more of it, one that fires little leaves its share to the others. */
+Test(pipeline, cache_hot_segment_goes_to_the_ffns_that_fire_most)
+{
+	struct fx f;
+	fx_open(&f, true);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	const struct nf_store_object *o = nf_store_ffn_find(f.store, 0, 0);
+	uint32_t N = o->n_bundles;
+	struct nf_cache *c = cache_open(&f, min + min / 2, 0.5, NULL);   /* half a layer hot */
+	struct nf_cache_layout L;
+	nf_cache_layout_get(c, &L);
+	uint32_t H = L.hot_slots;
+	cr_assert(H >= 20 && H < N, "%u hot slots of %u neurons", H, N);
+	struct nf_cache_geom g;
+	nf_cache_geometry(c, &g);
+	cr_assert_geq(g.n_layer, 2);
+	/* layer 1: three neurons fire on every token; layer 0: neuron j has
+	 * count j + 1 (all below layer 1's); other layers: nothing */
+	uint32_t *counts = calloc(N, sizeof(uint32_t));
+	for (uint32_t j = 0; j < N; j++)
+		counts[j] = j + 1;
+	cr_assert_eq(nf_cache_set_counts(c, 0, counts), 0);
+	memset(counts, 0, N * sizeof(uint32_t));
+	uint32_t top1[3] = { 7, 30, 31 };
+	for (int i = 0; i < 3; i++)
+		counts[top1[i]] = 10 * N;
+	cr_assert_eq(nf_cache_set_counts(c, 1, counts), 0);
+	uint32_t *quota = calloc(g.n_layer, sizeof(uint32_t));
+	cr_assert_eq(nf_cache_hot_quota(c, H, quota), 0);
+	cr_expect_eq(quota[1], 3);
+	cr_expect_eq(quota[0], H - 3, "layer 0 gets the rest: %u of %u", quota[0], H);
+	for (uint32_t l = 2; l < g.n_layer; l++)
+		cr_expect_eq(quota[l], 0, "layer %u never fired", l);
+	/* more slots than neurons that ever fired: every one of them */
+	cr_assert_eq(nf_cache_hot_quota(c, 10ull * N * g.n_layer, quota), 0);
+	cr_expect(quota[0] == N && quota[1] == 3);
+
+	cr_assert_eq(nf_cache_hot_load(c), 0);
+	nf_cache_stats_reset(c);
+	/* layer 1's three and layer 0's H - 3 hottest are hits; the next one
+	 * of layer 0 is not */
+	uint32_t *ids = malloc(N * sizeof(uint32_t));
+	for (uint32_t k = 0; k < H - 3; k++)
+		ids[k] = N - 1 - k;
+	fetch(&f, c, 0, ids, H - 3);
+	check_bytes(&f, 0, ids, H - 3);
+	cr_assert_eq(nf_cache_release(c), 0);
+	fetch(&f, c, 1, top1, 3);
+	check_bytes(&f, 1, top1, 3);
+	cr_assert_eq(nf_cache_release(c), 0);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.hits_hot, H, "%llu hot hits of %u", (unsigned long long)st.hits_hot, H);
+	cr_expect_eq(st.misses, 0);
+	uint32_t next = N - 1 - (H - 3);
+	fetch(&f, c, 0, &next, 1);
+	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.misses, 1);
+	free(ids);
+	free(quota);
+	free(counts);
 	nf_cache_close(c);
 	fx_close(&f);
 }

@@ -726,6 +726,13 @@ static int plan_orders(struct nf_model_cli *mc, struct nf_store *store, struct n
 		n_ffn += p->counts[i] != NULL;
 	if (!n_ffn || !(p->order = calloc(p->n_objects, sizeof(*p->order))))
 		return -ENOMEM;
+	/* the head of each FFN: its share of the hot set a run under this
+	 * budget will load (nf_cache_hot_quota), counting what only this
+	 * calibration run holds (KV cache, record) as hot */
+	uint32_t *quota = calloc((size_t)g.n_layer * g.n_expert, sizeof(uint32_t));
+	if (!quota)
+		return -ENOMEM;
+	nf_cache_hot_quota(mc->cache, cl.hot_slots + mc->profile_extra / g.stride, quota);
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	double by_count = 0, coact = 0;
@@ -737,7 +744,7 @@ static int plan_orders(struct nf_model_cli *mc, struct nf_store *store, struct n
 		if (!p->counts[i])
 			continue;
 		uint32_t n = p->lens[i], tokens, words;
-		uint32_t head = (uint32_t)(((double)cl.hot_slots + (double)mc->profile_extra / g.stride) / n_ffn + 0.5);
+		uint32_t head = quota[ob->layer * g.n_expert + ob->expert];
 		const uint64_t *sig = nf_cache_signatures(mc->cache, ob->layer, ob->expert, &tokens, &words);
 		bool ok = (p->order[i] = malloc((size_t)n * sizeof(uint32_t))) &&
 			  nf_coact_order(p->counts[i], NULL, 0, n, head, p->order[i]) == 0;
@@ -745,6 +752,7 @@ static int plan_orders(struct nf_model_cli *mc, struct nf_store *store, struct n
 			by_count += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
 		if (!ok || nf_coact_order(p->counts[i], sig, words, n, head, p->order[i]) < 0) {
 			nf_progress_end(&pr);
+			free(quota);
 			return -ENOMEM;
 		}
 		if (sig && tokens)
@@ -758,9 +766,10 @@ static int plan_orders(struct nf_model_cli *mc, struct nf_store *store, struct n
 	double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 	fprintf(stderr,
 		"nflash: co-activation layout of %u FFNs planned in %.1f s from %u calibration tokens: after the "
-		"%u most frequent neurons per FFN, a calibration token's reads (gap %u) %.0f by count -> %.0f "
+		"%u most frequent neurons per FFN (mean), a calibration token's reads (gap %u) %.0f by count -> %.0f "
 		"co-activated\n",
 		n_ffn, secs, tokens_max, head_sum / n_ffn, gap, by_count, coact);
+	free(quota);
 	return 0;
 }
 

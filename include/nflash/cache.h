@@ -6,7 +6,8 @@
  * the compute threads, transparent hugepages where available), holds three
  * segments:
  *  - pinned: dense objects every token needs (nf_cache_pin_object);
- *  - hot: per layer, the most frequently requested neurons, loaded in
+ *  - hot: the most frequently requested neurons over all layers and
+ *    experts (a layer that fires more gets more; nf_cache_hot_quota), loaded in
  *    large sequential reads by nf_cache_hot_load() from the firing counts:
  *    the store's profile (nflash/store.h), loaded at open, or counts
  *    learned online from the requests;
@@ -159,12 +160,18 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user);
 int nf_cache_release(struct nf_cache *c);
 
 /*
- * nf_cache_hot_load - fill the hot segment: per layer the neurons with the
- * highest counts (online counts, or those set by nf_cache_set_counts), read
- * in runs of adjacent bundles. Replaces the previous hot set. Returns 0 or
+ * nf_cache_hot_load - fill the hot segment: the neurons with the highest
+ * counts over all FFNs (online counts, or those set by nf_cache_set_counts;
+ * see nf_cache_hot_quota), read in runs of adjacent bundles. Replaces the previous hot set. Returns 0 or
  * an I/O error.
  */
 int nf_cache_hot_load(struct nf_cache *c);
+/* How many of `slots` hot slots each FFN gets (quota[layer * n_expert +
+ * expert], n_layer * n_expert entries): the neurons with the `slots`
+ * highest counts over all FFNs (ties at the threshold in FFN order), never
+ * a neuron that has not fired. nf_cache_hot_load fills n_hot this way.
+ * Returns 0. */
+int nf_cache_hot_quota(const struct nf_cache *c, uint64_t slots, uint32_t *quota);
 /* Count neurons[0..n) of (layer, expert) as used once more without
  * requesting them (nf_cache_request counts what it is asked for): a batch
  * that requests the union of its tokens' neurons counts each token's own
