@@ -95,6 +95,7 @@ struct nf_sparse {
 	float threshold;
 	bool measure_recall;
 	struct nf_cache *cache;
+	uint32_t cap;                /* cache: most misses one request may have (its cold slots) */
 	uint32_t E, F, n_groups, n_layer;
 	uint32_t last_mask;          /* neurons of the last group that exist */
 	enum nf_ffn_act act;
@@ -558,7 +559,12 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 			ready_push(s, ci);
 			s->st.groups_ready_now += s->chunks[ci].n_groups;
 		}
+		run_workers(s, env, worker);
 	} else {
+		/* one request for the layer; when its misses could outnumber the
+		 * cold slots, windows of whole chunks, each requested, computed
+		 * and released before the next (same sums: each chunk has its own
+		 * output, reduced in chunk order below) */
 		uint32_t n = 0;
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 			uint32_t m = s->gmask[gi];
@@ -566,38 +572,69 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 				if (m & (1u << i))
 					s->req[n++] = gi * GROUP + i;
 		}
-		s->t_req = now_s();
-		atomic_store(&s->t_last_ready, 0.0);
-		int rc = nf_cache_request(s->cache, layer, s->cur_expert, s->req, n, s->ptrs, on_ready, s);
-		/* drop the guard count: chunks whose bundles were all hits are ready now */
-		for (uint32_t ci = 0; ci < nc; ci++) {
-			if (atomic_fetch_sub(&s->chunks[ci].pending, 1) == 1) {
-				ready_push(s, ci);
-				s->st.groups_ready_now += s->chunks[ci].n_groups;
-			} else {
-				s->st.groups_ready_later += s->chunks[ci].n_groups;
+		bool whole = nf_cache_cold_needed(s->cache, layer, s->cur_expert, s->req, n) <= s->cap;
+		uint32_t c0 = 0;
+		while (c0 < nc) {
+			uint32_t c1 = nc, w = n, first = 0;
+			if (!whole) {
+				/* the longest run of chunks from c0 with at most cap neurons */
+				uint32_t at = 0;
+				for (c1 = c0; c1 < nc; c1++) {
+					uint32_t k = 0;
+					for (uint32_t gi = s->chunks[c1].g0; gi < s->chunks[c1].g1; gi++)
+						k += (uint32_t)__builtin_popcount(s->gmask[gi]);
+					if (c1 > c0 && at + k > s->cap)
+						break;
+					at += k;
+				}
+				for (uint32_t ci = 0; ci < c0; ci++)
+					for (uint32_t gi = s->chunks[ci].g0; gi < s->chunks[ci].g1; gi++)
+						first += (uint32_t)__builtin_popcount(s->gmask[gi]);
+				w = at;
+				s->st.windows++;
 			}
+			atomic_store(&s->n_ready, 0);
+			atomic_store(&s->next, 0);
+			for (uint32_t i = 0; i < c1 - c0; i++)
+				s->ready[i] = UINT32_MAX;
+			s->n_chunks = c1 - c0;
+			s->t_req = now_s();
+			atomic_store(&s->t_last_ready, 0.0);
+			uint64_t later = s->st.groups_ready_later;
+			int rc = nf_cache_request(s->cache, layer, s->cur_expert, s->req + first, w, s->ptrs, on_ready, s);
+			/* drop the guard count: chunks whose bundles were all hits are ready now */
+			for (uint32_t ci = c0; ci < c1; ci++) {
+				if (atomic_fetch_sub(&s->chunks[ci].pending, 1) == 1) {
+					ready_push(s, ci);
+					s->st.groups_ready_now += s->chunks[ci].n_groups;
+				} else {
+					s->st.groups_ready_later += s->chunks[ci].n_groups;
+				}
+			}
+			if (rc < 0) {
+				/* what was submitted must land before its slots are reused */
+				nf_cache_release(s->cache);
+				s->n_chunks = nc;
+				return rc;
+			}
+			run_workers(s, env, worker);
+			/* every read must have landed before its slots are reused */
+			rc = nf_cache_release(s->cache);
+			int err = atomic_load(&s->err);
+			double last = atomic_load(&s->t_last_ready);
+			if (s->st.groups_ready_later > later && last > s->t_req)
+				s->st.t_io += last - s->t_req;
+			if (err < 0 || rc < 0) {
+				s->n_chunks = nc;
+				return err < 0 ? err : rc;
+			}
+			c0 = c1;
 		}
-		if (rc < 0) {
-			/* what was submitted must land before its slots are reused */
-			nf_cache_release(s->cache);
-			return rc;
-		}
+		s->n_chunks = nc;
 	}
-
-	run_workers(s, env, worker);
-	int err = atomic_load(&s->err);
-	if (s->cache) {
-		/* every read of this layer must have landed before its slots are reused */
-		int rc = nf_cache_release(s->cache);
-		if (!err && rc < 0)
-			err = rc;
-		double last = atomic_load(&s->t_last_ready);
-		if (s->st.groups_ready_later > later0 && last > s->t_req)
-			s->st.t_io += last - s->t_req;
-	}
-	if (err < 0)
-		return err;
+	(void)later0;
+	if (!s->cache && atomic_load(&s->err) < 0)
+		return atomic_load(&s->err);
 	s->cur_out = out;
 	run_workers(s, env, reduce_worker);
 	s->st.ffn_calls++;
@@ -666,6 +703,8 @@ static void batch_worker(void *arg, int ith, int nth)
  * large sequential extents), and compute proceeds group by group as those
  * reads land. Same results, bit for bit, as the tokens one at a time.
  */
+#define BATCH_TOO_BIG 1
+
 static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	const struct layer_tab *t = &s->tabs[io->layer];
@@ -679,29 +718,37 @@ static int batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, cons
 		s->k->act_prepare[s->kt_gu](io->x + b * s->E, s->bxq + b * s->xq_size, s->E);
 		if (s->mode == NF_SPARSE_PREDICTOR)
 			predict(s, t, io->resid + b * s->E);
-		uint32_t *bm = s->bmask + b * s->n_groups, n = 0;
+		uint32_t *bm = s->bmask + b * s->n_groups;
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 			uint32_t m = group_mask(s, gi);
 			bm[gi] = m;
 			s->gmask[gi] |= m;
 			active += (uint64_t)__builtin_popcount(m);
-			for (; m; m &= m - 1)
-				s->req[n++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
 		}
-		/* for the online hot set, count each token's own neurons; the
-		 * request of the union counts once more, standing in for the last */
-		if (b + 1 < io->nb)
-			nf_cache_count(s->cache, io->layer, 0, s->req, n);
 	}
-	atomic_store(&s->err, 0);
 	uint32_t n = 0;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 		uint32_t m = s->gmask[gi];
-		atomic_store(&s->groups[gi].pending, (unsigned)__builtin_popcount(m));
 		for (uint32_t i = 0; i < GROUP; i++)
 			if (m & (1u << i))
 				s->req[n++] = gi * GROUP + i;
 	}
+	/* more misses than cold slots: the caller halves the batch */
+	if (nf_cache_cold_needed(s->cache, io->layer, 0, s->req, n) > s->cap)
+		return BATCH_TOO_BIG;
+	/* for the online hot set, count each token's own neurons; the request
+	 * of the union counts once more, standing in for the last */
+	for (size_t b = 0; b + 1 < io->nb; b++) {
+		const uint32_t *bm = s->bmask + b * s->n_groups;
+		uint32_t k = 0;
+		for (uint32_t gi = 0; gi < s->n_groups; gi++)
+			for (uint32_t m = bm[gi]; m; m &= m - 1)
+				s->req[n + k++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
+		nf_cache_count(s->cache, io->layer, 0, s->req + n, k);
+	}
+	atomic_store(&s->err, 0);
+	for (uint32_t gi = 0; gi < s->n_groups; gi++)
+		atomic_store(&s->groups[gi].pending, (unsigned)__builtin_popcount(s->gmask[gi]));
 	s->in_batch = true;
 	s->t_req = now_s();
 	atomic_store(&s->t_last_ready, 0.0);
@@ -765,6 +812,33 @@ static int moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const 
 	return rc;
 }
 
+/* Tokens of io: from a cache as one batch, or halves of it while the
+ * union's misses outnumber the cold slots (each token's sums are its own,
+ * so any split gives the same output), else one at a time. */
+static int tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	if (s->cache && io->nb > 1 && io->nb <= s->n_batch) {
+		int rc = batch_forward(s, env, io);
+		if (rc != BATCH_TOO_BIG)
+			return rc;
+		s->st.batch_splits++;
+		size_t h = io->nb / 2, E = s->E;
+		struct nf_ffn_io a = *io, b = *io;
+		a.nb = h;
+		b.nb = io->nb - h;
+		b.x += h * E;
+		b.resid += h * E;
+		b.out += h * E;
+		if ((rc = tokens_forward(s, env, &a)) < 0)
+			return rc;
+		return tokens_forward(s, env, &b);
+	}
+	int rc = 0;
+	for (size_t b = 0; b < io->nb && rc == 0; b++)
+		rc = token_forward(s, env, io->layer, io->x + b * s->E, io->resid + b * s->E, io->out + b * s->E);
+	return rc;
+}
+
 static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	struct nf_sparse *s = self;
@@ -784,14 +858,10 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 		s->tokens += io->nb;
 	}
 	double t0 = now_s();
-	if (s->n_expert || (s->cache && io->nb > 1 && io->nb <= s->n_batch)) {
-		rc = s->n_expert ? moe_forward(s, env, io) : batch_forward(s, env, io);
-		s->st.t_ffn += now_s() - t0;
-		return rc;
-	}
-	for (size_t b = 0; b < io->nb && rc == 0; b++)
-		rc = token_forward(s, env, io->layer, io->x + b * s->E, io->resid + b * s->E,
-				   io->out + b * s->E);
+	if (s->n_expert)
+		rc = moe_forward(s, env, io);
+	else
+		rc = tokens_forward(s, env, io);
 	s->st.t_ffn += now_s() - t0;
 	return rc;
 }
@@ -896,6 +966,11 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	s->n_layer = hp->n_layer;
 	s->act = hp->act;
 	s->cache = p->cache;
+	if (s->cache) {
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(s->cache, &cl);
+		s->cap = cl.cold_slots;
+	}
 	s->nth = nf_ctx_n_threads(ctx) > 0 ? nf_ctx_n_threads(ctx) : 1;
 	s->ops = (struct nf_ffn_ops){ .name = "sparse", .forward = sparse_forward };
 
@@ -1058,7 +1133,7 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	    !(s->chunks = zalloc(s, s->max_chunks * sizeof(*s->chunks))) ||
 	    !(s->ready = zalloc(s, s->max_chunks * sizeof(uint32_t))) ||
 	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
-	    !(s->req = zalloc(s, s->F * sizeof(uint32_t))) ||
+	    !(s->req = zalloc(s, 2ull * s->F * sizeof(uint32_t))) ||
 	    !(s->gout = zalloc(s, (size_t)s->max_chunks * s->E * sizeof(float))) ||
 	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
 	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))))

@@ -194,10 +194,16 @@ static int scan_ffns(struct nf_store *s, struct nf_cache_geom *g, struct nf_diag
 
 uint64_t nf_cache_min_bytes(struct nf_store *s)
 {
+	return nf_cache_min_bytes_for(s, 0);
+}
+
+uint64_t nf_cache_min_bytes_for(struct nf_store *s, uint32_t min_cold_slots)
+{
 	struct nf_cache_geom g;
 	if (scan_ffns(s, &g, NULL) < 0)
 		return 0;
-	return (uint64_t)g.n_neurons * g.stride;
+	uint32_t k = min_cold_slots && min_cold_slots < g.n_neurons ? min_cold_slots : g.n_neurons;
+	return (uint64_t)k * g.stride;
 }
 
 static int hot_from_profile(struct nf_cache *c);
@@ -224,14 +230,16 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	if ((rc = scan_ffns(s, &c->g, d)) < 0)
 		goto fail;
 	const struct nf_cache_geom *g = &c->g;
-	uint64_t min_cold = (uint64_t)g->n_neurons * g->stride;
+	uint32_t cold_min = o->min_cold_slots && o->min_cold_slots < g->n_neurons ? o->min_cold_slots : g->n_neurons;
+	uint64_t min_cold = (uint64_t)cold_min * g->stride;
 	if (o->arena_bytes < o->pinned_bytes + min_cold) {
 		rc = nf_diag_fail(d, NF_EBUDGET,
-				  "cache: %llu bytes for the neuron cache, at least %llu needed (pinned %llu + one "
-				  "layer's %u bundles of %u bytes)",
+				  "cache: %llu bytes for the neuron cache, at least %llu needed (pinned %llu + %u "
+				  "cold bundles of %u bytes%s)",
 				  (unsigned long long)o->arena_bytes,
 				  (unsigned long long)(o->pinned_bytes + min_cold),
-				  (unsigned long long)o->pinned_bytes, g->n_neurons, g->stride);
+				  (unsigned long long)o->pinned_bytes, cold_min, g->stride,
+				  cold_min == g->n_neurons ? ": one layer's" : "");
 		goto fail;
 	}
 	c->arena_bytes = o->arena_bytes;
@@ -548,6 +556,12 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 				e++;
 			}
 		}
+		/* bridge only while the misses after this run still find
+		 * slots: gap bundles take slots that no miss may need */
+		if (span > len && (uint64_t)c->n_pinned_list + span + (n_miss - e) > c->n_cold) {
+			e = k + len;
+			span = len;
+		}
 		if (span > len && (at = clock_alloc(c, span)) == NO_SLOT) {
 			e = k + len;  /* no room for the gaps: the plain run */
 			span = len;
@@ -718,6 +732,20 @@ static uint64_t count_at_least(const struct ffn_ent *f, uint32_t N, uint32_t t)
 	if (f->obj)
 		for (uint32_t j = 0; j < N; j++)
 			k += f->count[j] >= t;
+	return k;
+}
+
+uint32_t nf_cache_cold_needed(const struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+			  uint32_t n)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return n;
+	const struct ffn_ent *f = &c->ffns[layer * c->g.n_expert + expert];
+	if (!f->obj)
+		return n;
+	uint32_t k = 0;
+	for (uint32_t i = 0; i < n; i++)
+		k += neurons[i] >= c->g.n_neurons || f->loc[neurons[i]] == NO_SLOT || !(f->loc[neurons[i]] & HOT_BIT);
 	return k;
 }
 

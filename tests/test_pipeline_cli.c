@@ -85,5 +85,25 @@ Test(pipeline, budget_holds_and_too_small_is_refused)
 		  (long long)sb.st_size);
 	cr_expect(strstr(out, "\"hit_rate\":") && strstr(out, "\"io_wait_share\":") &&
 		  strstr(out, "\"requests\":"), "%s", out);
+
+	/* --cold-slots: a cold segment below a layer's 8192 bundles (the
+	 * rest goes hot), the logits are the same (windows and halved batches
+	 * are checked bit for bit in pipeline/store_backed_equals_memory) */
+	static char out2[1 << 16];
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13,300,72,101,259 -c 64 -t 2 --memory-budget 60M", store);
+	cr_assert_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+	cr_expect(strstr(err, "cold 32.0 MiB / 8192 slots"), "default: one layer cold: %s", err);
+	strncat(args, " --cold-slots 128", sizeof(args) - strlen(args) - 1);
+	cr_assert_eq(pl_run_cli(args, out2, sizeof(out2), err, sizeof(err)), 0, "%s", err);
+	const char *cold = strstr(err, "cold ");
+	cr_assert_not_null(cold, "%s", err);
+	const char *sl = strstr(cold, " / ");
+	cr_assert_not_null(sl, "%s", err);
+	long n_cold = strtol(sl + 3, NULL, 10);
+	cr_expect(n_cold >= 128 && n_cold < 8192, "--cold-slots 128: %ld cold slots (%s)", n_cold, err);
+	cr_expect_str_eq(out, out2);
+	snprintf(args, sizeof(args), "eval -m %s --ids 1 --cold-slots 100", store);
+	cr_expect_eq(pl_run_cli(args, out2, sizeof(out2), err, sizeof(err)), 2);
+	cr_expect(strstr(err, "--cold-slots: 100 is below 128"), "%s", err);
 	drop_model();
 }

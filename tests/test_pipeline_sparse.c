@@ -343,8 +343,8 @@ Test(pipeline, mode_errors_name_the_problem)
 
 /* ---- from a store through the cache ------------------------------------------------ */
 
-static struct nf_cache *open_cache(const char *store_path, struct nf_store **st, uint64_t arena,
-				   const struct nf_io_fault_rule *fault)
+static struct nf_cache *open_cache_cold(const char *store_path, struct nf_store **st, uint64_t arena,
+					const struct nf_io_fault_rule *fault, uint32_t min_cold_slots)
 {
 	struct nf_diag d = { 0 };
 	int rc = nf_store_open(store_path, NULL, st, &d);
@@ -352,6 +352,7 @@ static struct nf_cache *open_cache(const char *store_path, struct nf_store **st,
 	struct nf_cache_opts o;
 	nf_cache_opts_default(&o);
 	o.arena_bytes = arena;
+	o.min_cold_slots = min_cold_slots;
 	o.io.quiet = true;
 	if (fault) {
 		o.io.backend = NF_IO_FAULT;
@@ -365,8 +366,16 @@ static struct nf_cache *open_cache(const char *store_path, struct nf_store **st,
 	return c;
 }
 
-/* In-memory engine vs store-backed, with a cache holding everything and
- * with the smallest one (every FFN re-read every token). */
+static struct nf_cache *open_cache(const char *store_path, struct nf_store **st, uint64_t arena,
+				   const struct nf_io_fault_rule *fault)
+{
+	return open_cache_cold(store_path, st, arena, fault, 0);
+}
+
+/* In-memory engine vs store-backed, with a cache holding everything, with
+ * the smallest one of a whole layer (every FFN re-read every token), and
+ * with a cold segment of 96 bundles, smaller than a layer: the engine then
+ * halves batches and splits a token's chunks into windows (same output). */
 static void check_store(const char *model_path, enum nf_sparse_mode mode, bool shuffle)
 {
 	struct nf_model *m = pl_load(model_path, false, false);
@@ -394,14 +403,32 @@ static void check_store(const char *model_path, enum nf_sparse_mode mode, bool s
 		nf_store_close(tmp);
 	}
 	uint64_t all = min * hp->n_layer * 2 + (1 << 20);
-	uint64_t budgets[2] = { all, min };
-	for (int k = 0; k < 2; k++) {
-		struct nf_cache *cache = open_cache(sp, &store, budgets[k], NULL);
+	uint64_t small_cold = min / hp->n_ff * 136;   /* 96 cold slots, 40 hot */
+	float *a0 = malloc(nv * sizeof(float));
+	uint64_t budgets[3] = { all, min, small_cold };
+	for (int k = 0; k < 3; k++) {
+		struct nf_cache *cache = open_cache_cold(sp, &store, budgets[k], NULL, k == 2 ? 96 : 0);
 		s = engine(c, mode, cache);
 		pl_run(c, pl_prompt, 8, b, gb, 6);
 		double md = pl_max_diff(a, b, nv);
 		cr_expect(md <= EXACT_TOL, "%s %s (%s budget): store vs memory %.3g", model_path,
-			  nf_sparse_mode_name(mode), k ? "small" : "large", md);
+			  nf_sparse_mode_name(mode), k == 2 ? "small cold" : k ? "small" : "large", md);
+		if (k == 0)
+			memcpy(a0, b, nv * sizeof(float));
+		if (k == 2) {
+			cr_expect(!memcmp(a0, b, nv * sizeof(float)), "%s %s: small cold segment changed the logits",
+				  model_path, nf_sparse_mode_name(mode));
+			struct nf_cache_layout cl;
+			nf_cache_layout_get(cache, &cl);
+			cr_expect_eq(cl.cold_slots, 96);
+			struct nf_sparse_stats ss;
+			nf_sparse_stats_get(s, &ss);
+			cr_expect(ss.batch_splits > 0, "%s %s: the 8-token prompt was not split", model_path,
+				  nf_sparse_mode_name(mode));
+			if (mode != NF_SPARSE_PREDICTOR)
+				cr_expect(ss.windows > 0, "%s %s: a whole layer fit 96 slots", model_path,
+					  nf_sparse_mode_name(mode));
+		}
 		cr_expect_arr_eq(ga, gb, sizeof(ga), "%s: greedy differs", model_path);
 		struct nf_cache_stats cs;
 		nf_cache_stats_get(cache, &cs);
@@ -417,7 +444,7 @@ static void check_store(const char *model_path, enum nf_sparse_mode mode, bool s
 			nf_cache_stats_get(cache, &cs);
 			cr_expect_eq(cs.misses, 0, "large budget: %llu misses after warm-up",
 				     (unsigned long long)cs.misses);
-		} else if (mode != NF_SPARSE_PREDICTOR) {
+		} else if (k == 1 && mode != NF_SPARSE_PREDICTOR) {
 			/* a budget of one layer: the next token re-reads every FFN
 			 * (with a predictor, the active sets of all layers may fit) */
 			nf_cache_stats_reset(cache);
@@ -432,6 +459,7 @@ static void check_store(const char *model_path, enum nf_sparse_mode mode, bool s
 	}
 	nf_ctx_close(c);
 	free(a);
+	free(a0);
 	free(b);
 	nf_model_free(m);
 	unlink(sp);

@@ -24,6 +24,7 @@ void nf_model_cli_init(struct nf_model_cli *mc)
 	mc->kv_type = NF_KV_F32;
 	mc->sparse_mode = -1;
 	mc->read_gap = -1;
+	mc->cold_slots = -1;
 }
 
 int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
@@ -95,6 +96,15 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 		}
 	} else if (!strcmp(f, "--profile")) {
 		mc->profile = true;
+	} else if (!strcmp(f, "--cold-slots")) {
+		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 1L << 30, &mc->cold_slots) < 0)
+			return -1;
+		if (mc->cold_slots > 0 && mc->cold_slots < 128) {
+			/* the engine's unit of work is a chunk of up to 95 neurons */
+			nf_cli_err("--cold-slots: %ld is below 128, the least a chunk of neurons needs (0: one "
+				   "layer)", mc->cold_slots);
+			return -1;
+		}
 	} else if (!strcmp(f, "--read-gap")) {
 		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 64, &mc->read_gap) < 0)
 			return NF_EUSAGE;
@@ -137,6 +147,11 @@ void nf_model_cli_help(FILE *f)
 		"  --qd N                reads in flight for stores and --ffn-store (default 256)\n"
 		"  --read-gap N          join misses up to N bundles apart into one read, reading the\n"
 		"                        bundles between them too (default 4; 0: adjacent only)\n"
+		"  --cold-slots N        cold segment of N bundles (>= 128) instead of one layer's:\n"
+		"                        more room for hot neurons, batches and dense layers read in\n"
+		"                        parts (same output, slower prefill; default: one layer, or a\n"
+		"                        quarter layer in predictor mode when a whole one would\n"
+		"                        leave no room to pin attention)\n"
 		"  --profile             count how often each FFN neuron fires over this run\n"
 		"                        (calibration) and store the counts in the store (-m STORE\n"
 		"                        or --ffn-store); tokens are evaluated one at a time. The\n"
@@ -203,7 +218,21 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 	}
 	*weights -= ffn_weight_bytes(mc->model);
 	const struct nf_model_hparams *hp = nf_model_hparams(mc->model);
-	uint64_t min = nf_cache_min_bytes(store);
+	/* The cold segment: one layer's bundles by default, what a prefill
+	 * batch or a dense FFN reads at once. A predictor-mode decode needs
+	 * only a token's misses; with a smaller cold segment the engine halves
+	 * batches and splits a token's chunks into windows (same output,
+	 * slower prefill: docs/PIPELINE.md "Cold segment"). --cold-slots N sets
+	 * it; by default predictor mode takes a quarter layer when a whole one
+	 * would leave no room to pin attention. */
+	bool predictor = (mc->sparse_mode == NF_SPARSE_PREDICTOR ||
+			  ((mc->sparse_mode < 0 || mc->sparse_mode == NF_SPARSE_AUTO) &&
+			   nf_model_layer(mc->model, 0)->fc1.data)) &&
+			 hp->n_expert == 0;
+	uint32_t small_cold = hp->n_ff / 4 > 256 ? hp->n_ff / 4 : 256;
+	uint32_t cold_slots = mc->cold_slots > 0 ? (uint32_t)mc->cold_slots : 0;
+	uint64_t min = nf_cache_min_bytes_for(store, cold_slots);
+	const char *cold_what = cold_slots ? "the --cold-slots bundles" : "one layer's neurons";
 	/* the sparse engine's tables (per-group outputs, per-neuron arrays,
 	 * per-thread scratch) and the cache's metadata, rounded up */
 	uint64_t groups = (hp->n_ff + 31) / 32;
@@ -251,6 +280,12 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 	nf_stream_opts_default(&so);
 	so.io.backend = o.io.backend;
 	uint64_t sbytes = nf_model_attn_stream_bytes(mc->model, so.n_slots);
+	if (mc->cold_slots < 0 && predictor && mc->budget && mc->budget < fixed + attn + min) {
+		cold_slots = small_cold;
+		min = nf_cache_min_bytes_for(store, cold_slots);
+		cold_what = "a quarter of a layer's neurons (predictor mode, tight budget)";
+	}
+	o.min_cold_slots = cold_slots;
 	bool stream = attn && (mc->stream_attn || (mc->budget && mc->budget < fixed + attn + min));
 	uint32_t pin = stream ? (uint32_t)(mc->attn_pin < (long)hp->n_layer ? mc->attn_pin : hp->n_layer) : hp->n_layer;
 	uint64_t pin_bytes = attn / hp->n_layer * pin;
@@ -262,19 +297,18 @@ static int open_cache(struct nf_model_cli *mc, uint64_t *weights)
 			nf_cli_err("--memory-budget %.1f MiB is too small for %s even with attention streamed: "
 				   "at least %.1f MiB needed (%.1f MiB pinned dense weights%s + %.1f MiB attention "
 				   "buffers (%u layers' worth) + %.1f MiB KV cache and scratch + %.1f MiB engine "
-				   "tables + %.1f MiB: one layer's neurons in the cache; a smaller -c lowers the "
-				   "KV cache)",
+				   "tables + %.1f MiB: %s in the cache; a smaller -c lowers the KV cache)",
 				   mib(mc->budget), spath, mib(need), mib(*weights + pin_bytes),
 				   pin ? " with --attn-pin-layers' attention" : "", mib(sbytes), so.n_slots,
-				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
+				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min), cold_what);
 			return NF_EXIT_FAIL;
 		}
 		if (mc->budget < need) {
 			nf_cli_err("--memory-budget %.1f MiB is too small for %s: at least %.1f MiB "
 				   "needed (%.1f MiB dense weights + %.1f MiB KV cache and scratch + %.1f MiB engine "
-				   "tables + %.1f MiB: one layer's neurons in the cache)",
+				   "tables + %.1f MiB: %s in the cache)",
 				   mib(mc->budget), spath, mib(need), mib(*weights + attn),
-				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min));
+				   mib(nf_ctx_bytes(mc->ctx)), mib(engine), mib(min), cold_what);
 			return NF_EXIT_FAIL;
 		}
 	}

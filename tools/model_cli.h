@@ -36,6 +36,7 @@ struct nf_model_cli {
 	bool stream_attn;       /* --stream-attn: stream attention even if it fits */
 	long attn_pin;          /* --attn-pin-layers: when streamed, keep the first N pinned */
 	bool profile;           /* --profile: count active neurons, store them in the store */
+	long cold_slots;        /* --cold-slots: smallest cold segment (0: one layer; -1: auto) */
 	uint64_t profile_extra; /* bytes a --profile run holds beyond a normal run's (KV, record) */
 	uint64_t profile_rec;   /* of which the co-activation record (in reserved) */
 	/* filled by nf_model_cli_open */

@@ -78,6 +78,12 @@ struct nf_cache_opts {
 	 * default 0: off). Costs n_neurons * ceil(sig_tokens / 64) * 8 bytes per
 	 * FFN, outside the arena (a calibration run's). */
 	uint32_t sig_tokens;
+	/* Smallest cold segment, in slots (default 0: one FFN's neurons, what
+	 * a request for a whole layer needs). The sparse engine splits what
+	 * does not fit (nf_cache_cold_needed): a token's chunks into windows, a
+	 * batch into halves; a predictor-mode decode needs only its misses, so
+	 * the rest of a smaller cold segment can be hot. */
+	uint32_t min_cold_slots;
 };
 
 void nf_cache_opts_default(struct nf_cache_opts *o);
@@ -128,6 +134,8 @@ void nf_cache_geometry(const struct nf_cache *c, struct nf_cache_geom *g);
 /* Smallest arena (bytes) nf_cache_open accepts for this store beside
  * pinned_bytes: one layer's neurons in cold slots. */
 uint64_t nf_cache_min_bytes(struct nf_store *s);
+/* The same with a cold segment of min_cold_slots (0: one layer's). */
+uint64_t nf_cache_min_bytes_for(struct nf_store *s, uint32_t min_cold_slots);
 
 /* Completion of neurons[0..n): their bundles are at ptrs[neuron] (result
  * 0) or could not be read (result < 0). Runs in the thread that requested
@@ -166,6 +174,11 @@ int nf_cache_release(struct nf_cache *c);
  * an I/O error.
  */
 int nf_cache_hot_load(struct nf_cache *c);
+/* How many of neurons[0..n) of FFN (layer, expert) are not hot: the cold
+ * slots nf_cache_request would pin for them now (misses, and hits in the
+ * cold segment). At most the cold segment's slot count fits one request. */
+uint32_t nf_cache_cold_needed(const struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+			  uint32_t n);
 /* How many of `slots` hot slots each FFN gets (quota[layer * n_expert +
  * expert], n_layer * n_expert entries): the neurons with the `slots`
  * highest counts over all FFNs (ties at the threshold in FFN order), never

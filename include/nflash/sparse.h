@@ -100,6 +100,9 @@ struct nf_sparse_stats {
 	double t_hot;             /* spent refilling it (not in t_ffn) */
 	/* recall: of the neurons that fire (gate > 0), how many were predicted */
 	uint64_t recall_fired, recall_hit;
+	/* a cold segment smaller than a layer's misses: a token's request
+	 * split into windows of chunks, a batch halved */
+	uint64_t windows, batch_splits;
 };
 
 struct nf_sparse;
