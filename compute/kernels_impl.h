@@ -64,6 +64,29 @@ NF_KREF_KQUANT_DECL(q6_K)
 	[NF_KT_Q4_K] = nf_kref_prepare_q8_K, [NF_KT_Q5_K] = nf_kref_prepare_q8_K,              \
 	[NF_KT_Q6_K] = nf_kref_prepare_q8_K
 
+/* AVX2 K-quant kernels (kernels_avx2_kquant.c), for the AVX2 and AVX-512
+ * tables: Q8_K preparation and Q4_K/Q5_K/Q6_K products with the
+ * reference's bits; Q2_K/Q3_K and the axpys stay the reference's. */
+void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n);
+#define NF_KAVX2_KQUANT_DECL(T)                                                                 \
+	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			       const void *xq, float *y);                                       \
+	void nf_kavx2_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			       size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy); \
+	void nf_kavx2_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,           \
+				    const void *xq, float *y);
+NF_KAVX2_KQUANT_DECL(q4_K)
+NF_KAVX2_KQUANT_DECL(q5_K)
+NF_KAVX2_KQUANT_DECL(q6_K)
+#define NF_KAVX2_KQUANT(op)                                                                    \
+	[NF_KT_Q2_K] = nf_kref_##op##_q2_K, [NF_KT_Q3_K] = nf_kref_##op##_q3_K,                \
+	[NF_KT_Q4_K] = nf_kavx2_##op##_q4_K, [NF_KT_Q5_K] = nf_kavx2_##op##_q5_K,              \
+	[NF_KT_Q6_K] = nf_kavx2_##op##_q6_K
+#define NF_KAVX2_KQUANT_PREPARE                                                                \
+	[NF_KT_Q2_K] = nf_kavx2_prepare_q8_K, [NF_KT_Q3_K] = nf_kavx2_prepare_q8_K,            \
+	[NF_KT_Q4_K] = nf_kavx2_prepare_q8_K, [NF_KT_Q5_K] = nf_kavx2_prepare_q8_K,            \
+	[NF_KT_Q6_K] = nf_kavx2_prepare_q8_K
+
 /* AVX2 ops the AVX-512 table reuses (compute/kernels_avx2.c); call only
  * when the AVX2 table itself is available. */
 void nf_kavx2_prepare_q8_0(const float *x, void *xq, size_t n);

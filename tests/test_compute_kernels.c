@@ -266,6 +266,9 @@ static void check_prepare(const struct nf_kernels *k, const struct nf_kernels *r
 	x[0] = 127.0f;
 	for (int i = 1; i < 32; i++)
 		x[i] = (float)(i - 16) + 0.5f;
+	/* Q8_K: two values of the largest magnitude in a block, the first wins */
+	x[300] = -50.0f;
+	x[310] = 50.0f;
 	for (size_t t = 0; t < NF_KT_COUNT; t++) {
 		enum nf_ktype kt = all_kt[t];
 		for (size_t m = 32; m <= n; m += (m < 256 ? 32 : 1024)) {
