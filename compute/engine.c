@@ -73,6 +73,13 @@ uint64_t nf_engine_vm_hwm(void)
 	return proc_status_bytes("VmHWM");
 }
 
+uint64_t nf_engine_overhead_now(void)
+{
+	/* rounded up to whole MiB, so the minimum a message states does not
+	 * move with a few pages between runs */
+	return ((proc_status_bytes("VmRSS") + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1)) + NF_ENGINE_SLACK;
+}
+
 static double mib(uint64_t b)
 {
 	return (double)b / (1024.0 * 1024.0);
@@ -399,6 +406,7 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 			return budget_error(e, &f, d);
 		e->info.stride = g.stride;
 		e->info.attn_pinned_layers = f.pin;
+		e->info.cold_min_slots = f.cold_slots;
 		if (o->size_only) {
 			struct nf_cache_opts co;
 			cache_opts(e, &f, &co);
@@ -590,10 +598,7 @@ int nf_engine_open(const struct nf_engine_opts *opts, struct nf_engine **out, st
 	/* what the process holds before the engine allocates (program,
 	 * libraries, the caller's own memory), measured, and slack for thread
 	 * stacks, I/O rings and allocator headers */
-	/* (rounded up to whole MiB, so the minimum a message states does not
-	 * move with a few pages between runs) */
-	e->info.overhead = ((proc_status_bytes("VmRSS") + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1)) +
-			   NF_ENGINE_SLACK;
+	e->info.overhead = o->overhead ? o->overhead : nf_engine_overhead_now();
 	e->store_path = o->ffn_store ? o->ffn_store : o->path;
 	if (o->io_mmap && (rc = mmap_check(o, d)) < 0)
 		goto fail;
