@@ -250,50 +250,180 @@ static int dry_run(const struct nf_plan_opts *o, uint64_t overhead, struct budge
 	return 0;
 }
 
-/* Per layer: neurons computed, and the reads and bundles a token's misses
- * cost under each gap, with the hot set budget b's cache keeps. order[i]:
- * object i's layout (neuron by slot). */
-static int layer_costs(struct nf_engine *cal, uint32_t *const *order, struct budget_plan *b)
+/*
+ * The calibration record as the cache will meet it: per FFN (in layer
+ * order) and calibration token, the store slots of the neurons that fired,
+ * ascending, under the layout the store will have.
+ */
+struct replay {
+	uint32_t n_ffn, tokens;
+	uint32_t *layer;     /* [n_ffn] */
+	uint32_t *expert;    /* [n_ffn] */
+	uint32_t *n;         /* [n_ffn]: its neurons */
+	uint32_t **off;      /* [n_ffn][tokens + 1]: into slots[f] */
+	uint32_t **slots;    /* [n_ffn]: fired slots, token after token */
+};
+
+static void replay_free(struct replay *r)
+{
+	for (uint32_t f = 0; f < r->n_ffn; f++) {
+		free(r->off ? r->off[f] : NULL);
+		free(r->slots ? r->slots[f] : NULL);
+	}
+	free(r->layer);
+	free(r->expert);
+	free(r->n);
+	free(r->off);
+	free(r->slots);
+	memset(r, 0, sizeof(*r));
+}
+
+static int replay_build(struct nf_engine *cal, uint32_t *const *order, struct replay *r)
 {
 	struct nf_cache *c = nf_engine_cache(cal);
 	struct nf_store *s = nf_engine_store(cal);
 	struct nf_cache_geom g;
 	nf_cache_geometry(c, &g);
-	uint32_t L = g.n_layer;
+	uint32_t n_obj = nf_store_object_count(s);
+	memset(r, 0, sizeof(*r));
+	r->layer = calloc(n_obj, sizeof(uint32_t));
+	r->expert = calloc(n_obj, sizeof(uint32_t));
+	r->n = calloc(n_obj, sizeof(uint32_t));
+	r->off = calloc(n_obj, sizeof(uint32_t *));
+	r->slots = calloc(n_obj, sizeof(uint32_t *));
+	if (!r->layer || !r->expert || !r->n || !r->off || !r->slots)
+		return -ENOMEM;
+	/* FFNs in layer order, as a token meets them */
+	for (uint32_t l = 0; l < g.n_layer; l++)
+		for (uint32_t i = 0; i < n_obj; i++) {
+			const struct nf_store_object *ob = nf_store_object_get(s, i);
+			if (ob->kind != NF_STORE_KIND_FFN || ob->layer != l || !order[i])
+				continue;
+			uint32_t tokens, words;
+			const uint64_t *sig = nf_cache_signatures(c, ob->layer, ob->expert, &tokens, &words);
+			if (!sig || !tokens)
+				continue;
+			tokens = tokens < words * 64u ? tokens : words * 64u;
+			if (!r->tokens || tokens < r->tokens)
+				r->tokens = tokens;
+			uint32_t f = r->n_ffn++, n = ob->n_bundles;
+			r->layer[f] = l;
+			r->expert[f] = ob->expert;
+			r->n[f] = n;
+			uint64_t total = 0;
+			for (uint64_t k = 0; k < (uint64_t)n * words; k++)
+				total += (uint64_t)__builtin_popcountll(sig[k]);
+			r->off[f] = calloc((size_t)tokens + 1, sizeof(uint32_t));
+			r->slots[f] = malloc((total ? total : 1) * sizeof(uint32_t));
+			if (!r->off[f] || !r->slots[f])
+				return -ENOMEM;
+			uint32_t at = 0;
+			for (uint32_t t = 0; t < tokens; t++) {
+				r->off[f][t] = at;
+				for (uint32_t slot = 0; slot < n; slot++) {
+					uint32_t j = order[i][slot];
+					if (sig[(size_t)j * words + t / 64] >> (t % 64) & 1)
+						r->slots[f][at++] = slot;
+				}
+			}
+			r->off[f][tokens] = at;
+		}
+	return 0;
+}
+
+/*
+ * Per layer: neurons computed, and the reads and bundles a token's misses
+ * cost under each gap, replaying the calibration tokens through a model of
+ * the cache budget b keeps: the hot set (each FFN's quota, the first slots
+ * of its layout) and a cold segment of b's cold slots shared by every FFN,
+ * least recently used out first (the cache's CLOCK approximated). A miss
+ * is read with the bundles a gap bridges, and all of them enter the cold
+ * segment, as in the cache.
+ */
+static int layer_costs(struct nf_engine *cal, const struct replay *r, struct budget_plan *b)
+{
+	struct nf_cache *c = nf_engine_cache(cal);
+	struct nf_cache_geom g;
+	nf_cache_geometry(c, &g);
+	uint32_t L = g.n_layer, T = r->tokens;
 	uint32_t *quota = calloc((size_t)g.n_layer * g.n_expert, sizeof(uint32_t));
+	uint64_t *base = calloc((size_t)r->n_ffn + 1, sizeof(uint64_t));
 	b->active = calloc(L, sizeof(double));
 	b->runs = calloc(N_GAPS * (size_t)L, sizeof(double));
 	b->bundles = calloc(N_GAPS * (size_t)L, sizeof(double));
-	if (!quota || !b->active || !b->runs || !b->bundles) {
-		free(quota);
-		return -ENOMEM;
-	}
+	uint32_t *prev = NULL, *next = NULL;
+	int rc = -ENOMEM;
+	if (!quota || !base || !b->active || !b->runs || !b->bundles || !T)
+		goto out;
+	for (uint32_t f = 0; f < r->n_ffn; f++)
+		base[f + 1] = base[f] + r->n[f];
+	/* the cold segment: an LRU list over every bundle of every FFN; node
+	 * NIL is the list head, prev == NONE means not cached */
+	uint64_t N = base[r->n_ffn], NIL = N;
+	const uint32_t NONE = UINT32_MAX;
+	if (N >= UINT32_MAX || !(prev = malloc((N + 1) * sizeof(uint32_t))) || !(next = malloc((N + 1) * sizeof(uint32_t))))
+		goto out;
 	nf_cache_hot_quota(c, b->info.hot_slots, quota);
-	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
-		const struct nf_store_object *ob = nf_store_object_get(s, i);
-		if (ob->kind != NF_STORE_KIND_FFN || !order[i])
-			continue;
-		uint32_t tokens, words;
-		const uint64_t *sig = nf_cache_signatures(c, ob->layer, ob->expert, &tokens, &words);
-		if (!sig || !tokens)
-			continue;
-		uint32_t head = quota[ob->layer * g.n_expert + ob->expert];
-		uint32_t n = ob->n_bundles, t = tokens < words * 64u ? tokens : words * 64u;
-		/* neurons computed per token: every fired neuron, hot or not */
-		uint64_t fired = 0;
-		for (uint32_t j = 0; j < n; j++)
-			for (uint32_t w = 0; w < words; w++)
-				fired += (uint64_t)__builtin_popcountll(sig[(size_t)j * words + w]);
-		b->active[ob->layer] += (double)fired / t;
-		for (size_t k = 0; k < N_GAPS; k++) {
-			double r, nb;
-			nf_coact_cost(sig, words, tokens, n, order[i], head, k_gaps[k], &r, &nb);
-			b->runs[k * L + ob->layer] += r;
-			b->bundles[k * L + ob->layer] += nb;
-		}
+	for (uint32_t f = 0; f < r->n_ffn; f++)
+		b->active[r->layer[f]] += (double)(r->off[f][T] - r->off[f][0]) / T;
+	for (size_t k = 0; k < N_GAPS; k++) {
+		uint32_t gap = k_gaps[k];
+		uint64_t used = 0, cap = b->info.cold_slots;
+		for (uint64_t i = 0; i < N; i++)
+			prev[i] = NONE;
+		prev[NIL] = next[NIL] = (uint32_t)NIL;
+#define UNLINK(x) (next[prev[x]] = next[x], prev[next[x]] = prev[x])
+#define PUSH_MRU(x) (prev[x] = prev[NIL], next[x] = (uint32_t)NIL, next[prev[NIL]] = (x), prev[NIL] = (x))
+		for (uint32_t t = 0; t < T; t++)
+			for (uint32_t f = 0; f < r->n_ffn; f++) {
+				uint32_t hot = quota[r->layer[f] * g.n_expert + r->expert[f]];
+				uint32_t last = 0, runs = 0, read = 0;
+				bool open = false;
+				for (uint32_t a = r->off[f][t]; a < r->off[f][t + 1]; a++) {
+					uint32_t slot = r->slots[f][a];
+					uint32_t x = (uint32_t)(base[f] + slot);
+					if (slot < hot)
+						continue;
+					if (prev[x] != NONE) { /* a cold hit: most recently used now */
+						UNLINK(x);
+						PUSH_MRU(x);
+						continue;
+					}
+					uint32_t from = slot;
+					if (open && slot - last <= gap + 1)
+						from = last + 1;
+					else
+						runs++;
+					open = true;
+					last = slot;
+					for (uint32_t s2 = from; s2 <= slot; s2++) {
+						uint32_t y = (uint32_t)(base[f] + s2);
+						read++;
+						if (prev[y] != NONE || s2 < hot || !cap)
+							continue;
+						if (used == cap) { /* evict the least recently used */
+							uint32_t v = next[NIL];
+							UNLINK(v);
+							prev[v] = NONE;
+							used--;
+						}
+						PUSH_MRU(y);
+						used++;
+					}
+				}
+				b->runs[k * L + r->layer[f]] += (double)runs / T;
+				b->bundles[k * L + r->layer[f]] += (double)read / T;
+			}
+#undef UNLINK
+#undef PUSH_MRU
 	}
+	rc = 0;
+out:
+	free(prev);
+	free(next);
+	free(base);
 	free(quota);
-	return 0;
+	return rc;
 }
 
 /* The layout each FFN will have: the profile's order with a relayout,
@@ -452,6 +582,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	struct nf_engine *cal = NULL;
 	struct budget_plan *bp = NULL;
 	uint32_t **order = NULL, n_obj = 0;
+	struct replay rp = { 0 };
 	int32_t *ids = NULL;
 	uint64_t *budgets = NULL;
 	int rc;
@@ -541,7 +672,11 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	n_obj = nf_store_object_count(nf_engine_store(cal));
 
 	/* 4. every budget: the engine's dry run, then the reads its hot set
-	 * leaves under each gap */
+	 * and cold segment leave under each gap, replaying the calibration */
+	if ((rc = replay_build(cal, order, &rp)) < 0) {
+		rc = nf_diag_fail(d, rc, "plan: no memory to replay the calibration tokens");
+		goto out;
+	}
 	const struct nf_model_hparams *hp = nf_model_hparams(nf_engine_model(cal));
 	struct nf_cache_geom g;
 	nf_cache_geometry(nf_engine_cache(cal), &g);
@@ -571,7 +706,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 			}
 			continue;
 		}
-		if ((rc = layer_costs(cal, order, &bp[i])) < 0)
+		if ((rc = layer_costs(cal, &rp, &bp[i])) < 0)
 			goto out;
 		n_ok++;
 	}
@@ -630,6 +765,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	np = NULL;
 	rc = 0;
 out:
+	replay_free(&rp);
 	for (uint32_t i = 0; order && i < n_obj; i++)
 		free(order[i]);
 	free(order);

@@ -49,16 +49,28 @@ static void usage(FILE *f)
 		"  -h, --help            this help\n");
 }
 
+/* One bar per step: a new label (or done 0) starts one, done == total ends it. */
+struct plan_bar {
+	struct nf_progress p;
+	const char *label;
+	bool open;
+};
+
 static void progress_fn(void *arg, const char *label, uint64_t done, uint64_t total)
 {
-	struct nf_progress *p = arg;
-	if (done == 0) {
-		nf_progress_start(p, label, total, false);
-		return;
+	struct plan_bar *b = arg;
+	if (!b->open || done == 0 || b->label != label || strcmp(b->label, label)) {
+		if (b->open)
+			nf_progress_end(&b->p);
+		nf_progress_start(&b->p, label, total, !strcmp(label, "laying out the store"));
+		b->label = label;
+		b->open = true;
 	}
-	nf_progress_update(p, done);
-	if (done >= total)
-		nf_progress_end(p);
+	nf_progress_update(&b->p, done);
+	if (done >= total) {
+		nf_progress_end(&b->p);
+		b->open = false;
+	}
 }
 
 static double mib(uint64_t b)
@@ -210,12 +222,14 @@ int nf_cmd_plan(int argc, char **argv)
 	o.budgets = budgets;
 	o.n_budgets = n_budgets;
 	o.log = stderr;
-	struct nf_progress pb;
+	struct plan_bar pb = { 0 };
 	struct nf_plan_progress pr = { progress_fn, &pb };
 	o.progress = &pr;
 	struct nf_store_plan *p = NULL;
 	struct nf_diag d = { 0 };
 	int rc = nf_plan_run(&o, &p, &d);
+	if (pb.open)
+		nf_progress_end(&pb.p);
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));
 		return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
