@@ -648,6 +648,8 @@ int nf_import(const char *gguf_path, const char *out_path, const struct nf_impor
 		im.o = opts = &defaults;
 	}
 	struct stat st;
+	if ((rc = nf_io_target_check(opts->sys, out_path, d)) < 0)
+		return rc;
 	if (!opts->overwrite && stat(out_path, &st) == 0)
 		return nf_diag_fail(d, NF_EUSAGE,
 				    "%s: already exists and is kept (nflash import --force replaces it)",

@@ -31,6 +31,7 @@
 
 #include "nflash/dtype.h"
 #include "nflash/gguf.h"
+#include "nflash/io.h"
 
 #define WBUF_SIZE (1u << 20)
 
@@ -190,6 +191,8 @@ int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer
 		rc = nf_diag_fail(diag, NF_EUSAGE, "%s: path names a directory", path);
 		goto fail;
 	}
+	if ((rc = nf_io_target_check(NULL, path, diag)) < 0)
+		goto fail;
 	for (int tries = 0; tries < 16; tries++) {
 		uint64_t r = 0;
 		if (getrandom(&r, sizeof(r), 0) != sizeof(r))
@@ -562,6 +565,8 @@ int nf_gguf_writer_finish(struct nf_gguf_writer *w, struct nf_diag *diag)
 		goto io_fail;
 	}
 	w->fd = -1;
+	if ((rc = nf_io_target_check(NULL, w->path, diag)) < 0)
+		goto out;
 	if (rename(w->tmp, w->path) < 0) {
 		rc = -errno;
 		goto io_fail;

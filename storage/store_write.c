@@ -28,6 +28,7 @@
 #include "nflash/bundle.h"
 #include "nflash/crc32c.h"
 #include "nflash/dtype.h"
+#include "nflash/io.h"
 #include "nflash/store.h"
 #include "store_format.h"
 
@@ -177,6 +178,8 @@ int nf_store_writer_open(const char *path, const struct nf_store_create_opts *o,
 				  w->block_size, NF_STORE_BLOCK_MIN, NF_STORE_BLOCK_MAX);
 		goto fail;
 	}
+	if ((rc = nf_io_target_check(&w->sys, path, d)) < 0)
+		goto fail;
 	w->path = strdup(path);
 	char *dcopy = strdup(path), *bcopy = strdup(path);
 	if (!w->path || !dcopy || !bcopy) {
@@ -757,6 +760,10 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
 	if (w->sys.fsync(w->fd) < 0) {
 		w->err = -errno;
 		return nf_diag_fail(d, w->err, "%s: fsync: %s", w->tmp, nf_strerror(w->err));
+	}
+	if ((rc = nf_io_target_check(&w->sys, w->path, d)) < 0) {
+		w->err = rc;
+		return rc;
 	}
 	if (w->sys.rename(w->tmp, w->path) < 0) {
 		w->err = -errno;

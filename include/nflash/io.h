@@ -110,6 +110,14 @@ struct nf_io_sys {
 /* The real calls. Constant; copy it and change entries for tests. */
 extern const struct nf_io_sys nf_io_sys_default;
 
+/*
+ * nf_io_target_check - may a writer put a new file at path (replacing what
+ * is there)? 0 when nothing is there, or a regular file or a symlink to one;
+ * NF_EUSAGE naming what is there (a device, FIFO, socket or directory), or
+ * the statx error. sys NULL means nf_io_sys_default. Thread-safe.
+ */
+int nf_io_target_check(const struct nf_io_sys *sys, const char *path, struct nf_diag *d);
+
 enum nf_io_backend {
 	NF_IO_AUTO = 0,   /* aio, or sync where O_DIRECT does not work */
 	NF_IO_AIO,

@@ -1,0 +1,48 @@
+/*
+ * io_file.c - what every writer of a whole file (store writer, GGUF writer)
+ * checks before it puts a new file under a name.
+ *
+ * Invariant: a writer replaces only what it could have written itself: a
+ * regular file, or a symlink to one (rename() then replaces the link).
+ * Devices, FIFOs, sockets and directories are never replaced, with or
+ * without --force: `import MODEL /dev/null --force` run as root must not
+ * turn /dev/null into a regular file.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "nflash/error.h"
+#include "nflash/io.h"
+
+static const char *kind_name(mode_t m)
+{
+	if (S_ISDIR(m))
+		return "a directory";
+	if (S_ISCHR(m))
+		return "a character device";
+	if (S_ISBLK(m))
+		return "a block device";
+	if (S_ISFIFO(m))
+		return "a FIFO";
+	if (S_ISSOCK(m))
+		return "a socket";
+	return "not a regular file";
+}
+
+int nf_io_target_check(const struct nf_io_sys *sys, const char *path, struct nf_diag *d)
+{
+	if (!sys)
+		sys = &nf_io_sys_default;
+	struct statx stx;
+	if (sys->statx(AT_FDCWD, path, 0, STATX_TYPE, &stx) < 0) {
+		if (errno == ENOENT)
+			return 0;
+		int rc = -errno;
+		return nf_diag_fail(d, rc, "%s: %s", path, nf_strerror(rc));
+	}
+	if (S_ISREG(stx.stx_mode))
+		return 0;
+	return nf_diag_fail(d, NF_EUSAGE, "%s: is %s, not a regular file; refusing to replace it",
+			    path, kind_name(stx.stx_mode));
+}
