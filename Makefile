@@ -80,7 +80,10 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 TOOL_LIB_OBJ := $(filter-out $(B)/tools/nflash.o,$(TOOL_OBJ))
 
 .PHONY: all deps test test-run demo bench install clean fuzz
-all: deps $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
+# deps runs first, alone: with -j2 a compile must not start before deps has
+# installed the headers it needs on a fresh machine.
+all: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
 
 deps:
 	$(Q)CI=$(CI) sh tools/deps.sh
