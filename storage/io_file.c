@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <sys/stat.h>
 
 #include "nflash/error.h"
@@ -45,4 +46,47 @@ int nf_io_target_check(const struct nf_io_sys *sys, const char *path, struct nf_
 		return 0;
 	return nf_diag_fail(d, NF_EUSAGE, "%s: is %s, not a regular file; refusing to replace it",
 			    path, kind_name(stx.stx_mode));
+}
+
+int nf_io_pread_full(const struct nf_io_sys *sys, int fd, void *buf, size_t len, uint64_t off)
+{
+	if (!sys)
+		sys = &nf_io_sys_default;
+	uint8_t *p = buf;
+	while (len) {
+		ssize_t n = sys->pread(fd, p, len, (off_t)off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return NF_ETRUNCATED;
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+int nf_io_pwrite_full(const struct nf_io_sys *sys, int fd, const void *buf, size_t len,
+		      uint64_t off)
+{
+	if (!sys)
+		sys = &nf_io_sys_default;
+	const uint8_t *p = buf;
+	while (len) {
+		ssize_t n = sys->pwrite(fd, p, len, (off_t)off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return NF_ETRUNCATED;
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
 }

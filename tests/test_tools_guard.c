@@ -88,3 +88,24 @@ Test(guard, writers_refuse_a_target_that_is_not_a_regular_file)
 	cr_expect_eq(rc, 0, "import --force over a symlink to a file: %s", err);
 	ts_dir_remove(&t);
 }
+
+/* Defect 3: a store whose superblock 0 is damaged still opens from
+ * superblock 1, in eval as in inspect and verify. */
+Test(guard, store_with_damaged_superblock0_still_runs)
+{
+	need_cli();
+	char store[256];
+	pl_import(TINY, store, sizeof(store));
+	int rc = sh("eval -m %s --ids 1,278,263 -c 16", store);
+	cr_assert_eq(rc, 0, "%s", err);
+	static char before[sizeof(out)];
+	snprintf(before, sizeof(before), "%s", out);
+	static const uint8_t junk[8] = { 'G', 'A', 'R', 'B', 'A', 'G', 'E', '!' };
+	ts_patch(store, 0, junk, sizeof(junk));
+	cr_expect(nf_store_probe(store), "the probe misses superblock 1");
+	rc = sh("eval -m %s --ids 1,278,263 -c 16", store);
+	cr_expect_eq(rc, 0, "eval refused a store that superblock 1 opens: %s", err);
+	cr_expect_str_eq(out, before);
+	cr_expect_not(nf_store_probe(TINY), "a GGUF taken for a store");
+	unlink(store);
+}

@@ -118,6 +118,16 @@ extern const struct nf_io_sys nf_io_sys_default;
  */
 int nf_io_target_check(const struct nf_io_sys *sys, const char *path, struct nf_diag *d);
 
+/*
+ * nf_io_pread_full / nf_io_pwrite_full - the whole of len bytes at off
+ * through sys (NULL: nf_io_sys_default), retrying EINTR and partial
+ * transfers. 0, a negative errno, or NF_ETRUNCATED when the file ends (a
+ * read) or a write makes no progress. Thread-safe.
+ */
+int nf_io_pread_full(const struct nf_io_sys *sys, int fd, void *buf, size_t len, uint64_t off);
+int nf_io_pwrite_full(const struct nf_io_sys *sys, int fd, const void *buf, size_t len,
+		      uint64_t off);
+
 enum nf_io_backend {
 	NF_IO_AUTO = 0,   /* aio, or sync where O_DIRECT does not work */
 	NF_IO_AIO,

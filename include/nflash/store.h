@@ -137,6 +137,15 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 /* Frees the store. NULL is allowed. */
 void nf_store_close(struct nf_store *s);
 
+/*
+ * nf_store_probe - does path look like a store, by the test nf_store_open
+ * makes first: the store magic (either byte order) in superblock 0 or in
+ * superblock 1? A store whose superblock 0 is damaged is still a store (it
+ * opens from superblock 1). Nothing is validated; false when path cannot be
+ * read. Thread-safe.
+ */
+bool nf_store_probe(const char *path);
+
 const struct nf_store_info *nf_store_info(const struct nf_store *s);
 const char *nf_store_path(const struct nf_store *s);
 const struct nf_io_sys *nf_store_sys(const struct nf_store *s);
