@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
@@ -48,13 +49,14 @@ int nf_io_target_check(const struct nf_io_sys *sys, const char *path, struct nf_
 			    path, kind_name(stx.stx_mode));
 }
 
-int nf_io_pread_full(const struct nf_io_sys *sys, int fd, void *buf, size_t len, uint64_t off)
+/* One loop for both directions: EINTR is retried, a partial transfer goes on. */
+static int xfer_full(const struct nf_io_sys *sys, int fd, uint8_t *p, size_t len, uint64_t off,
+		     bool write)
 {
 	if (!sys)
 		sys = &nf_io_sys_default;
-	uint8_t *p = buf;
 	while (len) {
-		ssize_t n = sys->pread(fd, p, len, (off_t)off);
+		ssize_t n = write ? sys->pwrite(fd, p, len, (off_t)off) : sys->pread(fd, p, len, (off_t)off);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -69,24 +71,13 @@ int nf_io_pread_full(const struct nf_io_sys *sys, int fd, void *buf, size_t len,
 	return 0;
 }
 
+int nf_io_pread_full(const struct nf_io_sys *sys, int fd, void *buf, size_t len, uint64_t off)
+{
+	return xfer_full(sys, fd, buf, len, off, false);
+}
+
 int nf_io_pwrite_full(const struct nf_io_sys *sys, int fd, const void *buf, size_t len,
 		      uint64_t off)
 {
-	if (!sys)
-		sys = &nf_io_sys_default;
-	const uint8_t *p = buf;
-	while (len) {
-		ssize_t n = sys->pwrite(fd, p, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return NF_ETRUNCATED;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
+	return xfer_full(sys, fd, (uint8_t *)buf, len, off, true);
 }
