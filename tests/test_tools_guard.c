@@ -109,3 +109,21 @@ Test(guard, store_with_damaged_superblock0_still_runs)
 	cr_expect_not(nf_store_probe(TINY), "a GGUF taken for a store");
 	unlink(store);
 }
+
+/* Defect 7: output lost on a full device is a failure (exit 1), not success. */
+Test(guard, lost_output_is_a_failure)
+{
+	need_cli();
+	int rc = sh("generate -m %s -p hello -n 4 -c 32 >/dev/full", TINY);
+	cr_expect_eq(rc, 1, "generate > /dev/full: exit %d: %s", rc, err);
+	cr_expect(strstr(err, "standard output"), "%s", err);
+	rc = sh("eval -m %s --ids 1,278 -c 16 >/dev/full", TINY);
+	cr_expect_eq(rc, 1, "eval > /dev/full: exit %d: %s", rc, err);
+	rc = sh("store inspect %s --json >/dev/full", TINY);
+	cr_expect_neq(rc, 0, "inspect > /dev/full: exit %d: %s", rc, err);
+	rc = sh("--help >/dev/full");
+	cr_expect_eq(rc, 1, "--help > /dev/full: exit %d", rc);
+	/* the diagnostics going nowhere fails too (nothing can say why) */
+	rc = sh("generate -m %s -p hello -n 2 -c 32 2>/dev/full >/dev/null; exit $?", TINY);
+	cr_expect_eq(rc, 1, "generate 2> /dev/full: exit %d", rc);
+}

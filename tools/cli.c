@@ -153,6 +153,17 @@ int nf_cli_ids(const char *flag, const char *s, int32_t **ids, size_t *n)
 	return 0;
 }
 
+bool nf_cli_out_ok(FILE *f, const char *what)
+{
+	errno = 0;
+	if (fflush(f) == 0 && !ferror(f))
+		return true;
+	int e = errno ? errno : EIO;
+	if (f != stderr)
+		nf_cli_err("writing %s: %s", what, strerror(e));
+	return false;
+}
+
 double nf_cli_now(void)
 {
 	struct timespec ts;

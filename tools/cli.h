@@ -45,6 +45,14 @@ int nf_cli_size(const char *flag, const char *s, uint64_t *out);
 /* "1,2,3" -> malloc'd array the caller frees. */
 int nf_cli_ids(const char *flag, const char *s, int32_t **ids, size_t *n);
 
+/*
+ * nf_cli_out_ok - flush f and check that nothing written to it was lost
+ * (ENOSPC on `> /dev/full`, EPIPE, EIO). On a loss, says so on stderr
+ * ("nflash: writing standard output: ...", what names the stream) and
+ * returns false; later calls keep returning false.
+ */
+bool nf_cli_out_ok(FILE *f, const char *what);
+
 /* Monotonic seconds. */
 double nf_cli_now(void);
 
