@@ -5,7 +5,8 @@
  *  1. Everything is checked before the first byte is written: every FFN
  *     tensor present with the shapes and types its layer implies, every
  *     bundle layout exact, every name storable. Errors name the file and
- *     the tensor.
+ *     the tensor; the hyperparameters pass the runtime's own check
+ *     (nf_model_hparams_read), so import never writes what eval refuses.
  *  2. Bytes are copied, never converted: dense objects are the tensors'
  *     bytes; bundles are nf_bundle_pack() of the tensors (lossless by
  *     construction, see storage/bundle.c).
@@ -33,6 +34,7 @@
 #include "nflash/gguf.h"
 #include "nflash/import.h"
 #include "nflash/io.h"
+#include "nflash/model.h"
 #include "nflash/store.h"
 
 #define CHUNK_BYTES (1u << 20)
@@ -660,6 +662,11 @@ int nf_import(const char *gguf_path, const char *out_path, const struct nf_impor
 	if (rc < 0)
 		goto out;
 	im.rep.powerinfer = nf_gguf_is_powerinfer(im.g);
+	/* The runtime's own hyperparameter check: a store eval would refuse
+	 * (head_count 0, eps NaN) is never written. */
+	struct nf_model_hparams hp;
+	if ((rc = nf_model_hparams_read(im.g, &hp, d)) < 0)
+		goto out;
 	if ((rc = plan(&im)) < 0 || (rc = make_meta(&im)) < 0)
 		goto out;
 

@@ -127,3 +127,53 @@ Test(guard, lost_output_is_a_failure)
 	rc = sh("generate -m %s -p hello -n 2 -c 32 2>/dev/full >/dev/null; exit $?", TINY);
 	cr_expect_eq(rc, 1, "generate 2> /dev/full: exit %d", rc);
 }
+
+/* Copy src to dst with the value of key (a 4-byte scalar) replaced by v. */
+static void gguf_patch_kv(const char *src, const char *dst, const char *key, const void *v)
+{
+	FILE *f = fopen(src, "rb");
+	cr_assert_not_null(f);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	rewind(f);
+	uint8_t *b = malloc((size_t)n);
+	cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	uint8_t pat[128];
+	uint64_t kl = strlen(key);
+	memcpy(pat, &kl, 8);     /* GGUF strings: u64 length, then the bytes */
+	memcpy(pat + 8, key, kl);
+	uint8_t *at = memmem(b, (size_t)n, pat, 8 + kl);
+	cr_assert_not_null(at, "%s: no key %s", src, key);
+	memcpy(at + 8 + kl + 4, v, 4);   /* after the u32 value type */
+	f = fopen(dst, "wb");
+	cr_assert_eq(fwrite(b, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	free(b);
+}
+
+/* Defect 9: import refuses what eval would refuse, before writing anything. */
+Test(guard, import_validates_hyperparameters)
+{
+	need_cli();
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	char bad[256];
+	snprintf(bad, sizeof(bad), "%s/bad.gguf", t.dir);
+	const uint32_t zero = 0;
+	const float nan = __builtin_nanf("");
+	struct { const char *key; const void *v; const char *says; } cases[] = {
+		{ "llama.attention.head_count", &zero, "head_count" },
+		{ "llama.attention.layer_norm_rms_epsilon", &nan, "layer_norm_rms_epsilon" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		gguf_patch_kv(TINY, bad, cases[i].key, cases[i].v);
+		int rc = sh("eval -m %s --ids 1,2 -c 16", bad);
+		cr_assert_eq(rc, 1, "eval accepts %s: %s", cases[i].key, err);
+		rc = sh("import %s %s/out.nfs", bad, t.dir);
+		cr_expect_eq(rc, 1, "import accepts %s (exit %d): %s", cases[i].key, rc, err);
+		cr_expect(strstr(err, cases[i].says), "%s", err);
+		cr_expect_eq(ts_dir_count(&t), 1, "import wrote something for %s", cases[i].key);
+	}
+	ts_dir_remove(&t);
+}
