@@ -10,6 +10,9 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -32,15 +35,34 @@ static const char *kind_name(mode_t m)
 	return "not a regular file";
 }
 
+/* The directory a new file at path goes into must exist (else every later
+ * step fails with a message about temporary files, not the real problem). */
+static int dir_check(const struct nf_io_sys *sys, const char *path, struct nf_diag *d)
+{
+	char *copy = strdup(path);
+	if (!copy)
+		return -ENOMEM;
+	const char *dir = dirname(copy);
+	struct statx stx;
+	int rc = 0;
+	if (sys->statx(AT_FDCWD, dir, 0, STATX_TYPE, &stx) < 0)
+		rc = nf_diag_fail(d, -errno, "%s: directory %s %s", path, dir,
+				  errno == ENOENT ? "does not exist" : nf_strerror(-errno));
+	else if (!S_ISDIR(stx.stx_mode))
+		rc = nf_diag_fail(d, -ENOTDIR, "%s: %s is not a directory", path, dir);
+	free(copy);
+	return rc;
+}
+
 int nf_io_target_check(const struct nf_io_sys *sys, const char *path, struct nf_diag *d)
 {
 	if (!sys)
 		sys = &nf_io_sys_default;
 	struct statx stx;
 	if (sys->statx(AT_FDCWD, path, 0, STATX_TYPE, &stx) < 0) {
-		if (errno == ENOENT)
-			return 0;
 		int rc = -errno;
+		if (rc == -ENOENT)
+			return dir_check(sys, path, d);
 		return nf_diag_fail(d, rc, "%s: %s", path, nf_strerror(rc));
 	}
 	if (S_ISREG(stx.stx_mode))

@@ -506,6 +506,10 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 		rc = nf_diag_fail(d, -errno, "%s: fstat: %s", path, nf_strerror(-errno));
 		goto fail;
 	}
+	if (S_ISDIR(st.st_mode)) {
+		rc = nf_diag_fail(d, -EISDIR, "%s: is a directory, not a store", path);
+		goto fail;
+	}
 	uint64_t size = (uint64_t)st.st_size;
 	if (S_ISBLK(st.st_mode) && s->sys.ioctl_size(fd, &size) < 0) {
 		rc = nf_diag_fail(d, -errno, "%s: BLKGETSIZE64: %s", path, nf_strerror(-errno));

@@ -91,6 +91,16 @@ out:
 	return rc;
 }
 
+int nf_store_update_check(const char *path, struct nf_diag *d)
+{
+	int fd = nf_io_sys_default.open(path, O_RDWR, 0);
+	if (fd < 0)
+		return nf_diag_fail(d, -errno, "%s: cannot be written (it is updated in place): %s", path,
+				    nf_strerror(-errno));
+	nf_io_sys_default.close(fd);
+	return 0;
+}
+
 int nf_store_update_profile(const char *path, const struct nf_store_open_opts *o,
 			    const struct nf_store_profile *p, struct nf_diag *d)
 {

@@ -17,6 +17,7 @@
 
 #include "nflash/error.h"
 #include "nflash/store.h"
+#include "../tools/cli.h"
 #include "util_pipeline.h"
 #include "util_storage.h"
 
@@ -176,4 +177,63 @@ Test(guard, import_validates_hyperparameters)
 		cr_expect_eq(ts_dir_count(&t), 1, "import wrote something for %s", cases[i].key);
 	}
 	ts_dir_remove(&t);
+}
+
+/* Defect 10: numbers are decimal, whitespace is not a sign, and messages
+ * name the real problem. */
+Test(guard, numbers_are_decimal)
+{
+	long v = 0;
+	uint64_t u = 0;
+	cr_expect_eq(nf_cli_int("-n", "010", -1, 100, &v), 0);
+	cr_expect_eq(v, 10, "-n 010 parsed as %ld", v);
+	cr_expect_eq(nf_cli_int("-n", "08", -1, 100, &v), 0);
+	cr_expect_eq(v, 8);
+	cr_expect_eq(nf_cli_int("-n", "0x10", -1, 100, &v), NF_EUSAGE);
+	cr_expect_eq(nf_cli_int("-n", " 5", -1, 100, &v), NF_EUSAGE);
+	cr_expect_eq(nf_cli_u64("--seed", " -5", &u), NF_EUSAGE, "--seed ' -5' gave %llu",
+		     (unsigned long long)u);
+	cr_expect_eq(nf_cli_u64("--seed", "+5", &u), NF_EUSAGE);
+	cr_expect_eq(nf_cli_u64("--seed", "0x10", &u), NF_EUSAGE);
+	cr_expect_eq(nf_cli_u64("--seed", "010", &u), 0);
+	cr_expect_eq(u, 10);
+}
+
+Test(guard, messages_name_the_real_problem)
+{
+	need_cli();
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	int rc = sh("store inspect %s", t.dir);
+	cr_expect_eq(rc, 1);
+	cr_expect(strstr(err, "is a directory"), "inspect DIR: %s", err);
+	rc = sh("import %s %s/no/such/dir/out.nfs", TINY, t.dir);
+	cr_expect_neq(rc, 0);
+	cr_expect(strstr(err, "does not exist") && !strstr(err, "temporary"), "missing dir: %s", err);
+	rc = sh("generate -m %s -p hello -n -1 -c 8 --json", TINY);
+	cr_expect_eq(rc, 0, "%s", err);
+	cr_expect(strstr(out, "\"stop\":\"context\""), "-n -1 -c 8: %s", out);
+	ts_dir_remove(&t);
+}
+
+/* --profile on a store that cannot be written fails at once, before the
+ * calibration run (an immutable file: root cannot write it either). */
+Test(guard, profile_on_a_read_only_store_fails_first)
+{
+	need_cli();
+	char store[256], cmd[512];
+	pl_import(TINY, store, sizeof(store));
+	snprintf(cmd, sizeof(cmd), "chattr +i %s 2>/dev/null", store);
+	if (system(cmd) != 0) {
+		unlink(store);
+		cr_skip_test("chattr +i is not possible here");
+	}
+	int rc = sh("generate -m %s -p hello -n 4 -c 32 --profile", store);
+	snprintf(cmd, sizeof(cmd), "chattr -i %s", store);
+	cr_assert_eq(system(cmd), 0);
+	unlink(store);
+	cr_expect_eq(rc, 1, "%s", err);
+	cr_expect(strstr(err, "cannot be written") || strstr(err, "read-only"), "%s", err);
+	cr_expect_str_empty(out, "it generated before failing: %s", out);
+	cr_expect_null(strstr(err, "eval time"), "it ran before failing: %s", err);
 }

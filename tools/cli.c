@@ -5,6 +5,7 @@
  * progress bar never writes to a non-terminal; JSON output is valid UTF-8
  * passthrough with control characters escaped.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -49,9 +50,9 @@ int nf_cli_u64(const char *flag, const char *s, uint64_t *out)
 {
 	char *end;
 	errno = 0;
-	if (!s || !*s || *s == '-')
+	if (!s || !isdigit((unsigned char)*s))   /* strtoull would take " -5" and wrap it */
 		goto bad;
-	unsigned long long v = strtoull(s, &end, 0);
+	unsigned long long v = strtoull(s, &end, 10);   /* decimal: 010 is ten */
 	if (errno || *end)
 		goto bad;
 	*out = v;
@@ -65,8 +66,10 @@ int nf_cli_int(const char *flag, const char *s, long min, long max, long *out)
 {
 	char *end;
 	errno = 0;
-	long v = s && *s ? strtol(s, &end, 0) : 0;
-	if (!s || !*s || errno || *end) {
+	bool digits = s && (isdigit((unsigned char)s[0]) ||
+			    (s[0] == '-' && isdigit((unsigned char)s[1])));
+	long v = digits ? strtol(s, &end, 10) : 0;   /* decimal: 010 is ten, 08 is eight */
+	if (!digits || errno || *end) {
 		nf_cli_err("%s: expected a whole number, got '%s'", flag, s ? s : "");
 		return NF_EUSAGE;
 	}

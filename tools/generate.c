@@ -355,8 +355,11 @@ int nf_cmd_generate(int argc, char **argv)
 		}
 		if (stream && !nf_cli_out_ok(stdout, "standard output"))
 			goto done;     /* the text is lost: no point generating more */
-		if (n_gen == max_gen)
+		if (n_gen == max_gen) {
+			if (o.n_predict < 0)
+				stop = STOP_CONTEXT;   /* -n -1 runs until the context is full */
 			break;
+		}
 		if (nf_ctx_n_past(mc.ctx) >= n_ctx) {
 			stop = STOP_CONTEXT;
 			break;

@@ -385,6 +385,11 @@ static int open_engine(struct nf_model_cli *mc)
 	if (streamed) {
 		if (sp.mode == NF_SPARSE_OFF)
 			sp.mode = NF_SPARSE_DENSE;
+		/* --profile writes the store at the end: find out now, not after minutes */
+		if (mc->profile && nf_store_update_check(mc->ffn_store ? mc->ffn_store : mc->path, &d) < 0) {
+			nf_cli_err("--profile: %s", d.msg);
+			return NF_EXIT_FAIL;
+		}
 		int rc = open_cache(mc, &weights);
 		if (rc != NF_EXIT_OK)
 			return rc;

@@ -113,8 +113,9 @@ extern const struct nf_io_sys nf_io_sys_default;
 /*
  * nf_io_target_check - may a writer put a new file at path (replacing what
  * is there)? 0 when nothing is there, or a regular file or a symlink to one;
- * NF_EUSAGE naming what is there (a device, FIFO, socket or directory), or
- * the statx error. sys NULL means nf_io_sys_default. Thread-safe.
+ * NF_EUSAGE naming what is there (a device, FIFO, socket or directory),
+ * -ENOENT / -ENOTDIR when the directory it goes into does not exist or is
+ * not one, or the statx error. sys NULL means nf_io_sys_default. Thread-safe.
  */
 int nf_io_target_check(const struct nf_io_sys *sys, const char *path, struct nf_diag *d);
 

@@ -340,6 +340,14 @@ int nf_store_profile_read(const struct nf_store *s, struct nf_store_profile **ou
 			  struct nf_diag *d);
 
 /*
+ * nf_store_update_check - can path be updated in place (opened for writing)?
+ * For a long run that updates the store at its end (--profile): it fails
+ * before the work, not after. 0, or a negative errno with d saying the store
+ * cannot be written (read-only file system, immutable file, no permission).
+ */
+int nf_store_update_check(const char *path, struct nf_diag *d);
+
+/*
  * nf_store_update_profile - store p (shaped for this store, see
  * nf_store_profile_alloc) in the store at path, in place, as a new
  * generation, as nf_store_update_perm() does: the profile section is
