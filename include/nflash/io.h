@@ -93,6 +93,7 @@ struct nf_io_sys {
 	int (*fsync)(int fd);
 	int (*rename)(const char *from, const char *to);
 	int (*unlink)(const char *path);
+	int (*flock)(int fd, int op);                       /* in-place store updates */
 	/* libaio */
 	int (*kaio_setup)(int nr, struct io_context **ctx);
 	int (*kaio_destroy)(struct io_context *ctx);
