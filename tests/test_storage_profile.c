@@ -232,16 +232,23 @@ static void past_end(struct nf_store_sb_disk *sb)
 	sb->profile_offset = htole64(le64toh(sb->file_size));
 }
 
+/* Store make_profile(tokens) in the store at path; returns it. */
+static struct nf_store_profile *store_profile(const char *path, uint64_t tokens)
+{
+	struct nf_store *s = open_ok(path);
+	struct nf_store_profile *p = make_profile(s, tokens);
+	nf_store_close(s);
+	cr_assert_eq(nf_store_update_profile(path, NULL, p, NULL), 0);
+	return p;
+}
+
 Test(storage, profile_damaged_or_dropped)
 {
 	struct ts_dir t;
 	cr_assert(ts_dir_make(&t, "/tmp"));
 	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_F32, 8, 4096, NULL), 0);
+	struct nf_store_profile *p = store_profile(t.path, 3);
 	struct nf_store *s = open_ok(t.path);
-	struct nf_store_profile *p = make_profile(s, 3);
-	nf_store_close(s);
-	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
-	s = open_ok(t.path);
 	int slot = nf_store_info(s)->sb_slot;
 	uint64_t off = nf_store_info(s)->profile_offset;
 	nf_store_close(s);
@@ -548,12 +555,9 @@ Test(storage, verify_checks_the_profile_section)
 	struct ts_dir t;
 	cr_assert(ts_dir_make(&t, "/tmp"));
 	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_F16, 8, 4096, NULL), 0);
-	struct nf_store *s = open_ok(t.path);
-	struct nf_store_profile *p = make_profile(s, 5);
-	nf_store_close(s);
-	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
-	nf_store_profile_free(p);
+	nf_store_profile_free(store_profile(t.path, 5));
 	char out[8192];
+	struct nf_store *s;
 	char *const argv[] = { "store", "verify", t.path, NULL };
 	int rc = ts_run_store_cmd(argv, out, sizeof(out));
 	cr_assert_eq(rc, 0, "%s", out);
