@@ -297,21 +297,14 @@ static int plan(struct import *im)
  * into memory and removed. */
 static int make_meta(struct import *im)
 {
-	char *dcopy = strdup(im->out), *tdir = NULL, *tfile = NULL;
+	char *tdir = NULL, *tfile = NULL;
 	struct nf_gguf_writer *w = NULL;
 	FILE *f = NULL;
-	int rc = -ENOMEM;
-	if (!dcopy || asprintf(&tdir, "%s/.nflash-import.XXXXXX", dirname(dcopy)) < 0) {
-		tdir = NULL;
-		goto out;
-	}
-	if (!mkdtemp(tdir)) {
-		rc = nf_diag_fail(im->d, -errno, "%s: cannot create a temporary directory: %s",
-				  im->out, nf_strerror(-errno));
-		free(tdir);
-		tdir = NULL;
-		goto out;
-	}
+	int dfd = -1;      /* holds the directory's lock: a sweep leaves it alone */
+	int rc = nf_io_tmp_create(im->o->sys, im->out, true, &tdir, &dfd, im->d);
+	if (rc < 0)
+		return rc;
+	rc = -ENOMEM;
 	if (asprintf(&tfile, "%s/meta.gguf", tdir) < 0) {
 		tfile = NULL;
 		goto out;
@@ -358,11 +351,10 @@ out:
 	nf_gguf_writer_abort(w);
 	if (tfile)
 		unlink(tfile);
-	if (tdir)
-		rmdir(tdir);
+	rmdir(tdir);
+	close(dfd);
 	free(tfile);
 	free(tdir);
-	free(dcopy);
 	return rc;
 }
 

@@ -9,8 +9,9 @@
  *
  * Invariants:
  *  1. Nothing is ever written under the final name until finish(): the file
- *     is built as ".<name>.tmp-<random>" in the same directory, fsynced,
- *     renamed over the final name, and the directory is fsynced. A killed
+ *     is built as ".<name>.nflash-tmp.<pid>.<hex>" (nf_io_tmp_create) in
+ *     the same directory, fsynced, renamed over the final name, and the
+ *     directory is fsynced. A killed
  *     process leaves at most that temporary file; abort() or a failed
  *     finish() unlinks it.
  *  2. Errors stick: after the first failure every call returns it, and
@@ -25,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -182,8 +182,7 @@ int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer
 	const char *base = slash ? slash + 1 : path;
 	size_t dlen = slash ? (size_t)(slash - path) : 0;
 	w->dir = slash ? (dlen ? strndup(path, dlen) : strdup("/")) : strdup(".");
-	w->tmp = malloc(strlen(path) + 32);
-	if (!w->path || !w->out || !w->dir || !w->tmp) {
+	if (!w->path || !w->out || !w->dir) {
 		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory", path);
 		goto fail;
 	}
@@ -193,21 +192,8 @@ int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer
 	}
 	if ((rc = nf_io_target_check(NULL, path, diag)) < 0)
 		goto fail;
-	for (int tries = 0; tries < 16; tries++) {
-		uint64_t r = 0;
-		if (getrandom(&r, sizeof(r), 0) != sizeof(r))
-			r ^= (uint64_t)getpid() * 2654435761u + (uint64_t)tries;
-		sprintf(w->tmp, "%.*s.%s.tmp-%016" PRIx64, (int)(slash ? dlen + 1 : 0), path, base, r);
-		w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-		if (w->fd >= 0 || errno != EEXIST)
-			break;
-	}
-	if (w->fd < 0) {
-		rc = -errno;
-		nf_diag_fail(diag, rc, "%s: cannot create temporary file %s: %s", path, w->tmp,
-			     nf_strerror(rc));
+	if ((rc = nf_io_tmp_create(NULL, path, false, &w->tmp, &w->fd, diag)) < 0)
 		goto fail;
-	}
 	*out = w;
 	return 0;
 

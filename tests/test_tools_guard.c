@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "nflash/dtype.h"
 #include "nflash/error.h"
 #include "nflash/store.h"
 #include "../tools/cli.h"
@@ -236,4 +238,51 @@ Test(guard, profile_on_a_read_only_store_fails_first)
 	cr_expect(strstr(err, "cannot be written") || strstr(err, "read-only"), "%s", err);
 	cr_expect_str_empty(out, "it generated before failing: %s", out);
 	cr_expect_null(strstr(err, "eval time"), "it ran before failing: %s", err);
+}
+
+/* Defect 6: a killed writer's temporary file is recognisable; `store clean`
+ * removes it (and only it: a live writer's file stays), and the next import
+ * into that directory reports it. */
+Test(guard, stale_temporary_files_are_reported_and_cleaned)
+{
+	need_cli();
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	char dead[256], live[256];
+	snprintf(dead, sizeof(dead), "%s/dead.nfs", t.dir);
+	snprintf(live, sizeof(live), "%s/live.nfs", t.dir);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {     /* a writer killed in the middle */
+		struct nf_store_writer *w;
+		if (nf_store_writer_open(dead, NULL, &w, NULL) == 0 &&
+		    nf_store_writer_add_dense(w, "x", NF_DTYPE_F32, 1, (const uint64_t[]){ 4096 }, NULL) == 0)
+			nf_store_writer_begin(w, NULL);
+		raise(SIGKILL);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	cr_assert_eq(ts_dir_count(&t), 1, "the killed writer left no file");
+	struct nf_store_writer *w;
+	cr_assert_eq(nf_store_writer_open(live, NULL, &w, NULL), 0);
+	cr_assert_eq(ts_dir_count(&t), 2);
+
+	char model[256];
+	snprintf(model, sizeof(model), "%s/m.nfs", t.dir);
+	int rc = sh("import %s %s", TINY, model);
+	cr_expect_eq(rc, 0, "%s", err);
+	cr_expect(strstr(err, "nflash-tmp") && strstr(err, "store clean"), "import does not report it: %s", err);
+	cr_expect_eq(ts_dir_count(&t), 3);
+
+	rc = sh("store clean %s", t.dir);
+	cr_expect_eq(rc, 0, "%s", err);
+	cr_expect(strstr(out, "removed") && strstr(out, "nflash-tmp"), "%s", out);
+	cr_expect_eq(ts_dir_count(&t), 2, "clean left the dead writer's file or took the live one's");
+	cr_assert_eq(nf_store_writer_add_dense(w, "x", NF_DTYPE_F32, 1, (const uint64_t[]){ 16 }, NULL), 0);
+	cr_assert_eq(nf_store_writer_begin(w, NULL), 0);
+	static const uint8_t zero[64];
+	cr_assert_eq(nf_store_writer_write_dense(w, zero, sizeof(zero)), 0);
+	cr_expect_eq(nf_store_writer_finish(w, NULL), 0, "the live writer lost its file");
+	nf_store_writer_close(w);
+	ts_dir_remove(&t);
 }

@@ -7,6 +7,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "nflash/error.h"
+#include "nflash/io.h"
 #include "cli.h"
 
 void nf_cli_err(const char *fmt, ...)
@@ -165,6 +167,22 @@ bool nf_cli_out_ok(FILE *f, const char *what)
 	if (f != stderr)
 		nf_cli_err("writing %s: %s", what, strerror(e));
 	return false;
+}
+
+static void stale_warn(void *user, const char *path, uint64_t bytes, int rc)
+{
+	nf_cli_warn("%s (%.1f MB) was left by a writer that is gone; `nflash store clean %s` removes it",
+		    path, bytes / 1e6, (const char *)user);
+}
+
+void nf_cli_report_stale(const char *out)
+{
+	char *copy = strdup(out);
+	if (!copy)
+		return;
+	const char *dir = dirname(copy);
+	nf_io_tmp_sweep(dir, false, stale_warn, (void *)dir);
+	free(copy);
 }
 
 double nf_cli_now(void)

@@ -53,6 +53,13 @@ int nf_cli_ids(const char *flag, const char *s, int32_t **ids, size_t *n);
  */
 bool nf_cli_out_ok(FILE *f, const char *what);
 
+/*
+ * nf_cli_report_stale - warn about each temporary file a killed writer left
+ * in the directory of out (the output a command is about to write), with
+ * its size and the command that removes it (`nflash store clean DIR`).
+ */
+void nf_cli_report_stale(const char *out);
+
 /* Monotonic seconds. */
 double nf_cli_now(void);
 

@@ -1089,16 +1089,77 @@ out:
 	return ret;
 }
 
+/* ---- clean ----------------------------------------------------------- */
+
+static const char clean_usage[] =
+	"usage: nflash store clean DIR [--dry-run]\n"
+	"\n"
+	"Removes the temporary files (.NAME.nflash-tmp.PID.HEX) that killed imports,\n"
+	"relayouts, mkfakes and synths left in DIR: those whose process is gone and\n"
+	"whose lock nobody holds. A running writer's file is never touched.\n"
+	"--dry-run lists them only.\n";
+
+struct clean {
+	uint64_t n, bytes;
+	int err;
+	bool dry;
+};
+
+static void clean_one(void *user, const char *path, uint64_t bytes, int rc)
+{
+	struct clean *c = user;
+	if (rc < 0) {
+		nf_cli_err("%s: cannot remove: %s", path, nf_strerror(rc));
+		c->err = rc;
+		return;
+	}
+	printf("%s %s (%.1f MB)\n", c->dry ? "stale" : "removed", path, bytes / 1e6);
+	c->n++;
+	c->bytes += bytes;
+}
+
+static int cmd_clean(int argc, char **argv)
+{
+	const char *dir = NULL;
+	struct clean c = { 0 };
+	for (int i = 1; i < argc; i++) {
+		if (is_help(argv[i])) {
+			fputs(clean_usage, stdout);
+			return NF_EXIT_OK;
+		} else if (!strcmp(argv[i], "--dry-run")) {
+			c.dry = true;
+		} else if (argv[i][0] == '-' || dir) {
+			nf_cli_err("store clean: unexpected argument '%s' (see --help)", argv[i]);
+			return NF_EXIT_USAGE;
+		} else {
+			dir = argv[i];
+		}
+	}
+	if (!dir) {
+		nf_cli_err("store clean: DIR is required");
+		return NF_EXIT_USAGE;
+	}
+	int rc = nf_io_tmp_sweep(dir, !c.dry, clean_one, &c);
+	if (rc < 0) {
+		nf_cli_err("%s: %s", dir, nf_strerror(rc));
+		return NF_EXIT_FAIL;
+	}
+	printf("%s: %llu stale temporary file%s, %.1f MB %s\n", dir, (unsigned long long)c.n,
+	       c.n == 1 ? "" : "s", c.bytes / 1e6, c.dry ? "to remove" : "removed");
+	return c.err ? NF_EXIT_FAIL : NF_EXIT_OK;
+}
+
 /* ---- dispatch -------------------------------------------------------- */
 
 static const char store_usage[] =
-	"usage: nflash store <mkfake|inspect|verify|bench|relayout> ... [--help]\n"
+	"usage: nflash store <mkfake|inspect|verify|bench|relayout|clean> ... [--help]\n"
 	"\n"
 	"  mkfake   write a store with a model's geometry and random contents\n"
 	"  inspect  print a store's superblock and object table\n"
 	"  verify   read everything and check every crc32c (exit 1 on damage)\n"
 	"  bench    measure sparse (random bundles) or sequential (extents) reads\n"
-	"  relayout copy a store in its profile's layout: hottest first, co-activated side by side\n";
+	"  relayout copy a store in its profile's layout: hottest first, co-activated side by side\n"
+	"  clean    remove the temporary files killed writers left in a directory\n";
 
 int nf_cmd_store(int argc, char **argv)
 {
@@ -1121,6 +1182,8 @@ int nf_cmd_store(int argc, char **argv)
 		return cmd_bench(argc - 1, argv + 1);
 	if (!strcmp(sub, "relayout"))
 		return nf_store_cmd_relayout(argc - 1, argv + 1);
-	nf_cli_err("store: unknown subcommand '%s' (mkfake, inspect, verify, bench, relayout)", sub);
+	if (!strcmp(sub, "clean"))
+		return cmd_clean(argc - 1, argv + 1);
+	nf_cli_err("store: unknown subcommand '%s' (mkfake, inspect, verify, bench, relayout, clean)", sub);
 	return NF_EXIT_USAGE;
 }
