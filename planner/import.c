@@ -299,7 +299,8 @@ static int make_meta(struct import *im)
 {
 	char *tdir = NULL, *tfile = NULL;
 	struct nf_gguf_writer *w = NULL;
-	FILE *f = NULL;
+	const struct nf_io_sys *sys = im->o->sys ? im->o->sys : &nf_io_sys_default;
+	int fd = -1;
 	int dfd = -1;      /* holds the directory's lock: a sweep leaves it alone */
 	int rc = nf_io_tmp_create(im->o->sys, im->out, true, &tdir, &dfd, im->d);
 	if (rc < 0)
@@ -309,7 +310,7 @@ static int make_meta(struct import *im)
 		tfile = NULL;
 		goto out;
 	}
-	rc = nf_gguf_writer_open(tfile, nf_gguf_is_powerinfer(im->g), &w, im->d);
+	rc = nf_gguf_writer_open_sys(tfile, nf_gguf_is_powerinfer(im->g), im->o->sys, &w, im->d);
 	for (size_t i = 0; rc == 0 && i < nf_gguf_n_kv(im->g); i++) {
 		const struct nf_gguf_kv *kv = nf_gguf_kv_at(im->g, i);
 		rc = nf_gguf_writer_kv_copy(w, kv);
@@ -323,9 +324,9 @@ static int make_meta(struct import *im)
 	}
 	if (rc < 0)
 		goto out;
-	f = fopen(tfile, "rb");
+	fd = sys->open(tfile, O_RDONLY, 0);
 	struct stat st;
-	if (!f || fstat(fileno(f), &st) < 0) {
+	if (fd < 0 || sys->fstat(fd, &st) < 0) {
 		rc = nf_diag_fail(im->d, -errno, "%s: %s", tfile, nf_strerror(-errno));
 		goto out;
 	}
@@ -335,8 +336,8 @@ static int make_meta(struct import *im)
 		rc = -ENOMEM;
 		goto out;
 	}
-	if (fread(im->meta, 1, im->meta_len, f) != im->meta_len) {
-		rc = nf_diag_fail(im->d, NF_ESHORT, "%s: short read", tfile);
+	if ((rc = nf_io_pread_full(sys, fd, im->meta, im->meta_len, 0)) < 0) {
+		rc = nf_diag_fail(im->d, rc, "%s: reading it back: %s", tfile, nf_strerror(rc));
 		goto out;
 	}
 	/* The image must parse: the model reads it back from the store. */
@@ -346,13 +347,13 @@ static int make_meta(struct import *im)
 out:
 	if (rc == -ENOMEM)
 		nf_diag_fail(im->d, rc, "%s: out of memory", im->out);
-	if (f)
-		fclose(f);
+	if (fd >= 0)
+		sys->close(fd);
 	nf_gguf_writer_abort(w);
 	if (tfile)
-		unlink(tfile);
+		sys->unlink(tfile);
 	rmdir(tdir);
-	close(dfd);
+	sys->close(dfd);
 	free(tfile);
 	free(tdir);
 	return rc;
@@ -650,7 +651,7 @@ int nf_import(const char *gguf_path, const char *out_path, const struct nf_impor
 				    out_path);
 
 	double t0 = now_s();
-	rc = nf_gguf_open(gguf_path, NF_GGUF_MMAP, &im.g, d);
+	rc = nf_gguf_open_sys(gguf_path, NF_GGUF_MMAP, opts->sys, &im.g, d);
 	if (rc < 0)
 		goto out;
 	im.rep.powerinfer = nf_gguf_is_powerinfer(im.g);

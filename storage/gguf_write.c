@@ -50,6 +50,8 @@ struct wtensor {
 struct nf_gguf_writer {
 	char *path, *tmp, *dir;
 	int fd;
+	uint64_t pos;            /* bytes written to fd */
+	struct nf_io_sys sys;    /* every system call goes through it */
 	bool powerinfer;
 	int err;                 /* sticky first error, 0 if none */
 	uint64_t alignment;
@@ -107,26 +109,18 @@ static int fail(struct nf_gguf_writer *w, int rc)
 	return rc;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
+static int write_all(struct nf_gguf_writer *w, const uint8_t *p, size_t n)
 {
-	while (n) {
-		ssize_t r = write(fd, p, n);
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (r == 0)
-			return NF_ESHORT;
-		p += r;
-		n -= (size_t)r;
-	}
+	int rc = nf_io_pwrite_full(&w->sys, w->fd, p, n, w->pos);
+	if (rc < 0)
+		return rc == NF_ETRUNCATED ? NF_ESHORT : rc;
+	w->pos += n;
 	return 0;
 }
 
 static int flush(struct nf_gguf_writer *w)
 {
-	int rc = write_all(w->fd, w->out, w->out_len);
+	int rc = write_all(w, w->out, w->out_len);
 	w->out_len = 0;
 	return rc < 0 ? fail(w, rc) : 0;
 }
@@ -140,7 +134,7 @@ static int emit(struct nf_gguf_writer *w, const void *p, size_t n)
 		if (rc < 0)
 			return rc;
 		if (n >= WBUF_SIZE) {
-			rc = write_all(w->fd, p, n);
+			rc = write_all(w, p, n);
 			return rc < 0 ? fail(w, rc) : 0;
 		}
 	}
@@ -167,6 +161,12 @@ static uint64_t pad_to(uint64_t x, uint64_t a) { return (a - x % a) % a; }
 int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer **out,
 			struct nf_diag *diag)
 {
+	return nf_gguf_writer_open_sys(path, powerinfer, NULL, out, diag);
+}
+
+int nf_gguf_writer_open_sys(const char *path, bool powerinfer, const struct nf_io_sys *sys,
+			    struct nf_gguf_writer **out, struct nf_diag *diag)
+{
 	int rc;
 	if (!path || !*path || !out)
 		return nf_diag_fail(diag, NF_EUSAGE, "nf_gguf_writer_open: no path");
@@ -174,6 +174,7 @@ int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer
 	if (!w)
 		return nf_diag_fail(diag, -ENOMEM, "%s: out of memory", path);
 	w->fd = -1;
+	w->sys = sys ? *sys : nf_io_sys_default;
 	w->powerinfer = powerinfer;
 	w->alignment = NF_GGUF_DEFAULT_ALIGNMENT;
 	w->path = strdup(path);
@@ -190,9 +191,9 @@ int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer
 		rc = nf_diag_fail(diag, NF_EUSAGE, "%s: path names a directory", path);
 		goto fail;
 	}
-	if ((rc = nf_io_target_check(NULL, path, diag)) < 0)
+	if ((rc = nf_io_target_check(&w->sys, path, diag)) < 0)
 		goto fail;
-	if ((rc = nf_io_tmp_create(NULL, path, false, &w->tmp, &w->fd, diag)) < 0)
+	if ((rc = nf_io_tmp_create(&w->sys, path, false, &w->tmp, &w->fd, diag)) < 0)
 		goto fail;
 	*out = w;
 	return 0;
@@ -209,9 +210,9 @@ void nf_gguf_writer_abort(struct nf_gguf_writer *w)
 	if (!w)
 		return;
 	if (w->fd >= 0)
-		close(w->fd);
+		w->sys.close(w->fd);
 	if (w->tmp)
-		unlink(w->tmp);
+		w->sys.unlink(w->tmp);
 	for (size_t i = 0; i < w->n_t; i++)
 		free(w->t[i].name);
 	for (uint64_t i = 0; i < w->n_kv; i++)
@@ -541,34 +542,34 @@ int nf_gguf_writer_finish(struct nf_gguf_writer *w, struct nf_diag *diag)
 	}
 	if ((rc = flush(w)) < 0)
 		goto io_fail;
-	if (fsync(w->fd) < 0) {
+	if (w->sys.fsync(w->fd) < 0) {
 		rc = -errno;
 		goto io_fail;
 	}
-	if (close(w->fd) < 0) {
+	if (w->sys.close(w->fd) < 0) {
 		w->fd = -1;
 		rc = -errno;
 		goto io_fail;
 	}
 	w->fd = -1;
-	if ((rc = nf_io_target_check(NULL, w->path, diag)) < 0)
+	if ((rc = nf_io_target_check(&w->sys, w->path, diag)) < 0)
 		goto out;
-	if (rename(w->tmp, w->path) < 0) {
+	if (w->sys.rename(w->tmp, w->path) < 0) {
 		rc = -errno;
 		goto io_fail;
 	}
 	free(w->tmp);
 	w->tmp = NULL;           /* the file now lives under its final name */
-	int dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0 || fsync(dfd) < 0) {
+	int dfd = w->sys.open(w->dir, O_RDONLY | O_DIRECTORY, 0);
+	if (dfd < 0 || w->sys.fsync(dfd) < 0) {
 		rc = -errno;
 		if (dfd >= 0)
-			close(dfd);
+			w->sys.close(dfd);
 		nf_diag_fail(diag, rc, "%s: fsync of directory %s failed: %s", w->path, w->dir,
 			     nf_strerror(rc));
 		goto out;
 	}
-	close(dfd);
+	w->sys.close(dfd);
 	goto out;
 
 io_fail:

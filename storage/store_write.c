@@ -76,21 +76,12 @@ static int flush_stage(struct nf_store_writer *w)
 	/* Whole aligned buffers bypass the page cache: creating a store many
 	 * times the size of memory then runs at device speed. */
 	int fd = w->dfd >= 0 && off % 4096 == 0 && left % 4096 == 0 ? w->dfd : w->fd;
-	while (left) {
-		ssize_t n = w->sys.pwrite(fd, p, left, (off_t)off);
-		if (n < 0 && errno == EINVAL && fd == w->dfd) {
-			fd = w->fd;    /* O_DIRECT refused for this write after all */
-			continue;
-		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			w->err = n < 0 ? -errno : NF_ESHORT;
-			return w->err;
-		}
-		p += n;
-		off += (uint64_t)n;
-		left -= (size_t)n;
+	int rc = nf_io_pwrite_full(&w->sys, fd, p, left, off);
+	if (rc == -EINVAL && fd == w->dfd)   /* O_DIRECT refused for this write after all */
+		rc = nf_io_pwrite_full(&w->sys, w->fd, p, left, off);
+	if (rc < 0) {
+		w->err = rc == NF_ETRUNCATED ? NF_ESHORT : rc;
+		return w->err;
 	}
 	w->stage_off += w->stage_len;
 	w->stage_len = 0;

@@ -94,6 +94,8 @@ struct nf_io_sys {
 	int (*rename)(const char *from, const char *to);
 	int (*unlink)(const char *path);
 	int (*flock)(int fd, int op);                       /* in-place store updates */
+	void *(*mmap)(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+	int (*munmap)(void *addr, size_t len);
 	/* libaio */
 	int (*kaio_setup)(int nr, struct io_context **ctx);
 	int (*kaio_destroy)(struct io_context *ctx);
