@@ -323,7 +323,7 @@ static const char verify_usage[] =
 	"usage: nflash store verify STORE [--json] [--backend aio|uring|sync]\n"
 	"\n"
 	"Reads every object and extent and checks every crc32c, then every section\n"
-	"beside them (the profile). Exits 0 when all are intact, 1 naming each bad\n"
+	"beside them (the profile, the plan). Exits 0 when all are intact, 1 naming each bad\n"
 	"object, extent or section (or on a read error).\n";
 
 #define VERIFY_SLOTS 8
@@ -347,7 +347,7 @@ struct bad {
 
 /*
  * Sections beside the objects, each checked whole by `verify`. A new
- * section (the planner's plan) adds a row. The FFN permutations need none:
+ * section adds a row. The FFN permutations need none:
  * nf_store_open checks their crc32c and that each is a bijection, so a
  * store that opened has sound ones.
  */
@@ -365,8 +365,17 @@ static int check_profile(const struct nf_store *s, struct nf_diag *d)
 	return rc;
 }
 
+static int check_plan(const struct nf_store *s, struct nf_diag *d)
+{
+	struct nf_store_plan *p = NULL;
+	int rc = nf_store_plan_read(s, &p, d);
+	nf_store_plan_free(p);
+	return rc;
+}
+
 static const struct section_check sections[] = {
 	{ "profile", nf_store_has_profile, check_profile },
+	{ "plan", nf_store_has_plan, check_plan },
 };
 
 struct verify {
