@@ -48,7 +48,7 @@ static void usage(FILE *f)
 		"exit codes: 0 success, 1 operation failed, 2 usage error or unsupported here\n");
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
 	if (argc < 2) {
 		usage(stderr);
@@ -67,4 +67,14 @@ int main(int argc, char **argv)
 			return nf_cmds[i].run(argc - 1, argv + 1);
 	nf_cli_err("unknown command '%s' (try 'nflash --help')", argv[1]);
 	return NF_EXIT_USAGE;
+}
+
+/* A command whose output (or whose diagnostics) did not all reach their
+ * file failed, whatever it returned: `nflash generate > /dev/full` exits 1. */
+int main(int argc, char **argv)
+{
+	int rc = run(argc, argv);
+	bool out_ok = nf_cli_out_ok(stdout, "standard output");
+	bool err_ok = nf_cli_out_ok(stderr, "standard error");
+	return rc == NF_EXIT_OK && !(out_ok && err_ok) ? NF_EXIT_FAIL : rc;
 }
