@@ -677,7 +677,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 		rc = nf_diag_fail(d, rc, "plan: no memory to replay the calibration tokens");
 		goto out;
 	}
-	const struct nf_model_hparams *hp = nf_model_hparams(nf_engine_model(cal));
+	uint32_t n_layer = nf_model_hparams(nf_engine_model(cal))->n_layer;
 	struct nf_cache_geom g;
 	nf_cache_geometry(nf_engine_cache(cal), &g);
 	uint32_t dense_dtype = nf_model_layer(nf_engine_model(cal), 0)->wq.dtype;
@@ -742,7 +742,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	for (uint32_t i = 0; i < o->n_budgets; i++) {
 		if (!bp[i].budget || (i && budgets[i] == budgets[i - 1]))
 			continue;
-		choose(np, &bp[i], &bp[i].info, hp->n_layer, g.dtype, dense_dtype, threads, neuron_bytes,
+		choose(np, &bp[i], &bp[i].info, n_layer, g.dtype, dense_dtype, threads, neuron_bytes,
 		       &np->entries[np->n_entries++]);
 	}
 	for (uint32_t i = 0; old && i < old->n_entries; i++) {
