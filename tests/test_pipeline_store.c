@@ -81,6 +81,7 @@ static void check_model(const char *gguf, const struct nf_ref *ref)
 		if (ref) {
 			md = pl_max_diff(ref->logits, b, nv);
 			cr_expect(md <= 1e-3, "%s: store %.3g off the reference", gguf, md);
+			cr_log_info("%s (%s budget): store %.3g off the reference", gguf, k ? "one-layer" : "large", md);
 			cr_expect_arr_eq(ref->greedy, gb, ng * sizeof(int32_t), "%s: greedy differs from the reference",
 					 gguf);
 		}
@@ -124,12 +125,37 @@ Test(pipeline, store_equals_gguf_for_every_testdata_model)
 	cr_expect(n > 0, "no models in ../shared/testdata/models");
 }
 
-Test(pipeline, powerinfer_from_its_store_under_a_small_budget)
+/* The store's FFNs unpacked into memory give back the GGUF's matrices:
+ * the built-in dense FFN, the reference's logits and greedy ids. */
+static void check_unpacked(const char *gguf, const struct nf_ref *r)
+{
+	char sp[256];
+	pl_import(gguf, sp, sizeof(sp));
+	struct nf_model *um = pl_load(sp, true, true);
+	cr_assert(nf_model_ffn_in_memory(um));
+	uint32_t nv = nf_model_hparams(um)->n_vocab;
+	float *lg = malloc(nv * sizeof(float));
+	int32_t g[16];
+	size_t ng = r->n_greedy < 16 ? r->n_greedy : 16;
+	struct nf_ctx *c = pl_open_ctx(um, 2);
+	pl_run(c, r->input, r->n_input, lg, g, ng);
+	double md = pl_max_diff(r->logits, lg, nv);
+	cr_expect(md <= 1e-3, "%s: unpacked store %.3g off the reference", gguf, md);
+	cr_expect_arr_eq(g, r->greedy, ng * sizeof(int32_t), "%s: unpacked store's greedy ids", gguf);
+	nf_ctx_close(c);
+	nf_model_free(um);
+	unlink(sp);
+	free(lg);
+}
+
+/* check_model (and with unpacked, check_unpacked) on every file matching
+ * pattern that has a NAME.ref.txt; the number checked. */
+static int check_with_refs(const char *pattern, bool unpacked)
 {
 	glob_t gl;
 	int n = 0;
-	if (glob("../shared/testdata/powerinfer/*.gguf", 0, NULL, &gl) != 0)
-		cr_skip_test("no PowerInfer files in ../shared/testdata/powerinfer");
+	if (glob(pattern, 0, NULL, &gl) != 0)
+		return 0;
 	for (size_t i = 0; i < gl.gl_pathc; i++) {
 		char refp[512];
 		snprintf(refp, sizeof(refp), "%.*s.ref.txt", (int)(strlen(gl.gl_pathv[i]) - 5), gl.gl_pathv[i]);
@@ -137,9 +163,28 @@ Test(pipeline, powerinfer_from_its_store_under_a_small_budget)
 		if (nf_ref_load(refp, &r, NULL) < 0)
 			continue;
 		check_model(gl.gl_pathv[i], &r);
+		if (unpacked)
+			check_unpacked(gl.gl_pathv[i], &r);
 		nf_ref_free(&r);
 		n++;
 	}
 	globfree(&gl);
-	cr_expect(n > 0);
+	return n;
+}
+
+Test(pipeline, powerinfer_from_its_store_under_a_small_budget)
+{
+	if (access("../shared/testdata/powerinfer", R_OK) != 0)
+		cr_skip_test("no PowerInfer files in ../shared/testdata/powerinfer");
+	cr_expect(check_with_refs("../shared/testdata/powerinfer/*.gguf", false) > 0);
+}
+
+/* K-quant files (llama-quantize's recipes mix Q4_K/Q5_K/Q6_K per layer):
+ * from the store under both budgets, and unpacked from it, llama.cpp's
+ * logits and greedy ids. */
+Test(pipeline, kquant_from_store_match_llama_cpp)
+{
+	if (access("../shared/testdata/kquant", R_OK) != 0)
+		cr_skip_test("no K-quant files in ../shared/testdata/kquant");
+	cr_expect(check_with_refs("../shared/testdata/kquant/*.gguf", true) >= 4);
 }
