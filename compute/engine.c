@@ -36,9 +36,9 @@ struct nf_engine {
 void nf_engine_opts_default(struct nf_engine_opts *o)
 {
 	memset(o, 0, sizeof(*o));
-	o->n_batch = 512;
-	o->kv_type = NF_KV_F16;
+	o->kv_type = -1;
 	o->sparse_mode = -1;
+	o->use_plan = true;
 	o->io_backend = -1;
 	o->read_gap = -1;
 	o->cold_slots = -1;
@@ -248,6 +248,33 @@ static int budget_error(const struct nf_engine *e, const struct fit *f, struct n
 			    mib(f->min_cold), f->cold_what);
 }
 
+/* The cache's options for fit f. */
+static void cache_opts(struct nf_engine *e, const struct fit *f, struct nf_cache_opts *co)
+{
+	const struct nf_engine_opts *o = &e->o;
+	nf_cache_opts_default(co);
+	co->io.quiet = e->o.log == NULL;
+	co->use_profile = !o->profile; /* a calibration run counts from zero */
+	if (o->profile) {
+		/* the hot segment as large as a run with the profile will have
+		 * (its size is the head of the co-activation layout), and the
+		 * record the layout is planned from, counted in the budget */
+		co->hot_fraction = co->profile_hot_fraction;
+		co->sig_tokens = o->profile_sig_tokens;
+	}
+	if (o->io_backend >= 0)
+		co->io.backend = (enum nf_io_backend)o->io_backend;
+	if (o->qd)
+		co->io.qd = o->qd;
+	if (o->read_gap >= 0)
+		co->max_gap = (uint32_t)o->read_gap;
+	co->min_cold_slots = f->cold_slots;
+	co->arena_bytes = f->arena;
+	/* a budget is a limit: the arena is touched now only when it was sized
+	 * from the budget, so decode takes no page faults */
+	co->prefault = o->budget != 0;
+}
+
 /* Carry out fit f: pin or stream attention, open the cache. */
 static int open_cache(struct nf_engine *e, struct nf_store *store, const struct fit *f, struct nf_diag *d)
 {
@@ -255,28 +282,16 @@ static int open_cache(struct nf_engine *e, struct nf_store *store, const struct 
 	const struct nf_model_hparams *hp = nf_model_hparams(e->model);
 	int rc;
 	struct nf_cache_opts co;
-	nf_cache_opts_default(&co);
-	co.io.quiet = e->o.log == NULL;
-	co.use_profile = !o->profile; /* a calibration run counts from zero */
+	cache_opts(e, f, &co);
+	e->info.qd = co.io.qd;
+	e->info.read_gap = co.max_gap;
 	if (o->profile) {
-		/* the hot segment as large as a run with the profile will have
-		 * (its size is the head of the co-activation layout), and the
-		 * record the layout is planned from, counted in the budget */
-		co.hot_fraction = co.profile_hot_fraction;
-		co.sig_tokens = o->profile_sig_tokens;
 		/* what this calibration run holds that a run under the same
 		 * budget does not: the record, and (mostly) the KV cache of a
 		 * long -c; the layout's head counts them as hot */
 		e->info.profile_extra = f->rec + nf_ctx_bytes(e->ctx);
 		e->info.profile_rec = f->rec;
 	}
-	if (o->io_backend >= 0)
-		co.io.backend = (enum nf_io_backend)o->io_backend;
-	if (o->qd)
-		co.io.qd = o->qd;
-	if (o->read_gap >= 0)
-		co.max_gap = (uint32_t)o->read_gap;
-	co.min_cold_slots = f->cold_slots;
 	if (f->attn && f->pin && (rc = nf_model_attn_load(e->model, f->pin, d)) < 0)
 		return rc;
 	uint64_t weights = f->dense;
@@ -303,10 +318,6 @@ static int open_cache(struct nf_engine *e, struct nf_store *store, const struct 
 		weights += f->attn;
 	}
 	e->info.weights = weights;
-	co.arena_bytes = f->arena;
-	/* a budget is a limit: the arena is touched now only when it was sized
-	 * from the budget, so decode takes no page faults */
-	co.prefault = o->budget != 0;
 	if ((rc = nf_cache_open(store, &co, &e->cache, d)) < 0)
 		return nf_diag_prefix(d, rc, "%s", e->store_path);
 	return 0;
@@ -335,7 +346,7 @@ static int open_ctx(struct nf_engine *e, uint32_t n_ctx, struct nf_diag *d)
 	cp.n_ctx = n_ctx;
 	cp.n_batch = e->o.profile ? 1u : e->o.n_batch; /* --profile counts each token */
 	cp.n_threads = e->o.n_threads;
-	cp.kv_type = e->o.kv_type;
+	cp.kv_type = (enum nf_kv_type)e->o.kv_type;
 	int rc = nf_ctx_open(e->model, &cp, &e->ctx, d);
 	if (rc < 0)
 		return nf_diag_prefix(d, rc, "%s", e->o.path);
@@ -386,6 +397,22 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 		}
 		if (o->budget && f.need > o->budget)
 			return budget_error(e, &f, d);
+		e->info.stride = g.stride;
+		e->info.attn_pinned_layers = f.pin;
+		if (o->size_only) {
+			struct nf_cache_opts co;
+			cache_opts(e, &f, &co);
+			e->info.streamed = true;
+			e->info.attn_streamed = f.stream;
+			e->info.arena = f.arena;
+			e->info.weights = f.dense + (f.stream ? f.pin_bytes : f.attn);
+			e->info.attn_buffers = f.stream ? f.sbytes : 0;
+			e->info.reserved = nf_ctx_bytes(e->ctx) + f.engine + f.rec + f.meta;
+			e->info.n_ctx = nf_ctx_n_ctx(e->ctx);
+			e->info.qd = co.io.qd;
+			e->info.read_gap = co.max_gap;
+			return nf_cache_split_for(store, &co, &e->info.hot_slots, &e->info.cold_slots);
+		}
 		if ((rc = open_cache(e, store, &f, d)) < 0)
 			return rc;
 		weights = e->info.weights;
@@ -414,6 +441,8 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 		struct nf_cache_layout cl;
 		nf_cache_layout_get(e->cache, &cl);
 		e->info.arena = cl.arena;
+		e->info.hot_slots = cl.hot_slots;
+		e->info.cold_slots = cl.cold_slots;
 		e->info.attn_buffers = nf_ctx_attn_stream_bytes(e->ctx);
 		e->info.reserved += cl.meta;
 		char abuf[64] = "";
@@ -462,6 +491,63 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 	return 0;
 }
 
+/*
+ * The store's plan for this budget (nflash/plan.h): every setting the
+ * caller left unset takes the plan's value. A damaged plan is never
+ * followed: the engine decides at start as without one and says why.
+ */
+static void apply_plan(struct nf_engine *e)
+{
+	struct nf_engine_opts *o = &e->o;
+	struct nf_store *s = nf_engine_store(e);
+	if (!s || o->profile || o->io_mmap)
+		return;
+	if (!nf_store_has_plan(s)) {
+		snprintf(e->info.plan_note, sizeof(e->info.plan_note),
+			 "no plan in the store: settings chosen at start (run `nflash plan` for measured ones)");
+		return;
+	}
+	struct nf_store_plan *p = NULL;
+	struct nf_diag pd = { 0 };
+	int rc = nf_store_plan_read(s, &p, &pd);
+	if (rc < 0) {
+		say(e, "warning: %s; the plan is not followed", nf_diag_msg(&pd, rc));
+		snprintf(e->info.plan_note, sizeof(e->info.plan_note), "the store's plan is damaged: not followed");
+		return;
+	}
+	const struct nf_store_plan_entry *pe = nf_store_plan_pick(p, o->budget);
+	if (!pe) {
+		snprintf(e->info.plan_note, sizeof(e->info.plan_note),
+			 "the store's plans are for budgets above %.1f MiB: settings chosen at start", mib(o->budget));
+		nf_store_plan_free(p);
+		return;
+	}
+	e->info.plan_budget = pe->budget;
+	if (!o->n_ctx)
+		o->n_ctx = pe->n_ctx;
+	if (o->kv_type < 0)
+		o->kv_type = (int)pe->kv_type;
+	if (!o->n_batch)
+		o->n_batch = pe->n_batch;
+	if (!o->n_threads && pe->n_threads)
+		o->n_threads = (int)pe->n_threads;
+	if (!o->qd)
+		o->qd = pe->qd;
+	if (o->read_gap < 0)
+		o->read_gap = (int)pe->read_gap;
+	if (o->cold_slots < 0)
+		o->cold_slots = (int)pe->cold_slots;
+	if (pe->flags & NF_STORE_PLAN_F_STREAM_ATTN) {
+		o->stream_attn = true;
+		if (!o->attn_pin)
+			o->attn_pin = pe->attn_pin;
+	}
+	snprintf(e->info.plan_note, sizeof(e->info.plan_note),
+		 "plan for %.1f MiB: predicted %.2f tok/s, I/O wait %.2f, %.1f MiB read per token", mib(pe->budget),
+		 pe->tok_per_s, pe->io_wait_share, pe->bytes_per_token / 1048576.0);
+	nf_store_plan_free(p);
+}
+
 /* --io mmap runs a GGUF from its mapping: no store, no budget (the page
  * cache, under whatever limit the caller sets, e.g. a cgroup, decides). */
 static int mmap_check(const struct nf_engine_opts *o, struct nf_diag *d)
@@ -504,7 +590,10 @@ int nf_engine_open(const struct nf_engine_opts *opts, struct nf_engine **out, st
 	/* what the process holds before the engine allocates (program,
 	 * libraries, the caller's own memory), measured, and slack for thread
 	 * stacks, I/O rings and allocator headers */
-	e->info.overhead = proc_status_bytes("VmRSS") + NF_ENGINE_SLACK;
+	/* (rounded up to whole MiB, so the minimum a message states does not
+	 * move with a few pages between runs) */
+	e->info.overhead = ((proc_status_bytes("VmRSS") + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1)) +
+			   NF_ENGINE_SLACK;
 	e->store_path = o->ffn_store ? o->ffn_store : o->path;
 	if (o->io_mmap && (rc = mmap_check(o, d)) < 0)
 		goto fail;
@@ -542,6 +631,12 @@ int nf_engine_open(const struct nf_engine_opts *opts, struct nf_engine **out, st
 		rc = nf_diag_prefix(d, rc, "--ffn-store");
 		goto fail;
 	}
+	if (o->use_plan)
+		apply_plan(e);
+	if (!o->n_batch)
+		o->n_batch = 512;
+	if (o->kv_type < 0)
+		o->kv_type = NF_KV_F16;
 	const struct nf_model_hparams *hp = nf_model_hparams(e->model);
 	if (o->n_ctx > hp->n_ctx_train)
 		say(e, "warning: -c %u exceeds the model's training context %u", o->n_ctx, hp->n_ctx_train);
@@ -559,6 +654,8 @@ int nf_engine_open(const struct nf_engine_opts *opts, struct nf_engine **out, st
 	}
 	if ((rc = open_ffn(e, d)) < 0)
 		goto fail;
+	if (e->info.plan_note[0] && e->info.streamed && !o->size_only)
+		say(e, "%s", e->info.plan_note);
 	e->info.load_s = now_s() - t0;
 	*out = e;
 	return 0;

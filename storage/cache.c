@@ -208,6 +208,33 @@ uint64_t nf_cache_min_bytes_for(struct nf_store *s, uint32_t min_cold_slots)
 	return (uint64_t)k * g.stride;
 }
 
+/* The arena's hot and cold slots under o (the pinned segment first). */
+static void split(struct nf_store *s, const struct nf_cache_geom *g, const struct nf_cache_opts *o, uint32_t *n_hot,
+		  uint32_t *n_cold)
+{
+	uint32_t cold_min = o->min_cold_slots && o->min_cold_slots < g->n_neurons ? o->min_cold_slots : g->n_neurons;
+	uint64_t min_cold = (uint64_t)cold_min * g->stride;
+	uint64_t pinned = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
+	uint64_t rest = o->arena_bytes > pinned ? o->arena_bytes - pinned : 0;
+	double hf = o->use_profile && nf_store_has_profile(s) ? o->profile_hot_fraction : o->hot_fraction;
+	hf = hf < 0 ? 0 : hf > 1 ? 1 : hf;
+	uint64_t hot = (uint64_t)((double)rest * hf);
+	if (rest - hot < min_cold)
+		hot = rest > min_cold ? rest - min_cold : 0;
+	*n_hot = (uint32_t)(hot / g->stride);
+	*n_cold = (uint32_t)((rest - (uint64_t)*n_hot * g->stride) / g->stride);
+}
+
+int nf_cache_split_for(struct nf_store *s, const struct nf_cache_opts *o, uint32_t *n_hot, uint32_t *n_cold)
+{
+	struct nf_cache_geom g;
+	int rc = scan_ffns(s, &g, NULL);
+	if (rc < 0)
+		return rc;
+	split(s, &g, o, n_hot, n_cold);
+	return 0;
+}
+
 int nf_cache_geometry_of(struct nf_store *s, struct nf_cache_geom *g, struct nf_diag *d)
 {
 	return scan_ffns(s, g, d);
@@ -280,14 +307,7 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	}
 	c->arena_bytes = o->arena_bytes;
 	c->pinned_cap = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
-	uint64_t rest = o->arena_bytes > c->pinned_cap ? o->arena_bytes - c->pinned_cap : 0;
-	double hf = o->use_profile && nf_store_has_profile(s) ? o->profile_hot_fraction : o->hot_fraction;
-	hf = hf < 0 ? 0 : hf > 1 ? 1 : hf;
-	uint64_t hot = (uint64_t)((double)rest * hf);
-	if (rest - hot < min_cold)
-		hot = rest - min_cold;
-	c->n_hot = (uint32_t)(hot / g->stride);
-	c->n_cold = (uint32_t)((rest - (uint64_t)c->n_hot * g->stride) / g->stride);
+	split(s, g, o, &c->n_hot, &c->n_cold);
 
 	c->arena = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (c->arena == MAP_FAILED) {

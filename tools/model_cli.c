@@ -20,8 +20,7 @@
 void nf_model_cli_init(struct nf_model_cli *mc)
 {
 	memset(mc, 0, sizeof(*mc));
-	mc->n_batch = 512;
-	mc->kv_type = NF_KV_F16;
+	mc->kv_type = -1;
 	mc->sparse_mode = -1;
 	mc->read_gap = -1;
 	mc->cold_slots = -1;
@@ -124,8 +123,8 @@ void nf_model_cli_help(FILE *f)
 		"                        made by `nflash import`; required\n"
 		"  -c, --ctx-size N      context length in tokens (default: the model's)\n"
 		"  -t, --threads N       compute threads (default: all CPUs)\n"
-		"  -b, --batch-size N    prompt tokens per forward step (default 512)\n"
-		"  --kv-type f32|f16     KV cache element type (default f16, as llama.cpp)\n"
+		"  -b, --batch-size N    prompt tokens per forward step (default: the plan's, or 512)\n"
+		"  --kv-type f32|f16     KV cache element type (default: the plan's, or f16 as llama.cpp)\n"
 		"  --sparse-mode MODE    predictor|exact|dense|off|auto (default auto: predictor where\n"
 		"                        the file has one, exact for ReLU/dReLU, the built-in dense FFN\n"
 		"                        otherwise)\n"
@@ -400,6 +399,9 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	}
 	struct nf_engine_info info;
 	nf_engine_info(mc->engine, &info);
+	/* what the engine resolved (the plan's, or the defaults) */
+	mc->kv_type = nf_engine_opts(mc->engine)->kv_type;
+	mc->n_batch = (long)nf_engine_opts(mc->engine)->n_batch;
 	mc->model = nf_engine_model(mc->engine);
 	mc->ctx = nf_engine_ctx(mc->engine);
 	mc->sparse = nf_engine_sparse(mc->engine);

@@ -22,8 +22,8 @@ struct nf_model_cli {
 	const char *path;       /* -m */
 	long n_ctx;             /* -c, 0: the model's */
 	long n_threads;         /* -t, 0: all CPUs */
-	long n_batch;           /* -b */
-	enum nf_kv_type kv_type;
+	long n_batch;           /* -b, 0: the plan's or 512 */
+	int kv_type;            /* --kv-type (enum nf_kv_type), -1: the plan's or f16 */
 	int sparse_mode;        /* --sparse-mode, -1: default (auto) */
 	bool threshold_set;     /* --sparse-threshold */
 	double threshold;

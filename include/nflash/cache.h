@@ -135,6 +135,9 @@ void nf_cache_geometry(const struct nf_cache *c, struct nf_cache_geom *g);
 /* The FFN geometry of store s (as nf_cache_geometry gives for a cache over
  * it); NF_EUSAGE if it has no FFN objects or they differ (d says which). */
 int nf_cache_geometry_of(struct nf_store *s, struct nf_cache_geom *g, struct nf_diag *d);
+/* The hot and cold slots nf_cache_open would make of o->arena_bytes over
+ * store s. Returns 0 or NF_EUSAGE (no FFN objects). */
+int nf_cache_split_for(struct nf_store *s, const struct nf_cache_opts *o, uint32_t *n_hot, uint32_t *n_cold);
 /* The bytes of tables nf_cache_open allocates beside an arena of
  * arena_bytes (at most: every slot counted) with a co-activation record of
  * sig_tokens; 0 if s has no FFN objects. */

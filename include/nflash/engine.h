@@ -60,19 +60,26 @@ struct nf_engine_opts {
 	const char *ffn_store;  /* a GGUF's FFN bundles from this store (NULL: none) */
 	uint64_t budget;        /* whole-process memory limit in bytes (0: none) */
 	uint32_t n_ctx;         /* context length (0: the model's, lowered to fit the budget) */
-	uint32_t n_batch;       /* prompt tokens per forward step (default 512) */
-	int n_threads;          /* compute threads (0: all CPUs of the node) */
-	enum nf_kv_type kv_type; /* default NF_KV_F16, as llama.cpp */
+	uint32_t n_batch;       /* prompt tokens per forward step (0: the plan's, or 512) */
+	int n_threads;          /* compute threads (0: the plan's, or all CPUs of the node) */
+	int kv_type;            /* enum nf_kv_type (-1: the plan's, or NF_KV_F16 as llama.cpp) */
 	int sparse_mode;        /* enum nf_sparse_mode, or -1: the default for the model */
 	bool threshold_set;     /* threshold overrides the file's predictor threshold */
 	float threshold;
 	int io_backend;         /* enum nf_io_backend, or -1: auto */
 	bool io_mmap;           /* dense from the GGUF's mapping, no prefault, no budget */
-	uint32_t qd;            /* reads in flight (0: the cache's default) */
-	int read_gap;           /* misses joined up to this many slots apart (-1: default) */
-	bool stream_attn;       /* stream attention even when it fits */
+	uint32_t qd;            /* reads in flight (0: the plan's, or the cache's default) */
+	int read_gap;           /* misses joined up to this many slots apart (-1: the plan's, or default) */
+	bool stream_attn;       /* stream attention even when it fits (or when the plan says so) */
 	uint32_t attn_pin;      /* when streamed, keep the first N layers' attention pinned */
-	int cold_slots;         /* smallest cold segment (0: one layer; -1: auto) */
+	int cold_slots;         /* smallest cold segment (0: one layer; -1: the plan's, or auto) */
+	/* Follow the store's plan for this budget (docs/PLAN.md; default true):
+	 * every setting left unset above takes the plan's value. */
+	bool use_plan;
+	/* Decide and size everything, open nothing beyond the model and the
+	 * context: nf_engine_info tells what a real open would take (the
+	 * planner's dry run). The engine cannot evaluate. */
+	bool size_only;
 	bool profile;           /* calibration run: count firings, record co-activation */
 	uint32_t profile_sig_tokens; /* requests per FFN the co-activation record keeps */
 	bool measure_recall;    /* the sparse engine measures predictor recall (in memory) */
@@ -95,6 +102,13 @@ struct nf_engine_info {
 	bool n_ctx_fitted;       /* lowered from the model's to fit the budget */
 	bool streamed;           /* the FFN is read through the neuron cache */
 	bool attn_streamed;      /* attention read per layer per step */
+	uint32_t attn_pinned_layers; /* layers whose attention is in memory */
+	uint32_t hot_slots, cold_slots; /* the cache's segments, in bundles */
+	uint32_t stride;         /* bytes per bundle slot */
+	uint32_t qd, read_gap;   /* in use */
+	/* the plan followed: its budget (0: none), or why none was */
+	uint64_t plan_budget;
+	char plan_note[160];
 	double load_s;           /* seconds nf_engine_open took */
 };
 
