@@ -1292,6 +1292,13 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 				  nf_dtype_name(s->dt_down), s->F, GROUP * s->kgroups);
 		goto fail;
 	}
+	if (s->cache && s->kgroups > 1 && s->cap < CHUNK_MAX) {
+		rc = nf_diag_fail(diag, NF_EBUDGET,
+				  "sparse FFN: a %s down needs a cold segment of at least %u bundles (one chunk of "
+				  "whole 256-neuron super-blocks); the cache has %u (--cold-slots)",
+				  nf_dtype_name(s->dt_down), CHUNK_MAX, s->cap);
+		goto fail;
+	}
 	s->kt_gu = nf_ktype_of(s->dt_gu);
 	s->kt_down = nf_ktype_of(s->dt_down);
 	if (s->kt_gu < 0 || s->kt_down < 0 || (!s->cache && s->has_gate && L0->gate.dtype != s->dt_gu)) {
