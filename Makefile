@@ -164,7 +164,7 @@ bench-decode: deps
 # committed); the grown corpus, log and any crash-* stay in build-fuzz/.
 FUZZ_B    := build-fuzz
 FUZZ_TIME ?= 600
-FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/error.c storage/io_sys.c storage/io_file.c
+FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/dtype_kquant.c storage/error.c storage/io_sys.c storage/io_file.c
 $(FUZZ_B)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) include/nflash/gguf.h
 	$(call msg,FUZZ,$@)
 	$(Q)mkdir -p $(@D)

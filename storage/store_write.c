@@ -325,9 +325,9 @@ int nf_store_writer_add_ffn_layout(struct nf_store_writer *w, const char *name, 
 	uint64_t row = nf_dtype_row_size(L->dtype, L->dim);
 	if (L->row_bytes != row || L->down_off != (L->has_gate ? 2 : 1) * row ||
 	    L->bundle_bytes != (uint64_t)L->down_off + L->down_bytes ||
-	    L->stride != align_up(L->bundle_bytes, w->block_size) ||
+	    L->stride < L->bundle_bytes || L->stride % w->block_size ||
 	    L->down_form > NF_DOWN_QCOL || !nf_dtype_valid(L->down_dtype) ||
-	    (L->down_form == NF_DOWN_QCOL && L->n_neurons % NF_QK))
+	    (L->down_form == NF_DOWN_QCOL && L->n_neurons % nf_dtype_block_len(L->down_dtype)))
 		return nf_diag_fail(d, NF_EUSAGE,
 				    "FFN '%s': bundle layout does not match the writer's block size %u",
 				    name, w->block_size);
