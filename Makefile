@@ -52,6 +52,8 @@ endif
 CFLAGS  ?=
 CFLAGS  += $(CFLAGS_BASE)
 LDLIBS  := -laio -luring -lnuma -lm -lpthread
+# The command (tools/) alone: JSON reports and the server's HTTP.
+TOOL_LDLIBS := -ljansson -lmicrohttpd
 
 # Kernels for one ISA live in files named *_avx2.c / *_avx512.c and are
 # chosen at start-up by cpuid; only those files get the ISA flags.
@@ -100,7 +102,7 @@ $(B)/libnflash.so: $(LIB_OBJ)
 
 $(B)/nflash: $(TOOL_OBJ) $(B)/libnflash.a
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TOOL_OBJ) $(B)/libnflash.a $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TOOL_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS)
 
 $(B)/nflash.pc: Makefile
 	$(Q)mkdir -p $(@D)
@@ -114,7 +116,7 @@ $(B)/nflash.pc: Makefile
 # ---- tests --------------------------------------------------------------
 $(B)/tests/nflash-tests: $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(LDLIBS) -lcriterion
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS) -lcriterion -lcurl
 
 # TEST_FILTER='storage/*' runs one suite; TEST_JOBS sets Criterion's workers.
 TEST_JOBS ?= 2
@@ -137,7 +139,7 @@ tsan-pool:
 $(B)/bench/%: bench/%.c $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,CCLD,$@)
 	$(Q)mkdir -p $(@D)
-	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(B)/libnflash.a $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS)
 
 bench: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(BENCH_BIN)
