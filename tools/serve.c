@@ -222,7 +222,8 @@ static void slot_release_locked(struct serve_server *s, struct serve_req *r)
 
 /*
  * One sampled token for r (scheduler thread, lock not held while sampling;
- * taken to publish). Returns true when r is finished.
+ * taken to publish). Returns true when r is finished: its slot is free
+ * then, and r no longer the scheduler's to touch.
  */
 static bool req_take_token(struct serve_server *s, struct serve_req *r)
 {
@@ -236,6 +237,7 @@ static bool req_take_token(struct serve_server *s, struct serve_req *r)
 		pl = nf_tok_piece(tok, id, false, piece, sizeof(piece));
 		pl = pl < 0 ? 0 : pl > (int)sizeof(piece) ? (int)sizeof(piece) : pl;
 	}
+	r->next_id = id;
 	pthread_mutex_lock(&s->lock);
 	const char *finish = NULL;
 	if (r->t_first == 0) {
@@ -252,6 +254,7 @@ static bool req_take_token(struct serve_server *s, struct serve_req *r)
 			char *t = realloc(r->text, cap);
 			if (!t) {
 				req_fail_locked(s, r, 500, "out of memory");
+				slot_release_locked(s, r);
 				pthread_mutex_unlock(&s->lock);
 				return true;
 			}
@@ -277,12 +280,13 @@ static bool req_take_token(struct serve_server *s, struct serve_req *r)
 			r->safe_len = safe - utf8_incomplete_tail(r->text, safe);
 		}
 	}
-	if (finish)
+	if (finish) {
 		req_finish_locked(s, r, finish);
-	else
+		slot_release_locked(s, r);   /* r may be freed from here on */
+	} else {
 		pthread_cond_broadcast(&r->cond);
+	}
 	pthread_mutex_unlock(&s->lock);
-	r->next_id = id;
 	return finish != NULL;
 }
 
@@ -340,10 +344,12 @@ static bool req_prefill(struct serve_server *s, struct serve_req *r)
 	}
 	r->prefilled = true;
 	if (rc < 0) {
+		unsigned slot = r->slot;
 		pthread_mutex_lock(&s->lock);
 		req_fail_locked(s, r, 500, "prompt evaluation failed: %s", nf_strerror(rc));
+		slot_release_locked(s, r);
 		pthread_mutex_unlock(&s->lock);
-		serve_engine_reset(s->eng, r->slot);
+		serve_engine_reset(s->eng, slot);
 		return true;
 	}
 	return req_take_token(s, r);
@@ -406,8 +412,9 @@ static void *sched_main(void *arg)
 				if (items[k].rc < 0) {
 					pthread_mutex_lock(&s->lock);
 					req_fail_locked(s, r, 500, "evaluation failed: %s", nf_strerror(items[k].rc));
+					slot_release_locked(s, r);
 					pthread_mutex_unlock(&s->lock);
-					serve_engine_reset(s->eng, r->slot);
+					serve_engine_reset(s->eng, items[k].slot);
 					continue;
 				}
 				req_take_token(s, r);
