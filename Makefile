@@ -124,6 +124,13 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
 	$(Q)$(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
 
+# ---- nflash serve with real clients: curl's view of SSE, the OpenAI Node SDK
+# (installed from npm into $(B)/openai-sdk; skipped with a reason without node)
+.PHONY: test-server
+test-server: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+	$(Q)sh tests/server/run.sh $(B)
+
 # ---- thread pool under ThreadSanitizer ----------------------------------
 # Criterion cannot start under TSan (Snaipe/Criterion#274), so the pool's
 # TSan run is a plain program: `make tsan-pool`.
