@@ -546,3 +546,56 @@ Test(serve, load_from_store_shared_cache)
 	cr_expect(metric("nflash_read_bytes_total") > 0);
 	unlink(store);
 }
+
+/* An I/O error while serving: the store's FFN bytes vanish (the file is
+ * truncated under the running server), the request that needed them fails
+ * with 500 and the server goes on answering; with the bytes back, answers
+ * equal the ones before (nothing wrong was kept in the cache). */
+Test(serve, io_error_is_500_and_serving_goes_on)
+{
+	char store[256];
+	pl_import(STORIES, store, sizeof(store));
+	cfg.mc.path = store;
+	cfg.mc.budget = 3u << 20;
+	start();
+	const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0}";
+	struct resp r;
+	http("POST", "/v1/completions", body, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	char *want = answer_text(&r, false, NULL);
+	free(r.body);
+
+	FILE *f = fopen(store, "rb");
+	cr_assert_not_null(f);
+	fseek(f, 0, SEEK_END);
+	long size = ftell(f);
+	char *bytes = malloc((size_t)size);
+	fseek(f, 0, SEEK_SET);
+	cr_assert_eq(fread(bytes, 1, (size_t)size, f), (size_t)size);
+	fclose(f);
+	cr_assert_eq(truncate(store, 4096), 0);
+	http("POST", "/v1/completions", body, NULL, &r);
+	expect_error(&r, 500, NULL);
+	free(r.body);
+	http("GET", "/health", NULL, NULL, &r);
+	cr_expect_eq(r.status, 200);
+	free(r.body);
+	cr_expect(metric("nflash_read_errors_total") > 0);
+	cr_expect_eq(metric("nflash_slots_busy"), 0);
+
+	f = fopen(store, "r+b");
+	cr_assert_not_null(f);
+	cr_assert_eq(fwrite(bytes, 1, (size_t)size, f), (size_t)size);
+	fclose(f);
+	free(bytes);
+	http("POST", "/v1/completions", body, NULL, &r);
+	cr_expect_eq(r.status, 200, "%s", r.body);
+	if (r.status == 200) {
+		char *again = answer_text(&r, false, NULL);
+		cr_expect_str_eq(again, want);
+		free(again);
+	}
+	free(r.body);
+	free(want);
+	unlink(store);
+}

@@ -129,6 +129,8 @@ struct serve_server {
 	pthread_mutex_t lock;
 	pthread_cond_t work;        /* the scheduler's: a request arrived, or stop */
 	bool stopping;
+	bool engine_bad;            /* an evaluation failed: reopen before the next step */
+	unsigned reopen_tries;      /* failed reopens since then */
 	struct serve_req *wait_head, *wait_tail;
 	size_t n_waiting, n_running;
 	struct serve_req **running; /* by slot, NULL when free */
@@ -348,11 +350,53 @@ static bool req_prefill(struct serve_server *s, struct serve_req *r)
 		pthread_mutex_lock(&s->lock);
 		req_fail_locked(s, r, 500, "prompt evaluation failed: %s", nf_strerror(rc));
 		slot_release_locked(s, r);
+		s->engine_bad = true;
 		pthread_mutex_unlock(&s->lock);
 		serve_engine_reset(s->eng, slot);
 		return true;
 	}
 	return req_take_token(s, r);
+}
+
+/*
+ * After a failed evaluation (an I/O error sticks to the store's I/O
+ * context): fail what is running, reopen the engine, then go on. If the
+ * reopen fails, the waiting requests fail with 500 and the next arrival
+ * tries again. Lock held (dropped while reopening). Returns true when the
+ * engine is good again; false after waiting for the next arrival.
+ */
+static bool recover_locked(struct serve_server *s)
+{
+	for (unsigned i = 0; i < s->info.n_slots; i++) {
+		struct serve_req *r = s->running[i];
+		if (!r)
+			continue;
+		req_fail_locked(s, r, 500, "a read from the store failed while this request ran; retry");
+		slot_release_locked(s, r);
+	}
+	if (!s->wait_head && s->reopen_tries > 0) {
+		pthread_cond_wait(&s->work, &s->lock);   /* nothing to serve: wait for a request */
+		return false;
+	}
+	pthread_mutex_unlock(&s->lock);
+	nf_cli_warn("serve: an evaluation failed; reopening the model and its cache");
+	int rc = serve_engine_reopen(s->eng);
+	pthread_mutex_lock(&s->lock);
+	s->reopen_tries++;
+	if (rc == 0) {
+		s->engine_bad = false;
+		s->reopen_tries = 0;
+		return true;
+	}
+	while (s->wait_head) {
+		struct serve_req *r = s->wait_head;
+		s->wait_head = r->next;
+		s->n_waiting--;
+		req_fail_locked(s, r, 500, "the model could not be reopened after a read error: %s", nf_strerror(rc));
+		req_unref_locked(r);
+	}
+	s->wait_tail = NULL;
+	return false;
 }
 
 static void *sched_main(void *arg)
@@ -378,9 +422,11 @@ static void *sched_main(void *arg)
 				slot_release_locked(s, r);
 			}
 		}
-		admit_locked(s);
 		if (s->stopping)
 			break;
+		if (s->engine_bad && !recover_locked(s))
+			continue;
+		admit_locked(s);
 		if (s->n_running == 0) {
 			pthread_cond_wait(&s->work, &s->lock);
 			continue;
@@ -413,6 +459,7 @@ static void *sched_main(void *arg)
 					pthread_mutex_lock(&s->lock);
 					req_fail_locked(s, r, 500, "evaluation failed: %s", nf_strerror(items[k].rc));
 					slot_release_locked(s, r);
+					s->engine_bad = true;
 					pthread_mutex_unlock(&s->lock);
 					serve_engine_reset(s->eng, items[k].slot);
 					continue;

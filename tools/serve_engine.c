@@ -32,6 +32,8 @@ struct serve_engine {
 	unsigned n_slots;
 	struct serve_slot *slots;
 	uint64_t slot_bytes;
+	char *chat_template;
+	struct serve_engine_stats base;  /* counters of engines closed by reopen */
 };
 
 static double mib(uint64_t b)
@@ -84,6 +86,49 @@ static void close_slots(struct serve_engine *e)
 	}
 }
 
+/* Open the model and every slot from e->mc's flags. Returns an exit code. */
+static int open_all(struct serve_engine *e)
+{
+	struct nf_model_cli *mc = e->mc;
+	unsigned n_slots = e->n_slots;
+	uint64_t budget = mc->budget;
+	int ret = nf_model_cli_open(mc);
+	if (ret != NF_EXIT_OK)
+		return ret;
+	ret = NF_EXIT_USAGE;
+	if (n_slots > 1 && mc->attn_streamed) {
+		nf_cli_err("--parallel %u: attention is streamed under this --memory-budget, which serves one "
+			   "slot for now; give --parallel 1 or a larger budget", n_slots);
+		return ret;
+	}
+	e->slot_bytes = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse);
+	uint64_t extra = (uint64_t)(n_slots - 1) * e->slot_bytes;
+	if (budget && extra) {
+		/* every slot's KV cache and scratch inside the budget: reopen
+		 * with the other slots' share taken off what the cache gets */
+		nf_model_cli_close(mc);
+		if (extra >= budget) {
+			nf_cli_err("--memory-budget %.1f MiB cannot hold %u slots of %.1f MiB (KV cache and "
+				   "scratch for -c %ld each); lower --parallel or -c", mib(budget), n_slots,
+				   mib(e->slot_bytes), mc->n_ctx);
+			return ret;
+		}
+		mc->budget = budget - extra;
+		ret = nf_model_cli_open(mc);
+		mc->budget = budget;
+		if (ret != NF_EXIT_OK) {
+			nf_cli_err("--memory-budget %.1f MiB: %u slots take %.1f MiB of it (KV cache and scratch); "
+				   "lower --parallel or -c", mib(budget), n_slots, mib(extra));
+			return ret;
+		}
+	}
+	e->slots[0].ctx = mc->ctx;
+	for (unsigned i = 1; i < n_slots; i++)
+		if (open_slot(e, i) < 0)
+			return NF_EXIT_FAIL;
+	return NF_EXIT_OK;
+}
+
 int serve_engine_open(struct nf_model_cli *mc, unsigned n_slots, struct serve_engine **out)
 {
 	if (n_slots == 0)
@@ -99,47 +144,20 @@ int serve_engine_open(struct nf_model_cli *mc, unsigned n_slots, struct serve_en
 	e->mc = mc;
 	e->slots = slots;
 	e->n_slots = n_slots;
-	uint64_t budget = mc->budget;
-	int ret = nf_model_cli_open(mc);
+	int ret = open_all(e);
 	if (ret != NF_EXIT_OK)
 		goto fail;
-	ret = NF_EXIT_USAGE;
-	if (n_slots > 1 && mc->attn_streamed) {
-		nf_cli_err("--parallel %u: attention is streamed under this --memory-budget, which serves one "
-			   "slot for now; give --parallel 1 or a larger budget", n_slots);
-		goto fail;
-	}
-	e->slot_bytes = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse);
-	uint64_t extra = (uint64_t)(n_slots - 1) * e->slot_bytes;
-	if (budget && extra) {
-		/* every slot's KV cache and scratch inside the budget: reopen
-		 * with the other slots' share taken off what the cache gets */
-		nf_model_cli_close(mc);
-		if (extra >= budget) {
-			nf_cli_err("--memory-budget %.1f MiB cannot hold %u slots of %.1f MiB (KV cache and "
-				   "scratch for -c %ld each); lower --parallel or -c", mib(budget), n_slots,
-				   mib(e->slot_bytes), mc->n_ctx);
-			goto fail;
-		}
-		mc->budget = budget - extra;
-		ret = nf_model_cli_open(mc);
-		mc->budget = budget;
-		if (ret != NF_EXIT_OK) {
-			nf_cli_err("--memory-budget %.1f MiB: %u slots take %.1f MiB of it (KV cache and scratch); "
-				   "lower --parallel or -c", mib(budget), n_slots, mib(extra));
-			goto fail;
-		}
-	}
-	ret = NF_EXIT_FAIL;
-	e->slots[0].ctx = mc->ctx;
-	for (unsigned i = 1; i < n_slots; i++)
-		if (open_slot(e, i) < 0)
-			goto fail;
 	struct nf_diag td = { 0 };
 	int trc = nf_tok_open(nf_model_gguf(mc->model), &e->tok, &td);
 	if (trc < 0) {
 		nf_cli_warn("%s; only token-id prompts are served", nf_diag_msg(&td, trc));
 		e->tok = NULL;
+	}
+	const char *t = NULL;
+	if (nf_gguf_get_str(nf_model_gguf(mc->model), "tokenizer.chat_template", &t) == 0 && t &&
+	    !(e->chat_template = strdup(t))) {
+		ret = NF_EXIT_FAIL;
+		goto fail;
 	}
 	fprintf(stderr, "nflash: serve: %u slot%s x %.1f MiB (KV cache and scratch for -c %u each)\n", n_slots,
 		n_slots > 1 ? "s" : "", mib(e->slot_bytes), nf_ctx_n_ctx(mc->ctx));
@@ -150,6 +168,25 @@ fail:
 	return ret;
 }
 
+int serve_engine_reopen(struct serve_engine *e)
+{
+	/* the counters go on from where the old engine left them */
+	struct serve_engine_stats now;
+	serve_engine_stats(e, &now);
+	e->base = now;
+	close_slots(e);
+	nf_model_cli_close(e->mc);
+	e->slots[0].ctx = NULL;
+	int ret = open_all(e);
+	if (ret != NF_EXIT_OK) {
+		close_slots(e);
+		nf_model_cli_close(e->mc);
+		e->slots[0].ctx = NULL;
+		return -EIO;
+	}
+	return 0;
+}
+
 void serve_engine_close(struct serve_engine *e)
 {
 	if (!e)
@@ -157,6 +194,7 @@ void serve_engine_close(struct serve_engine *e)
 	close_slots(e);
 	nf_tok_close(e->tok);
 	nf_model_cli_close(e->mc);
+	free(e->chat_template);
 	free(e->slots);
 	free(e);
 }
@@ -170,9 +208,7 @@ void serve_engine_info(const struct serve_engine *e, struct serve_engine_info *o
 	out->n_slots = e->n_slots;
 	out->eos_id = hp->eos_id;
 	out->tok = e->tok;
-	const char *t = NULL;
-	if (nf_gguf_get_str(nf_model_gguf(e->mc->model), "tokenizer.chat_template", &t) == 0)
-		out->chat_template = t;
+	out->chat_template = e->chat_template;
 	out->slot_bytes = e->slot_bytes;
 	out->streamed = e->mc->cache != NULL;
 }
@@ -210,19 +246,19 @@ void serve_engine_reset(struct serve_engine *e, unsigned slot)
 
 void serve_engine_stats(const struct serve_engine *e, struct serve_engine_stats *out)
 {
-	memset(out, 0, sizeof(*out));
+	*out = e->base;
 	if (e->mc->cache) {
 		struct nf_cache_stats cs;
 		nf_cache_stats_get(e->mc->cache, &cs);
-		out->lookups = cs.lookups;
-		out->hits_hot = cs.hits_hot;
-		out->hits_cold = cs.hits_cold;
-		out->misses = cs.misses;
-		out->requests = cs.requests + cs.hot_requests;
-		out->bytes_read = cs.bytes_read;
-		out->errors = cs.errors;
+		out->lookups += cs.lookups;
+		out->hits_hot += cs.hits_hot;
+		out->hits_cold += cs.hits_cold;
+		out->misses += cs.misses;
+		out->requests += cs.requests + cs.hot_requests;
+		out->bytes_read += cs.bytes_read;
+		out->errors += cs.errors;
 	}
-	for (unsigned i = 0; i < e->n_slots; i++) {
+	for (unsigned i = 0; i < e->n_slots && e->slots[i].ctx; i++) {
 		struct nf_sparse *sp = slot_sparse(e, i);
 		if (!sp)
 			continue;

@@ -76,6 +76,18 @@ uint32_t serve_engine_n_past(const struct serve_engine *e, unsigned slot);
 /* Empty slot's KV cache for the next request. */
 void serve_engine_reset(struct serve_engine *e, unsigned slot);
 
+/* Counters since open, reopens included (they never go back). */
 void serve_engine_stats(const struct serve_engine *e, struct serve_engine_stats *out);
+
+/*
+ * serve_engine_reopen - close the model, its cache and every slot, and
+ * open them again from the same flags: how the server gets past an I/O
+ * error, which sticks to the store's I/O context until it is closed. Every
+ * slot's KV cache is lost. Returns 0, or -EIO when the open failed (the
+ * error is printed); the engine then has no model and only
+ * serve_engine_reopen, serve_engine_stats and serve_engine_close may be
+ * called. The tokenizer and chat template stay.
+ */
+int serve_engine_reopen(struct serve_engine *e);
 
 #endif
