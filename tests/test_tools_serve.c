@@ -28,6 +28,24 @@ static struct serve_config cfg;
 static struct serve_server *srv;
 static char base[64];
 
+/*
+ * A memory budget mib MiB above what this process holds now: the engine
+ * counts the resident set at open (plus 8 MiB of slack) as the fixed
+ * overhead, which differs between builds (sanitizers) and machines.
+ */
+static uint64_t budget_over_rss(double mib)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	cr_assert_not_null(f);
+	char line[256];
+	unsigned long long kb = 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb * 1024 + (uint64_t)(mib * 1048576.0);
+}
+
 static void setup(void)
 {
 	if (access(STORIES, R_OK) != 0)
@@ -423,7 +441,7 @@ Test(serve, queue_full_and_client_leaving)
 	char store[256];
 	pl_import(STORIES, store, sizeof(store));
 	cfg.mc.path = store;
-	cfg.mc.budget = 16u << 20;
+	cfg.mc.budget = budget_over_rss(11);   /* a cache smaller than the FFNs */
 	cfg.parallel = 1;
 	cfg.queue = 0;
 	start();
@@ -540,7 +558,9 @@ Test(serve, load_from_store_shared_cache)
 	char store[256];
 	pl_import(STORIES, store, sizeof(store));
 	cfg.mc.path = store;
-	cfg.mc.budget = 24u << 20;
+	/* room for the whole cache and all 3 slots: one open (a second one in
+	 * the same process would count a larger resident set as overhead) */
+	cfg.mc.budget = budget_over_rss(24);
 	cfg.parallel = 3;
 	load_test();
 	cr_expect(metric("nflash_read_bytes_total") > 0);
@@ -548,23 +568,24 @@ Test(serve, load_from_store_shared_cache)
 }
 
 /* An I/O error while serving: the store's FFN bytes vanish (the file is
- * truncated under the running server), the request that needed them fails
- * with 500 and the server goes on answering; with the bytes back, answers
- * equal the ones before (nothing wrong was kept in the cache). */
+ * truncated under a running server), the request that needed them fails
+ * with 500 and the server goes on answering; with the bytes back, the
+ * answer equals a healthy server's (nothing wrong was kept in the cache). */
 Test(serve, io_error_is_500_and_serving_goes_on)
 {
 	char store[256];
 	pl_import(STORIES, store, sizeof(store));
 	cfg.mc.path = store;
-	cfg.mc.budget = 3u << 20;
-	start();
 	const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0}";
 	struct resp r;
+	start();
 	http("POST", "/v1/completions", body, NULL, &r);
 	cr_assert_eq(r.status, 200, "%s", r.body);
 	char *want = answer_text(&r, false, NULL);
 	free(r.body);
+	serve_server_stop(srv);
 
+	start();   /* a cache that has read nothing yet */
 	FILE *f = fopen(store, "rb");
 	cr_assert_not_null(f);
 	fseek(f, 0, SEEK_END);
@@ -597,5 +618,19 @@ Test(serve, io_error_is_500_and_serving_goes_on)
 	}
 	free(r.body);
 	free(want);
+	unlink(store);
+}
+
+/* Every slot's KV cache is in the budget: one that cannot hold them all is
+ * refused at start, naming --parallel. */
+Test(serve, budget_must_hold_every_slot)
+{
+	char store[256];
+	pl_import(STORIES, store, sizeof(store));
+	cfg.mc.path = store;
+	cfg.mc.budget = budget_over_rss(11);
+	cfg.parallel = 200;
+	cr_expect_neq(serve_server_start(&cfg, &srv), 0);
+	srv = NULL;
 	unlink(store);
 }

@@ -10,6 +10,7 @@
  * the scheduler thread calls in.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,6 +87,14 @@ static void close_slots(struct serve_engine *e)
 	}
 }
 
+/* Give the heap's free memory back to the system after closing a model:
+ * the engine counts the resident set at open as fixed overhead, so a
+ * reopen must not pay for what the closed one left in the allocator. */
+static void trim_heap(void)
+{
+	malloc_trim(0);
+}
+
 /* Open the model and every slot from e->mc's flags. Returns an exit code. */
 static int open_all(struct serve_engine *e)
 {
@@ -103,10 +112,16 @@ static int open_all(struct serve_engine *e)
 	}
 	e->slot_bytes = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse);
 	uint64_t extra = (uint64_t)(n_slots - 1) * e->slot_bytes;
-	if (budget && extra) {
+	struct nf_engine_info ei;
+	nf_engine_info(mc->engine, &ei);
+	uint64_t used = ei.weights + ei.arena + ei.attn_buffers + ei.reserved + ei.overhead;
+	if (budget && extra && used + extra > budget) {
 		/* every slot's KV cache and scratch inside the budget: reopen
-		 * with the other slots' share taken off what the cache gets */
+		 * with the other slots' share taken off what the cache gets
+		 * (the engine takes no more than the model needs, so a roomy
+		 * budget holds the slots without this) */
 		nf_model_cli_close(mc);
+		trim_heap();
 		if (extra >= budget) {
 			nf_cli_err("--memory-budget %.1f MiB cannot hold %u slots of %.1f MiB (KV cache and "
 				   "scratch for -c %ld each); lower --parallel or -c", mib(budget), n_slots,
@@ -122,6 +137,8 @@ static int open_all(struct serve_engine *e)
 			return ret;
 		}
 	}
+	/* the context may have been fitted smaller to the reduced budget */
+	e->slot_bytes = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse);
 	e->slots[0].ctx = mc->ctx;
 	for (unsigned i = 1; i < n_slots; i++)
 		if (open_slot(e, i) < 0)
@@ -177,6 +194,7 @@ int serve_engine_reopen(struct serve_engine *e)
 	close_slots(e);
 	nf_model_cli_close(e->mc);
 	e->slots[0].ctx = NULL;
+	trim_heap();
 	int ret = open_all(e);
 	if (ret != NF_EXIT_OK) {
 		close_slots(e);
