@@ -59,6 +59,13 @@ static void setup(void)
 	cfg.chat_template = "chatml";
 }
 
+/* Serve a store imported from stories260K (removed at the end by the test). */
+static void use_store(char *store, size_t len)
+{
+	pl_import(STORIES, store, len);
+	cfg.mc.path = store;
+}
+
 static void start(void)
 {
 	cr_assert_eq(serve_server_start(&cfg, &srv), 0);
@@ -439,8 +446,7 @@ static int open_stream(const char *body)
 Test(serve, queue_full_and_client_leaving)
 {
 	char store[256];
-	pl_import(STORIES, store, sizeof(store));
-	cfg.mc.path = store;
+	use_store(store, sizeof(store));
 	cfg.mc.budget = budget_over_rss(11);   /* a cache smaller than the FFNs */
 	cfg.parallel = 1;
 	cfg.queue = 0;
@@ -556,8 +562,7 @@ Test(serve, load_32_clients_greedy_equals_single)
 Test(serve, load_from_store_shared_cache)
 {
 	char store[256];
-	pl_import(STORIES, store, sizeof(store));
-	cfg.mc.path = store;
+	use_store(store, sizeof(store));
 	/* room for the whole cache and all 3 slots: one open (a second one in
 	 * the same process would count a larger resident set as overhead) */
 	cfg.mc.budget = budget_over_rss(24);
@@ -574,8 +579,7 @@ Test(serve, load_from_store_shared_cache)
 Test(serve, io_error_is_500_and_serving_goes_on)
 {
 	char store[256];
-	pl_import(STORIES, store, sizeof(store));
-	cfg.mc.path = store;
+	use_store(store, sizeof(store));
 	const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0}";
 	struct resp r;
 	start();
@@ -626,8 +630,7 @@ Test(serve, io_error_is_500_and_serving_goes_on)
 Test(serve, budget_must_hold_every_slot)
 {
 	char store[256];
-	pl_import(STORIES, store, sizeof(store));
-	cfg.mc.path = store;
+	use_store(store, sizeof(store));
 	cfg.mc.budget = budget_over_rss(11);
 	cfg.parallel = 200;
 	cr_expect_neq(serve_server_start(&cfg, &srv), 0);

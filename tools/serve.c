@@ -1112,9 +1112,7 @@ static int resolve_chat(struct serve_server *s)
 		}
 		s->chat = nf_chat_family_parse(c->chat_template);
 		if (s->chat == NF_CHAT_UNKNOWN) {
-			nf_cli_err("--chat-template: unknown family '%s' (chatml, llama2, llama2-sys, llama2-sys-bos, "
-				   "llama2-sys-strip, mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, llama3, "
-				   "zephyr, gemma, phi3, or none)", c->chat_template);
+			nf_cli_err("--chat-template: unknown family '%s' (see nflash serve --help)", c->chat_template);
 			return NF_EXIT_USAGE;
 		}
 		return 0;
@@ -1322,6 +1320,13 @@ static int serve_parse(int argc, char **argv, struct serve_config *c)
 			nf_cli_err("serve: unknown option '%s' (try 'nflash serve --help')", f);
 			return NF_EUSAGE;
 		}
+	}
+	if (c->chat_template && strcmp(c->chat_template, "none") &&
+	    nf_chat_family_parse(c->chat_template) == NF_CHAT_UNKNOWN) {
+		nf_cli_err("--chat-template: unknown family '%s' (chatml, llama2, llama2-sys, llama2-sys-bos, "
+			   "llama2-sys-strip, mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, llama3, zephyr, "
+			   "gemma, phi3, or none)", c->chat_template);
+		return NF_EUSAGE;
 	}
 	if (!c->api_key)
 		c->api_key = getenv("NFLASH_API_KEY");
