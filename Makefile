@@ -82,7 +82,10 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 TOOL_LIB_OBJ := $(filter-out $(B)/tools/nflash.o,$(TOOL_OBJ))
 
 .PHONY: all deps test test-run demo bench install clean fuzz
-all: deps $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
+# deps runs first, alone: with -j2 a compile must not start before deps has
+# installed the headers it needs on a fresh machine.
+all: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
 
 deps:
 	$(Q)CI=$(CI) sh tools/deps.sh
@@ -170,12 +173,12 @@ bench-decode: deps
 # committed); the grown corpus, log and any crash-* stay in build-fuzz/.
 FUZZ_B    := build-fuzz
 FUZZ_TIME ?= 600
-FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/error.c
+FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/error.c storage/io_sys.c storage/io_file.c
 $(FUZZ_B)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) include/nflash/gguf.h
 	$(call msg,FUZZ,$@)
 	$(Q)mkdir -p $(@D)
 	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined \
-		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -lm
+		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -laio -luring -lm
 $(FUZZ_B)/fuzz_seeds: tests/fuzz/fuzz_seeds.c $(B)/libnflash.a
 	$(call msg,CCLD,$@)
 	$(Q)mkdir -p $(@D)
@@ -192,7 +195,7 @@ $(FUZZ_B)/fuzz_tok: tests/fuzz/fuzz_tok.c $(TOK_FUZZ_SRC) include/nflash/tokeniz
 	$(call msg,FUZZ,$@)
 	$(Q)mkdir -p $(@D)
 	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined \
-		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_tok.c $(TOK_FUZZ_SRC) -lm
+		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_tok.c $(TOK_FUZZ_SRC) -laio -luring -lm
 .PHONY: fuzz-tok
 fuzz-tok: $(FUZZ_B)/fuzz_tok
 	$(Q)rm -rf $(FUZZ_B)/tok/seeds && mkdir -p $(FUZZ_B)/tok/corpus $(FUZZ_B)/tok/seeds

@@ -5,7 +5,9 @@
  * progress bar never writes to a non-terminal; JSON output is written by
  * jansson and is valid UTF-8 (invalid input bytes become U+FFFD).
  */
+#include <ctype.h>
 #include <errno.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include <jansson.h>
 
 #include "nflash/error.h"
+#include "nflash/io.h"
 #include "cli.h"
 
 void nf_cli_err(const char *fmt, ...)
@@ -51,9 +54,9 @@ int nf_cli_u64(const char *flag, const char *s, uint64_t *out)
 {
 	char *end;
 	errno = 0;
-	if (!s || !*s || *s == '-')
+	if (!s || !isdigit((unsigned char)*s))   /* strtoull would take " -5" and wrap it */
 		goto bad;
-	unsigned long long v = strtoull(s, &end, 0);
+	unsigned long long v = strtoull(s, &end, 10);   /* decimal: 010 is ten */
 	if (errno || *end)
 		goto bad;
 	*out = v;
@@ -67,8 +70,10 @@ int nf_cli_int(const char *flag, const char *s, long min, long max, long *out)
 {
 	char *end;
 	errno = 0;
-	long v = s && *s ? strtol(s, &end, 0) : 0;
-	if (!s || !*s || errno || *end) {
+	bool digits = s && (isdigit((unsigned char)s[0]) ||
+			    (s[0] == '-' && isdigit((unsigned char)s[1])));
+	long v = digits ? strtol(s, &end, 10) : 0;   /* decimal: 010 is ten, 08 is eight */
+	if (!digits || errno || *end) {
 		nf_cli_err("%s: expected a whole number, got '%s'", flag, s ? s : "");
 		return NF_EUSAGE;
 	}
@@ -153,6 +158,33 @@ int nf_cli_ids(const char *flag, const char *s, int32_t **ids, size_t *n)
 	*ids = v;
 	*n = k;
 	return 0;
+}
+
+bool nf_cli_out_ok(FILE *f, const char *what)
+{
+	errno = 0;
+	if (fflush(f) == 0 && !ferror(f))
+		return true;
+	int e = errno ? errno : EIO;
+	if (f != stderr)
+		nf_cli_err("writing %s: %s", what, strerror(e));
+	return false;
+}
+
+static void stale_warn(void *user, const char *path, uint64_t bytes, int rc)
+{
+	nf_cli_warn("%s (%.1f MB) was left by a writer that is gone; `nflash store clean %s` removes it",
+		    path, bytes / 1e6, (const char *)user);
+}
+
+void nf_cli_report_stale(const char *out)
+{
+	char *copy = strdup(out);
+	if (!copy)
+		return;
+	const char *dir = dirname(copy);
+	nf_io_tmp_sweep(dir, false, stale_warn, (void *)dir);
+	free(copy);
 }
 
 double nf_cli_now(void)

@@ -45,6 +45,21 @@ int nf_cli_size(const char *flag, const char *s, uint64_t *out);
 /* "1,2,3" -> malloc'd array the caller frees. */
 int nf_cli_ids(const char *flag, const char *s, int32_t **ids, size_t *n);
 
+/*
+ * nf_cli_out_ok - flush f and check that nothing written to it was lost
+ * (ENOSPC on `> /dev/full`, EPIPE, EIO). On a loss, says so on stderr
+ * ("nflash: writing standard output: ...", what names the stream) and
+ * returns false; later calls keep returning false.
+ */
+bool nf_cli_out_ok(FILE *f, const char *what);
+
+/*
+ * nf_cli_report_stale - warn about each temporary file a killed writer left
+ * in the directory of out (the output a command is about to write), with
+ * its size and the command that removes it (`nflash store clean DIR`).
+ */
+void nf_cli_report_stale(const char *out);
+
 /* Monotonic seconds. */
 double nf_cli_now(void);
 

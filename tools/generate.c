@@ -320,10 +320,13 @@ int nf_cmd_generate(int argc, char **argv)
 		} else if (stream) {
 			printf(n_gen > 1 ? " %d" : "%d", id);
 		}
-		if (stream)
-			fflush(stdout);
-		if (n_gen == max_gen)
+		if (stream && !nf_cli_out_ok(stdout, "standard output"))
+			goto done;     /* the text is lost: no point generating more */
+		if (n_gen == max_gen) {
+			if (o.n_predict < 0)
+				stop = STOP_CONTEXT;   /* -n -1 runs until the context is full */
 			break;
+		}
 		if (nf_ctx_n_past(mc.ctx) >= n_ctx) {
 			stop = STOP_CONTEXT;
 			break;
