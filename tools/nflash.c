@@ -13,6 +13,7 @@ int nf_cmd_eval(int argc, char **argv);
 int nf_cmd_generate(int argc, char **argv);
 int nf_cmd_import(int argc, char **argv);
 int nf_cmd_plan(int argc, char **argv);
+int nf_cmd_serve(int argc, char **argv);
 int nf_cmd_store(int argc, char **argv);
 int nf_cmd_synth(int argc, char **argv);
 int nf_cmd_tokenize(int argc, char **argv);
@@ -24,6 +25,7 @@ static const struct nf_cmd nf_cmds[] = {
 	{ "generate", nf_cmd_generate, "generate text after a prompt, with llama.cpp-style timings" },
 	{ "import", nf_cmd_import, "build a store from a GGUF (llama.cpp or PowerInfer)" },
 	{ "plan", nf_cmd_plan, "measure device and model, lay out a store, plan settings for a memory budget" },
+	{ "serve", nf_cmd_serve, "OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)" },
 	{ "store", nf_cmd_store, "make, inspect, verify and benchmark stores" },
 	{ "synth", nf_cmd_synth, "write a synthetic sparse model (GGUF); --report measures one" },
 	{ "tokenize", nf_cmd_tokenize, "token ids of a text with a GGUF vocabulary" },
