@@ -244,13 +244,26 @@ static double hot_share_of(struct nf_engine *e, const int32_t *ids, size_t n, in
 	nf_ctx_reset(ctx);
 	cr_assert_eq(nf_ctx_eval(ctx, ids, 8), 0);
 	int32_t id = 0;
+	struct nf_cache_stats w0, w1;
+	nf_cache_stats_get(c, &w0);
+	char line[512];
+	size_t at = 0;
 	for (size_t i = 0; i < n; i++) {
 		if (i == n / 2)
 			nf_cache_stats_get(c, &a);
 		id = nf_sampler_argmax(nf_ctx_logits(ctx), nv);
 		out_ids[i] = id;
 		cr_assert_eq(nf_ctx_eval(ctx, &id, 1), 0);
+		if ((i + 1) % 16 == 0) {
+			/* the hot hit rate of each 16 tokens, for the record */
+			nf_cache_stats_get(c, &w1);
+			uint64_t lk = w1.lookups - w0.lookups;
+			at += (size_t)snprintf(line + at, sizeof(line) - at, " %.3f",
+					       lk ? (double)(w1.hits_hot - w0.hits_hot) / (double)lk : 0.0);
+			w0 = w1;
+		}
 	}
+	cr_log_info("hot hit rate per 16 tokens:%s", line);
 	nf_cache_stats_get(c, &b);
 	memcpy(last, nf_ctx_logits(ctx), nv * sizeof(float));
 	uint64_t look = b.lookups - a.lookups;
