@@ -44,8 +44,15 @@ void pl_import(const char *gguf, char *out, size_t len);
 /* max |a[i] - b[i]| */
 double pl_max_diff(const float *a, const float *b, size_t n);
 
-/* The nflash binary, relative to the repository root. */
+/* The nflash binary, relative to the repository root (a cross build's
+ * Makefile passes its own). PL_NFLASH_CMD starts a shell command that runs
+ * it: through $NF_QEMU when the tests themselves run under qemu-user. */
+#ifdef NF_TEST_NFLASH
+#define PL_NFLASH NF_TEST_NFLASH
+#else
 #define PL_NFLASH "build/nflash"
+#endif
+#define PL_NFLASH_CMD "${NF_QEMU:+$NF_QEMU }" PL_NFLASH
 
 /* Run PL_NFLASH with args (a shell command line): stdout into out, stderr
  * into err (both NUL-terminated, truncated to their lengths); returns the
