@@ -60,9 +60,9 @@ TEST_RUN  := env NF_QEMU=$(QEMU) QEMU_CPU=$(QEMU_CPU) $(QEMU)
 # Criterion's arm64 runtime, unpacked by tools/deps.sh (see there why).
 CRIT_ARM64 ?= /opt/nflash-arm64
 CRIT_LIB   := $(CRIT_ARM64)/usr/lib/aarch64-linux-gnu
-LDLIBS_TEST := -L$(CRIT_LIB) -l:libcriterion.so.3 -Wl,--disable-new-dtags,-rpath,$(CRIT_LIB) -Wl,-rpath-link,$(CRIT_LIB) -ldl
+LDLIBS_TEST := -L$(CRIT_LIB) -l:libcriterion.so.3 -Wl,--disable-new-dtags,-rpath,$(CRIT_LIB) -Wl,-rpath-link,$(CRIT_LIB) -lcurl -ldl
 else
-LDLIBS_TEST := -lcriterion
+LDLIBS_TEST := -lcriterion -lcurl
 endif
 
 CC      ?= cc
@@ -82,6 +82,8 @@ endif
 CFLAGS  ?=
 CFLAGS  += $(CFLAGS_BASE)
 LDLIBS  := -laio -luring -lnuma -lm -lpthread
+# The command (tools/) alone: JSON reports and the server's HTTP.
+TOOL_LDLIBS := -ljansson -lmicrohttpd
 
 # Kernels for one ISA live in files named *_avx2.c / *_avx512.c (x86-64)
 # and *_neon.c / *_neondot.c (arm64) and are chosen at start-up from the
@@ -93,13 +95,11 @@ ISA_NEON    := -march=armv8-a
 ISA_NEONDOT := -march=armv8.2-a+dotprod
 isa_flags = $(if $(findstring _avx512,$1),$(ISA_AVX512),$(if $(findstring _avx2,$1),$(ISA_AVX2),$(if \
 	$(findstring _neondot,$1),$(ISA_NEONDOT),$(if $(findstring _neon,$1),$(ISA_NEON)))))
-ifeq ($(ARCH),arm64)
-ISA_OTHER := %_avx2.c %_avx512.c
-else
-ISA_OTHER := %_neon.c %_neondot.c
-endif
+# (a name holding the other architecture's tag, e.g. kernels_avx2_kquant.c)
+ISA_OTHER := $(if $(filter arm64,$(ARCH)),_avx,_neon)
+drop_other_isa = $(foreach f,$1,$(if $(findstring $(ISA_OTHER),$(notdir $f)),,$f))
 
-LIB_SRC := $(filter-out $(ISA_OTHER),$(sort $(wildcard storage/*.c compute/*.c planner/*.c)))
+LIB_SRC := $(call drop_other_isa,$(sort $(wildcard storage/*.c compute/*.c planner/*.c)))
 ifeq ($(BPF),1)
 LIB_SRC += $(filter-out %.bpf.c,$(wildcard bpf/*.c))
 LDLIBS  += -lbpf -lelf -lz
@@ -121,7 +121,10 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 TOOL_LIB_OBJ := $(filter-out $(B)/tools/nflash.o,$(TOOL_OBJ))
 
 .PHONY: all deps test test-run demo bench install clean fuzz
-all: deps $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
+# deps runs first, alone: with -j2 a compile must not start before deps has
+# installed the headers it needs on a fresh machine.
+all: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
 
 deps:
 	$(Q)CI=$(CI) ARCH=$(ARCH) $(if $(CROSS),CRIT_ARM64=$(CRIT_ARM64)) sh tools/deps.sh
@@ -141,7 +144,7 @@ $(B)/libnflash.so: $(LIB_OBJ)
 
 $(B)/nflash: $(TOOL_OBJ) $(B)/libnflash.a
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TOOL_OBJ) $(B)/libnflash.a $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TOOL_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS)
 
 $(B)/nflash.pc: Makefile
 	$(Q)mkdir -p $(@D)
@@ -162,7 +165,7 @@ $(TEST_OBJ): CFLAGS += -DNF_TEST_NFLASH='"$(B)/nflash"'
 endif
 $(B)/tests/nflash-tests: $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(LDLIBS) $(LDLIBS_TEST)
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS) $(LDLIBS_TEST)
 
 # TEST_FILTER='storage/*' runs one suite; TEST_JOBS sets Criterion's workers.
 # TEST_ISA=neon runs it with NFLASH_ISA forced (ARCH=arm64: QEMU_CPU=cortex-a57,
@@ -171,6 +174,13 @@ TEST_JOBS ?= 2
 test: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
 	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
+
+# ---- nflash serve with real clients: curl's view of SSE, the OpenAI Node SDK
+# (installed from npm into $(B)/openai-sdk; skipped with a reason without node)
+.PHONY: test-server
+test-server: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+	$(Q)sh tests/server/run.sh $(B)
 
 # ---- thread pool under ThreadSanitizer ----------------------------------
 # Criterion cannot start under TSan (Snaipe/Criterion#274), so the pool's
@@ -187,7 +197,7 @@ tsan-pool:
 $(B)/bench/%: bench/%.c $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,CCLD,$@)
 	$(Q)mkdir -p $(@D)
-	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(B)/libnflash.a $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS)
 
 bench: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(BENCH_BIN)
@@ -211,12 +221,12 @@ bench-decode: deps
 # committed); the grown corpus, log and any crash-* stay in build-fuzz/.
 FUZZ_B    := build-fuzz
 FUZZ_TIME ?= 600
-FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/error.c
+FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/dtype_kquant.c storage/error.c storage/io_sys.c storage/io_file.c
 $(FUZZ_B)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) include/nflash/gguf.h
 	$(call msg,FUZZ,$@)
 	$(Q)mkdir -p $(@D)
 	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined \
-		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -lm
+		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -laio -luring -lm
 $(FUZZ_B)/fuzz_seeds: tests/fuzz/fuzz_seeds.c $(B)/libnflash.a
 	$(call msg,CCLD,$@)
 	$(Q)mkdir -p $(@D)
@@ -233,7 +243,7 @@ $(FUZZ_B)/fuzz_tok: tests/fuzz/fuzz_tok.c $(TOK_FUZZ_SRC) include/nflash/tokeniz
 	$(call msg,FUZZ,$@)
 	$(Q)mkdir -p $(@D)
 	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined \
-		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_tok.c $(TOK_FUZZ_SRC) -lm
+		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_tok.c $(TOK_FUZZ_SRC) -laio -luring -lm
 .PHONY: fuzz-tok
 fuzz-tok: $(FUZZ_B)/fuzz_tok
 	$(Q)rm -rf $(FUZZ_B)/tok/seeds && mkdir -p $(FUZZ_B)/tok/corpus $(FUZZ_B)/tok/seeds

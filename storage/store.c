@@ -97,6 +97,8 @@ static uint64_t down_part_bytes(uint32_t form, uint32_t down_dtype, uint32_t dim
 		return dim;
 	if (down_dtype == NF_DTYPE_Q4_0 && dim % 2 == 0)
 		return dim / 2;
+	if (nf_dtype_is_kquant(down_dtype) && (uint64_t)dim * nf_kquant_bits(down_dtype) % 8 == 0)
+		return (uint64_t)dim * nf_kquant_bits(down_dtype) / 8;
 	return 0;
 }
 
@@ -160,26 +162,36 @@ void nf_store_sb_build(struct nf_store_sb_disk *sb, const struct nf_store_info *
 	} else {
 		sb->compat = htole64(in->compat & ~NF_STORE_COMPAT_PROFILE);
 	}
+	if (in->plan_length) {
+		sb->compat |= htole64(NF_STORE_COMPAT_PLAN);
+		sb->plan_offset = htole64(in->plan_offset);
+		sb->plan_length = htole64(in->plan_length);
+		sb->plan_crc = htole32(in->plan_crc);
+	} else {
+		sb->compat &= htole64(~NF_STORE_COMPAT_PLAN);
+	}
 	sb->crc = htole32(nf_store_sb_crc(sb));
 }
 
 static int read_full(struct nf_store *s, int fd, void *buf, size_t len, uint64_t off)
 {
-	uint8_t *p = buf;
-	while (len) {
-		ssize_t n = s->sys.pread(fd, p, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return NF_ETRUNCATED;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
+	return nf_io_pread_full(&s->sys, fd, buf, len, off);
+}
+
+bool nf_store_probe(const char *path)
+{
+	int fd = nf_io_sys_default.open(path, O_RDONLY, 0);
+	if (fd < 0)
+		return false;
+	bool is = false;
+	for (int slot = 0; slot < 2 && !is; slot++) {
+		uint64_t magic;
+		if (nf_io_pread_full(&nf_io_sys_default, fd, &magic, sizeof(magic),
+				     (uint64_t)slot * NF_STORE_SB_SLOT) == 0)
+			is = le64toh(magic) == NF_STORE_MAGIC || le64toh(magic) == NF_STORE_MAGIC_SWAPPED;
 	}
-	return 0;
+	nf_io_sys_default.close(fd);
+	return is;
 }
 
 static bool is_pow2(uint64_t v)
@@ -220,10 +232,17 @@ static int sb_check(const uint8_t *raw, const char *path, int slot, uint64_t act
 	sb->profile_offset = le64toh(sb->profile_offset);
 	sb->profile_length = le64toh(sb->profile_length);
 	sb->profile_crc = le32toh(sb->profile_crc);
+	sb->plan_offset = le64toh(sb->plan_offset);
+	sb->plan_length = le64toh(sb->plan_length);
+	sb->plan_crc = le32toh(sb->plan_crc);
 	if (!(sb->compat & NF_STORE_COMPAT_PROFILE)) {
 		/* fields of a feature the writer did not set: ignore them */
 		sb->profile_offset = sb->profile_length = 0;
 		sb->profile_crc = 0;
+	}
+	if (!(sb->compat & NF_STORE_COMPAT_PLAN)) {
+		sb->plan_offset = sb->plan_length = 0;
+		sb->plan_crc = 0;
 	}
 	if (sb->version > NF_STORE_VERSION || sb->version == 0)
 		return nf_diag_fail(d, NF_EVERSION,
@@ -280,6 +299,14 @@ static int sb_check(const uint8_t *raw, const char *path, int slot, uint64_t act
 				    "past the end of the file or over the object table",
 				    path, slot, (unsigned long long)sb->profile_offset,
 				    (unsigned long long)sb->profile_length);
+	if (sb->plan_length &&
+	    (sb->plan_offset % sb->block_size || sb->plan_offset < sb->data_start ||
+	     __builtin_add_overflow(sb->plan_offset, sb->plan_length, &pend) || pend > sb->file_size ||
+	     (sb->plan_offset < tend && pend > sb->table_offset)))
+		return nf_diag_fail(d, NF_EFORMAT,
+				    "%s: superblock %d: plan_offset %llu + plan_length %llu is misaligned, past the "
+				    "end of the file or over the object table",
+				    path, slot, (unsigned long long)sb->plan_offset, (unsigned long long)sb->plan_length);
 	return 0;
 }
 
@@ -384,7 +411,7 @@ static int obj_decode(struct nf_store *s, uint32_t i, const struct nf_store_sb_d
 	if (!nf_dtype_valid(o->down_dtype))
 		return OBJFAIL(NF_EUNSUPPORTED, "unknown down_dtype %u", o->down_dtype);
 	uint64_t down = down_part_bytes(o->down_form, o->down_dtype, o->dim);
-	if (down == 0 || (o->down_form == NF_DOWN_QCOL && o->n_bundles % NF_QK))
+	if (down == 0 || (o->down_form == NF_DOWN_QCOL && o->n_bundles % nf_dtype_block_len(o->down_dtype)))
 		return OBJFAIL(NF_EFORMAT, "no %s down part of %s for dim %u and %u bundles",
 			       o->down_form == NF_DOWN_QCOL ? "qcol" : "row",
 			       nf_dtype_name(o->down_dtype), o->dim, o->n_bundles);
@@ -504,6 +531,10 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 		rc = nf_diag_fail(d, -errno, "%s: fstat: %s", path, nf_strerror(-errno));
 		goto fail;
 	}
+	if (S_ISDIR(st.st_mode)) {
+		rc = nf_diag_fail(d, -EISDIR, "%s: is a directory, not a store", path);
+		goto fail;
+	}
 	uint64_t size = (uint64_t)st.st_size;
 	if (S_ISBLK(st.st_mode) && s->sys.ioctl_size(fd, &size) < 0) {
 		rc = nf_diag_fail(d, -errno, "%s: BLKGETSIZE64: %s", path, nf_strerror(-errno));
@@ -567,6 +598,9 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 	s->info.profile_offset = u->profile_offset;
 	s->info.profile_length = u->profile_length;
 	s->info.profile_crc = u->profile_crc;
+	s->info.plan_offset = u->plan_offset;
+	s->info.plan_length = u->plan_length;
+	s->info.plan_crc = u->plan_crc;
 
 	s->table = malloc(u->table_length ? u->table_length : 1);
 	s->objs = calloc(u->n_objects ? u->n_objects : 1, sizeof(*s->objs));
@@ -600,6 +634,14 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 		    u->profile_offset < ob->offset + ob->length) {
 			rc = nf_diag_fail(d, NF_EFORMAT, "%s: the profile section overlaps object '%s'", path,
 					  ob->name);
+			goto fail;
+		}
+	}
+	for (uint32_t i = 0; i < u->n_objects && u->plan_length; i++) {
+		const struct nf_store_object *ob = &s->objs[i];
+		if (ob->length && ob->offset < u->plan_offset + u->plan_length &&
+		    u->plan_offset < ob->offset + ob->length) {
+			rc = nf_diag_fail(d, NF_EFORMAT, "%s: the plan section overlaps object '%s'", path, ob->name);
 			goto fail;
 		}
 	}
@@ -695,8 +737,12 @@ const struct nf_store_object *nf_store_ffn_scales(const struct nf_store *s,
 		return NULL;
 	snprintf(name, sizeof(name), "%s.down_scales", obj->name);
 	const struct nf_store_object *sc = nf_store_object_find(s, name);
+	struct nf_bundle_layout L;
+	uint64_t shape[2];
+	nf_store_ffn_layout(obj, &L);
+	nf_bundle_scales_shape(&L, shape);
 	if (!sc || sc->kind != NF_STORE_KIND_DENSE || sc->dtype != NF_DTYPE_F16 ||
-	    sc->n_dims != 2 || sc->shape[0] != obj->dim || sc->shape[1] != obj->n_bundles / NF_QK)
+	    sc->n_dims != 2 || sc->shape[0] != shape[0] || sc->shape[1] != shape[1])
 		return NULL;
 	return sc;
 }

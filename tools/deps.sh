@@ -5,7 +5,8 @@
 # ARCH=arm64 on a machine that is not arm64 (make ... ARCH=arm64) adds the
 # cross toolchain, qemu-user and the arm64 dev packages through multiarch.
 PKGS="build-essential libaio-dev liburing-dev libnuma-dev libbpf-dev libelf-dev \
-zlib1g-dev libcriterion-dev bpftool clang llvm pkg-config fio gnuplot-nox"
+zlib1g-dev libcriterion-dev bpftool clang llvm pkg-config fio gnuplot-nox \
+libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev curl"
 
 host=$(dpkg --print-architecture)
 cross=""
@@ -17,7 +18,8 @@ CRIT_ARM64=${CRIT_ARM64:-/opt/nflash-arm64}
 if [ "${ARCH:-}" = arm64 ] && [ "$host" != arm64 ]; then
 	cross=1
 	PKGS="$PKGS gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static libc6:arm64 \
-libaio-dev:arm64 liburing-dev:arm64 libnuma-dev:arm64 libbpf-dev:arm64 libgit2-1.5:arm64 libffi8:arm64"
+libaio-dev:arm64 liburing-dev:arm64 libnuma-dev:arm64 libbpf-dev:arm64 libgit2-1.5:arm64 libffi8:arm64 \
+libjansson-dev:arm64 libmicrohttpd-dev:arm64 libcurl4-openssl-dev:arm64"
 fi
 
 crit_arm64() {
