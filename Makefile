@@ -161,7 +161,7 @@ $(B)/nflash.pc: Makefile
 # binary to spawn.
 ifneq ($(CROSS),)
 TEST_OBJ += $(B)/tests/qemu_exec.o
-$(TEST_OBJ): CFLAGS += -DNF_TEST_NFLASH='"$(B)/nflash"'
+$(TEST_OBJ): CFLAGS += -DNF_TEST_NFLASH='"$(B)/nflash"' -DNF_TEST_SLOWDOWN=10
 endif
 $(B)/tests/nflash-tests: $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,LD,$@)

@@ -15,6 +15,13 @@
 
 #include "nflash/model.h"
 
+/* Tests' own time limits are multiplied by this: a cross build's suite runs
+ * under qemu-user, several times slower than the machine (the Makefile
+ * passes 10 there). */
+#ifndef NF_TEST_SLOWDOWN
+#define NF_TEST_SLOWDOWN 1
+#endif
+
 /*
  * pl_store_from_model - write every dense layer's FFN of m to a store at
  * path: bundle j = gate row j, up row j, down column j. With shuffle, the
