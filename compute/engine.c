@@ -42,6 +42,7 @@ void nf_engine_opts_default(struct nf_engine_opts *o)
 	o->io_backend = -1;
 	o->read_gap = -1;
 	o->cold_slots = -1;
+	o->replan_moves = -1;
 	o->profile_sig_tokens = 512;
 }
 
@@ -482,6 +483,8 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 		nf_cache_layout_get(e->cache, &cl);
 		/* a profile's hot set is loaded already; else learn it online */
 		sp.hot_after = cl.hot_from_profile ? 0 : 4;
+		/* then follow the text (a calibration run only counts) */
+		sp.replan_moves = o->profile ? 0 : o->replan_moves < 0 ? 1024u : (uint32_t)o->replan_moves;
 		if (cl.profile_error)
 			say(e, "warning: %s: the store's profile is not used (%s); the hot set is learned online",
 			    e->store_path, nf_strerror(cl.profile_error));
