@@ -37,7 +37,6 @@
 #include "nflash/kernels.h"
 #include "nflash/model.h"
 #include "nflash/pool.h"
-#include <immintrin.h>
 #include "bench_common.h"
 
 #define B_EMBD 4096u
@@ -205,26 +204,11 @@ struct read_job {
 	uint64_t sink[64];
 };
 
-__attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t bytes)
-{
-	__m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-	for (size_t i = 0; i + 128 <= bytes; i += 128) {
-		s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(p + i)));
-		s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 32)));
-		s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + i + 64)));
-		s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(p + i + 96)));
-	}
-	s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
-	uint64_t l[4];
-	_mm256_storeu_si256((__m256i *)l, s0);
-	return l[0] + l[1] + l[2] + l[3];
-}
-
 static void read_fn(void *arg, int ith, int nth)
 {
 	struct read_job *j = arg;
 	size_t chunk = j->bytes / (size_t)nth & ~(size_t)255;
-	j->sink[ith & 63] += sum_avx2(j->buf + chunk * (size_t)ith, chunk);
+	j->sink[ith & 63] += nf_bench_memsum(j->buf + chunk * (size_t)ith, chunk);
 }
 
 /* GB/s of one pass over the buffer. */

@@ -13,9 +13,8 @@
  * time: on a machine shared with other work they show what the kernel does
  * while it runs, and the wall-clock columns what the caller waited.
  *
- *	make bench BENCH=bench_kernels   # or: build/bench/bench_kernels [avx512|avx2|scalar...]
+ *	make bench BENCH=bench_kernels   # or: build/bench/bench_kernels [avx512|avx2|neon-dot|neon|scalar...]
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,41 +86,13 @@ struct read_job {
 	double cpu[8];
 };
 
-__attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, size_t bytes)
-{
-	__m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-	for (size_t i = 0; i + 256 <= bytes; i += 256) {
-		s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)(p + i)));
-		s1 = _mm512_add_epi64(s1, _mm512_load_si512((const void *)(p + i + 64)));
-		s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(p + i + 128)));
-		s3 = _mm512_add_epi64(s3, _mm512_load_si512((const void *)(p + i + 192)));
-	}
-	return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1),
-								  _mm512_add_epi64(s2, s3)));
-}
-
-__attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t bytes)
-{
-	__m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-	for (size_t i = 0; i + 128 <= bytes; i += 128) {
-		s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(p + i)));
-		s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 32)));
-		s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + i + 64)));
-		s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(p + i + 96)));
-	}
-	s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
-	uint64_t l[4];
-	_mm256_storeu_si256((__m256i *)l, s0);
-	return l[0] + l[1] + l[2] + l[3];
-}
-
 static void read_fn(void *arg, int ith, int nth)
 {
 	struct read_job *j = arg;
 	size_t chunk = j->bytes / (size_t)nth & ~(size_t)255;
 	const char *p = j->buf + chunk * (size_t)ith;
 	double t0 = thread_cpu();
-	j->sink[ith] += __builtin_cpu_supports("avx512f") ? sum_avx512(p, chunk) : sum_avx2(p, chunk);
+	j->sink[ith] += nf_bench_memsum(p, chunk);
 	j->cpu[ith] = thread_cpu() - t0;
 }
 
@@ -187,9 +158,9 @@ int main(int argc, char **argv)
 	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16 };
 	static const char *const type_names[] = { "q4_0", "q8_0", "f16" };
 	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16 };
-	const char *all_isas[] = { "avx512", "avx2" }; /* scalar: name it on the command line */
+	const char *all_isas[] = NF_BENCH_ISAS; /* scalar: name it on the command line */
 	const char **isas = all_isas;
-	int nisa = 2;
+	int nisa = (int)(sizeof(all_isas) / sizeof(all_isas[0]));
 	if (argc > 1) {
 		isas = (const char **)argv + 1;
 		nisa = argc - 1;

@@ -4,11 +4,13 @@
  * Invariants:
  * 1. The table is chosen once per process (pthread_once) and never changes
  *    afterwards; that choice is the only mutable state in the kernels.
- * 2. A SIMD table is returned only after __builtin_cpu_supports has seen
- *    every instruction set its file was compiled for, so no code path
- *    reaches an instruction the CPU lacks.
- * 3. NFLASH_ISA=scalar|avx2|avx512 forces a table; a name the CPU cannot run
- *    falls back to the best table it can, with one line on stderr.
+ * 2. A SIMD table is returned only after the CPU reported every
+ *    instruction set its file was compiled for (__builtin_cpu_supports on
+ *    x86-64, getauxval(AT_HWCAP) on arm64), so no code path reaches an
+ *    instruction the CPU lacks. Only the target's SIMD files are built.
+ * 3. NFLASH_ISA=scalar|avx2|avx512 (x86-64), scalar|neon|neon-dot (arm64)
+ *    forces a table; a name the CPU or build cannot run falls back to the
+ *    best table it can, with one line on stderr.
  */
 #include <math.h>
 #include <pthread.h>
@@ -57,13 +59,13 @@ const struct nf_kernels *nf_kernels_ref(void)
 	return &nf_kernels_table_ref;
 }
 
-const struct nf_kernels *nf_kernels_isa(const char *isa)
+#if defined(__x86_64__)
+/* Best first. */
+static const char *const isa_order[] = { "avx512", "avx2", "scalar" };
+
+static const struct nf_kernels *isa_table(const char *isa)
 {
-	if (!isa)
-		return NULL;
 	__builtin_cpu_init();
-	if (!strcmp(isa, "scalar"))
-		return &nf_kernels_table_ref;
 	if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") &&
 	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
 		return &nf_kernels_table_avx2;
@@ -75,13 +77,48 @@ const struct nf_kernels *nf_kernels_isa(const char *isa)
 		return &nf_kernels_table_avx512;
 	return NULL;
 }
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+
+static const char *const isa_order[] = { "neon-dot", "neon", "scalar" };
+
+/* neon: Advanced SIMD (fp16 <-> f32 conversions are part of it);
+ * neon-dot: plus the dot-product instructions (sdot, FEAT_DotProd). */
+static const struct nf_kernels *isa_table(const char *isa)
+{
+	unsigned long hw = getauxval(AT_HWCAP);
+	if (!(hw & HWCAP_ASIMD))
+		return NULL;
+	if (!strcmp(isa, "neon"))
+		return &nf_kernels_table_neon;
+	if (!strcmp(isa, "neon-dot") && (hw & HWCAP_ASIMDDP))
+		return &nf_kernels_table_neondot;
+	return NULL;
+}
+#else
+static const char *const isa_order[] = { "scalar" };
+
+static const struct nf_kernels *isa_table(const char *isa)
+{
+	(void)isa;
+	return NULL;
+}
+#endif
+
+const struct nf_kernels *nf_kernels_isa(const char *isa)
+{
+	if (!isa)
+		return NULL;
+	if (!strcmp(isa, "scalar"))
+		return &nf_kernels_table_ref;
+	return isa_table(isa);
+}
 
 static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
 static const struct nf_kernels *kernels_chosen;
 
 static void kernels_choose(void)
 {
-	static const char *const order[] = { "avx512", "avx2", "scalar" };
 	const char *want = getenv("NFLASH_ISA");
 	const struct nf_kernels *k = NULL;
 
@@ -91,8 +128,8 @@ static void kernels_choose(void)
 			fprintf(stderr, "nflash: NFLASH_ISA=%s is not available on this CPU or build; "
 				"using the best available\n", want);
 	}
-	for (size_t i = 0; !k && i < sizeof(order) / sizeof(order[0]); i++)
-		k = nf_kernels_isa(order[i]);
+	for (size_t i = 0; !k && i < sizeof(isa_order) / sizeof(isa_order[0]); i++)
+		k = nf_kernels_isa(isa_order[i]);
 	kernels_chosen = k;
 }
 

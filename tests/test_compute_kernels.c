@@ -1,7 +1,8 @@
 /*
  * test_compute_kernels.c - the kernel tables: the reference against
  * double-precision formulas, and every ISA's every entry against the
- * reference on odd sizes.
+ * reference on odd sizes. A build has only its target's SIMD tables
+ * (x86-64: avx2, avx512; arm64: neon, neon-dot); the others skip.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -10,7 +11,7 @@
 
 #include "nflash/kernels.h"
 
-static const char *const isas[] = { "scalar", "avx2", "avx512" };
+static const char *const isas[] = { "scalar", "avx2", "avx512", "neon", "neon-dot" };
 static const enum nf_ktype all_kt[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
 					NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K };
 _Static_assert(sizeof(all_kt) / sizeof(all_kt[0]) == NF_KT_COUNT, "every ktype tested");
@@ -668,3 +669,24 @@ static void check_isa(const char *isa)
 Test(kernels, scalar_matches_ref) { check_isa(isas[0]); }
 Test(kernels, avx2_matches_ref) { check_isa(isas[1]); }
 Test(kernels, avx512_matches_ref) { check_isa(isas[2]); }
+Test(kernels, neon_matches_ref) { check_isa(isas[3]); }
+Test(kernels, neondot_matches_ref) { check_isa(isas[4]); }
+
+/* On arm64 the choice follows the CPU: sdot where it has it. */
+Test(kernels, arm64_picks_by_hwcap)
+{
+#if defined(__aarch64__)
+	const struct nf_kernels *dot = nf_kernels_isa("neon-dot");
+	cr_assert_not_null(nf_kernels_isa("neon"), "every arm64 CPU has Advanced SIMD");
+	const char *want = getenv("NFLASH_ISA");
+	if (!want || !*want)
+		cr_assert_str_eq(nf_kernels_get()->isa, dot ? "neon-dot" : "neon");
+	else
+		cr_assert_str_eq(nf_kernels_get()->isa, want);
+	cr_assert_null(nf_kernels_isa("avx2"));
+#else
+	cr_assert_null(nf_kernels_isa("neon"));
+	cr_assert_null(nf_kernels_isa("neon-dot"));
+	cr_skip_test("not an arm64 build: only checked that the NEON tables are absent");
+#endif
+}

@@ -172,16 +172,23 @@ static void check_dir(const char *dir)
 	cr_assert(checked > 0, "no model with a reference in %s", dir);
 }
 
-Test(model, fidelity_all_testdata_models, .timeout = 120)
+Test(model, fidelity_all_testdata_models, .timeout = 120 * NF_TEST_SLOWDOWN)
 {
 	check_dir(MODELS_DIR);
 }
 
 /* K-quant files as llama-quantize's recipes mix them (Q4_K_M: Q4_K with
  * Q6_K output and down matrices, ...), activations rounded to Q8_K. */
-Test(model, fidelity_kquant_testdata_models, .timeout = 120)
+Test(model, fidelity_kquant_testdata_models, .timeout = 120 * NF_TEST_SLOWDOWN)
 {
 	check_dir(KQUANT_DIR);
+}
+
+/* A real, trained model (llama2.c's stories260K): 5 layers, 8 heads over 4
+ * KV heads, vocabulary 512, a 17-token prompt with BOS. */
+Test(model, fidelity_real_testdata_models, .timeout = 120 * NF_TEST_SLOWDOWN)
+{
+	check_dir("../shared/testdata/real");
 }
 
 Test(model, f16_kv_cache_close_to_f32)
