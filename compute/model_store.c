@@ -36,15 +36,7 @@
 
 bool nf_model_path_is_store(const char *path)
 {
-	static const unsigned char magic[8] = { 0x89, 'N', 'F', 'S', 'T', 'O', 'R', 'E' };
-	unsigned char buf[8];
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	bool is = pread(fd, buf, sizeof(buf), 0) == (ssize_t)sizeof(buf) &&
-		  !memcmp(buf, magic, sizeof(buf));
-	close(fd);
-	return is;
+	return nf_store_probe(path);   /* either superblock, as nf_store_open reads them */
 }
 
 static uint64_t round_up(uint64_t v, uint64_t a)

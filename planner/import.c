@@ -5,7 +5,8 @@
  *  1. Everything is checked before the first byte is written: every FFN
  *     tensor present with the shapes and types its layer implies, every
  *     bundle layout exact, every name storable. Errors name the file and
- *     the tensor.
+ *     the tensor; the hyperparameters pass the runtime's own check
+ *     (nf_model_hparams_read), so import never writes what eval refuses.
  *  2. Bytes are copied, never converted: dense objects are the tensors'
  *     bytes; bundles are nf_bundle_pack() of the tensors (lossless by
  *     construction, see storage/bundle.c).
@@ -33,6 +34,7 @@
 #include "nflash/gguf.h"
 #include "nflash/import.h"
 #include "nflash/io.h"
+#include "nflash/model.h"
 #include "nflash/store.h"
 
 #define CHUNK_BYTES (1u << 20)
@@ -303,26 +305,20 @@ static int plan(struct import *im)
  * into memory and removed. */
 static int make_meta(struct import *im)
 {
-	char *dcopy = strdup(im->out), *tdir = NULL, *tfile = NULL;
+	char *tdir = NULL, *tfile = NULL;
 	struct nf_gguf_writer *w = NULL;
-	FILE *f = NULL;
-	int rc = -ENOMEM;
-	if (!dcopy || asprintf(&tdir, "%s/.nflash-import.XXXXXX", dirname(dcopy)) < 0) {
-		tdir = NULL;
-		goto out;
-	}
-	if (!mkdtemp(tdir)) {
-		rc = nf_diag_fail(im->d, -errno, "%s: cannot create a temporary directory: %s",
-				  im->out, nf_strerror(-errno));
-		free(tdir);
-		tdir = NULL;
-		goto out;
-	}
+	const struct nf_io_sys *sys = im->o->sys ? im->o->sys : &nf_io_sys_default;
+	int fd = -1;
+	int dfd = -1;      /* holds the directory's lock: a sweep leaves it alone */
+	int rc = nf_io_tmp_create(im->o->sys, im->out, true, &tdir, &dfd, im->d);
+	if (rc < 0)
+		return rc;
+	rc = -ENOMEM;
 	if (asprintf(&tfile, "%s/meta.gguf", tdir) < 0) {
 		tfile = NULL;
 		goto out;
 	}
-	rc = nf_gguf_writer_open(tfile, nf_gguf_is_powerinfer(im->g), &w, im->d);
+	rc = nf_gguf_writer_open_sys(tfile, nf_gguf_is_powerinfer(im->g), im->o->sys, &w, im->d);
 	for (size_t i = 0; rc == 0 && i < nf_gguf_n_kv(im->g); i++) {
 		const struct nf_gguf_kv *kv = nf_gguf_kv_at(im->g, i);
 		rc = nf_gguf_writer_kv_copy(w, kv);
@@ -336,9 +332,9 @@ static int make_meta(struct import *im)
 	}
 	if (rc < 0)
 		goto out;
-	f = fopen(tfile, "rb");
+	fd = sys->open(tfile, O_RDONLY, 0);
 	struct stat st;
-	if (!f || fstat(fileno(f), &st) < 0) {
+	if (fd < 0 || sys->fstat(fd, &st) < 0) {
 		rc = nf_diag_fail(im->d, -errno, "%s: %s", tfile, nf_strerror(-errno));
 		goto out;
 	}
@@ -348,8 +344,8 @@ static int make_meta(struct import *im)
 		rc = -ENOMEM;
 		goto out;
 	}
-	if (fread(im->meta, 1, im->meta_len, f) != im->meta_len) {
-		rc = nf_diag_fail(im->d, NF_ESHORT, "%s: short read", tfile);
+	if ((rc = nf_io_pread_full(sys, fd, im->meta, im->meta_len, 0)) < 0) {
+		rc = nf_diag_fail(im->d, rc, "%s: reading it back: %s", tfile, nf_strerror(rc));
 		goto out;
 	}
 	/* The image must parse: the model reads it back from the store. */
@@ -359,16 +355,15 @@ static int make_meta(struct import *im)
 out:
 	if (rc == -ENOMEM)
 		nf_diag_fail(im->d, rc, "%s: out of memory", im->out);
-	if (f)
-		fclose(f);
+	if (fd >= 0)
+		sys->close(fd);
 	nf_gguf_writer_abort(w);
 	if (tfile)
-		unlink(tfile);
-	if (tdir)
-		rmdir(tdir);
+		sys->unlink(tfile);
+	rmdir(tdir);
+	sys->close(dfd);
 	free(tfile);
 	free(tdir);
-	free(dcopy);
 	return rc;
 }
 
@@ -659,16 +654,23 @@ int nf_import(const char *gguf_path, const char *out_path, const struct nf_impor
 		im.o = opts = &defaults;
 	}
 	struct stat st;
+	if ((rc = nf_io_target_check(opts->sys, out_path, d)) < 0)
+		return rc;
 	if (!opts->overwrite && stat(out_path, &st) == 0)
 		return nf_diag_fail(d, NF_EUSAGE,
 				    "%s: already exists and is kept (nflash import --force replaces it)",
 				    out_path);
 
 	double t0 = now_s();
-	rc = nf_gguf_open(gguf_path, NF_GGUF_MMAP, &im.g, d);
+	rc = nf_gguf_open_sys(gguf_path, NF_GGUF_MMAP, opts->sys, &im.g, d);
 	if (rc < 0)
 		goto out;
 	im.rep.powerinfer = nf_gguf_is_powerinfer(im.g);
+	/* The runtime's own hyperparameter check: a store eval would refuse
+	 * (head_count 0, eps NaN) is never written. */
+	struct nf_model_hparams hp;
+	if ((rc = nf_model_hparams_read(im.g, &hp, d)) < 0)
+		goto out;
 	if ((rc = plan(&im)) < 0 || (rc = make_meta(&im)) < 0)
 		goto out;
 

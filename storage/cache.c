@@ -409,6 +409,7 @@ void nf_cache_close(struct nf_cache *c)
 	free(c->reads);
 	free(c->run_neurons);
 	free(c->run_slots);
+	free(c->span_slots);
 	free(c->order);
 	free(c->sortbuf);
 	free(c->pinned_list);

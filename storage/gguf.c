@@ -37,6 +37,7 @@
 
 #include "nflash/dtype.h"
 #include "nflash/gguf.h"
+#include "nflash/io.h"
 
 /* A string element of an array key (arr_data points to an array of these). */
 struct nf_gguf_str {
@@ -58,6 +59,7 @@ struct nf_gguf {
 	uint64_t data_offset;
 	uint64_t file_size;
 	int fd;                   /* -1 for open_mem */
+	struct nf_io_sys sys;     /* every system call goes through it */
 	const uint8_t *map;       /* the mapping kept with NF_GGUF_MMAP, else NULL */
 	size_t map_len;
 	const uint8_t *mem;       /* open_mem's buffer */
@@ -618,6 +620,7 @@ static struct nf_gguf *reader_new(const char *path)
 	if (!g)
 		return NULL;
 	g->fd = -1;
+	g->sys = nf_io_sys_default;
 	g->path = strdup(path);
 	if (!g->path) {
 		free(g);
@@ -631,9 +634,9 @@ void nf_gguf_close(struct nf_gguf *g)
 	if (!g)
 		return;
 	if (g->map)
-		munmap((void *)g->map, g->map_len);
+		g->sys.munmap((void *)g->map, g->map_len);
 	if (g->fd >= 0)
-		close(g->fd);
+		g->sys.close(g->fd);
 	while (g->arena) {
 		struct nf_gguf_chunk *n = g->arena->next;
 		free(g->arena);
@@ -668,6 +671,12 @@ int nf_gguf_open_mem(const void *buf, size_t len, struct nf_gguf **out, struct n
 
 int nf_gguf_open(const char *path, unsigned flags, struct nf_gguf **out, struct nf_diag *diag)
 {
+	return nf_gguf_open_sys(path, flags, NULL, out, diag);
+}
+
+int nf_gguf_open_sys(const char *path, unsigned flags, const struct nf_io_sys *sys,
+		     struct nf_gguf **out, struct nf_diag *diag)
+{
 	struct stat st;
 	const uint8_t *map = NULL;
 	int rc;
@@ -679,13 +688,15 @@ int nf_gguf_open(const char *path, unsigned flags, struct nf_gguf **out, struct 
 	struct nf_gguf *g = reader_new(path);
 	if (!g)
 		return nf_diag_fail(diag, -ENOMEM, "%s: out of memory", path);
-	g->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (sys)
+		g->sys = *sys;
+	g->fd = g->sys.open(path, O_RDONLY, 0);
 	if (g->fd < 0) {
 		rc = -errno;
 		nf_diag_fail(diag, rc, "%s: cannot open: %s", path, nf_strerror(rc));
 		goto fail;
 	}
-	if (fstat(g->fd, &st) < 0) {
+	if (g->sys.fstat(g->fd, &st) < 0) {
 		rc = -errno;
 		nf_diag_fail(diag, rc, "%s: cannot stat: %s", path, nf_strerror(rc));
 		goto fail;
@@ -695,7 +706,7 @@ int nf_gguf_open(const char *path, unsigned flags, struct nf_gguf **out, struct 
 		goto fail;
 	}
 	if (st.st_size > 0) {
-		void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, g->fd, 0);
+		void *m = g->sys.mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, g->fd, 0);
 		if (m == MAP_FAILED) {
 			rc = -errno;
 			nf_diag_fail(diag, rc, "%s: cannot map: %s", path, nf_strerror(rc));
@@ -712,14 +723,14 @@ int nf_gguf_open(const char *path, unsigned flags, struct nf_gguf **out, struct 
 		for (size_t i = 0; i < g->n_tensors; i++)
 			g->tensors[i].data = map + g->tensors[i].offset;
 	} else if (map) {
-		munmap((void *)map, (size_t)st.st_size);
+		g->sys.munmap((void *)map, (size_t)st.st_size);
 	}
 	*out = g;
 	return 0;
 
 fail_unmap:
 	if (map)
-		munmap((void *)map, (size_t)st.st_size);
+		g->sys.munmap((void *)map, (size_t)st.st_size);
 fail:
 	nf_gguf_close(g);
 	return rc;
@@ -892,20 +903,6 @@ int nf_gguf_read_tensor(const struct nf_gguf *g, const struct nf_gguf_tensor *t,
 		memcpy(buf, base + t->offset + off, len);
 		return 0;
 	}
-	uint8_t *p = buf;
-	uint64_t pos = t->offset + off;
-	while (len) {
-		ssize_t r = pread(g->fd, p, len, (off_t)pos);
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (r == 0)
-			return NF_ESHORT;
-		p += r;
-		pos += (uint64_t)r;
-		len -= (size_t)r;
-	}
-	return 0;
+	int rc = nf_io_pread_full(&g->sys, g->fd, buf, len, t->offset + off);
+	return rc == NF_ETRUNCATED ? NF_ESHORT : rc;
 }

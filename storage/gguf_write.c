@@ -9,8 +9,9 @@
  *
  * Invariants:
  *  1. Nothing is ever written under the final name until finish(): the file
- *     is built as ".<name>.tmp-<random>" in the same directory, fsynced,
- *     renamed over the final name, and the directory is fsynced. A killed
+ *     is built as ".<name>.nflash-tmp.<pid>.<hex>" (nf_io_tmp_create) in
+ *     the same directory, fsynced, renamed over the final name, and the
+ *     directory is fsynced. A killed
  *     process leaves at most that temporary file; abort() or a failed
  *     finish() unlinks it.
  *  2. Errors stick: after the first failure every call returns it, and
@@ -25,12 +26,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "nflash/dtype.h"
 #include "nflash/gguf.h"
+#include "nflash/io.h"
 
 #define WBUF_SIZE (1u << 20)
 
@@ -49,6 +50,8 @@ struct wtensor {
 struct nf_gguf_writer {
 	char *path, *tmp, *dir;
 	int fd;
+	uint64_t pos;            /* bytes written to fd */
+	struct nf_io_sys sys;    /* every system call goes through it */
 	bool powerinfer;
 	int err;                 /* sticky first error, 0 if none */
 	uint64_t alignment;
@@ -106,26 +109,18 @@ static int fail(struct nf_gguf_writer *w, int rc)
 	return rc;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
+static int write_all(struct nf_gguf_writer *w, const uint8_t *p, size_t n)
 {
-	while (n) {
-		ssize_t r = write(fd, p, n);
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (r == 0)
-			return NF_ESHORT;
-		p += r;
-		n -= (size_t)r;
-	}
+	int rc = nf_io_pwrite_full(&w->sys, w->fd, p, n, w->pos);
+	if (rc < 0)
+		return rc == NF_ETRUNCATED ? NF_ESHORT : rc;
+	w->pos += n;
 	return 0;
 }
 
 static int flush(struct nf_gguf_writer *w)
 {
-	int rc = write_all(w->fd, w->out, w->out_len);
+	int rc = write_all(w, w->out, w->out_len);
 	w->out_len = 0;
 	return rc < 0 ? fail(w, rc) : 0;
 }
@@ -139,7 +134,7 @@ static int emit(struct nf_gguf_writer *w, const void *p, size_t n)
 		if (rc < 0)
 			return rc;
 		if (n >= WBUF_SIZE) {
-			rc = write_all(w->fd, p, n);
+			rc = write_all(w, p, n);
 			return rc < 0 ? fail(w, rc) : 0;
 		}
 	}
@@ -166,6 +161,12 @@ static uint64_t pad_to(uint64_t x, uint64_t a) { return (a - x % a) % a; }
 int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer **out,
 			struct nf_diag *diag)
 {
+	return nf_gguf_writer_open_sys(path, powerinfer, NULL, out, diag);
+}
+
+int nf_gguf_writer_open_sys(const char *path, bool powerinfer, const struct nf_io_sys *sys,
+			    struct nf_gguf_writer **out, struct nf_diag *diag)
+{
 	int rc;
 	if (!path || !*path || !out)
 		return nf_diag_fail(diag, NF_EUSAGE, "nf_gguf_writer_open: no path");
@@ -173,6 +174,7 @@ int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer
 	if (!w)
 		return nf_diag_fail(diag, -ENOMEM, "%s: out of memory", path);
 	w->fd = -1;
+	w->sys = sys ? *sys : nf_io_sys_default;
 	w->powerinfer = powerinfer;
 	w->alignment = NF_GGUF_DEFAULT_ALIGNMENT;
 	w->path = strdup(path);
@@ -181,8 +183,7 @@ int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer
 	const char *base = slash ? slash + 1 : path;
 	size_t dlen = slash ? (size_t)(slash - path) : 0;
 	w->dir = slash ? (dlen ? strndup(path, dlen) : strdup("/")) : strdup(".");
-	w->tmp = malloc(strlen(path) + 32);
-	if (!w->path || !w->out || !w->dir || !w->tmp) {
+	if (!w->path || !w->out || !w->dir) {
 		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory", path);
 		goto fail;
 	}
@@ -190,21 +191,10 @@ int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer
 		rc = nf_diag_fail(diag, NF_EUSAGE, "%s: path names a directory", path);
 		goto fail;
 	}
-	for (int tries = 0; tries < 16; tries++) {
-		uint64_t r = 0;
-		if (getrandom(&r, sizeof(r), 0) != sizeof(r))
-			r ^= (uint64_t)getpid() * 2654435761u + (uint64_t)tries;
-		sprintf(w->tmp, "%.*s.%s.tmp-%016" PRIx64, (int)(slash ? dlen + 1 : 0), path, base, r);
-		w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-		if (w->fd >= 0 || errno != EEXIST)
-			break;
-	}
-	if (w->fd < 0) {
-		rc = -errno;
-		nf_diag_fail(diag, rc, "%s: cannot create temporary file %s: %s", path, w->tmp,
-			     nf_strerror(rc));
+	if ((rc = nf_io_target_check(&w->sys, path, diag)) < 0)
 		goto fail;
-	}
+	if ((rc = nf_io_tmp_create(&w->sys, path, false, &w->tmp, &w->fd, diag)) < 0)
+		goto fail;
 	*out = w;
 	return 0;
 
@@ -220,9 +210,9 @@ void nf_gguf_writer_abort(struct nf_gguf_writer *w)
 	if (!w)
 		return;
 	if (w->fd >= 0)
-		close(w->fd);
+		w->sys.close(w->fd);
 	if (w->tmp)
-		unlink(w->tmp);
+		w->sys.unlink(w->tmp);
 	for (size_t i = 0; i < w->n_t; i++)
 		free(w->t[i].name);
 	for (uint64_t i = 0; i < w->n_kv; i++)
@@ -552,32 +542,34 @@ int nf_gguf_writer_finish(struct nf_gguf_writer *w, struct nf_diag *diag)
 	}
 	if ((rc = flush(w)) < 0)
 		goto io_fail;
-	if (fsync(w->fd) < 0) {
+	if (w->sys.fsync(w->fd) < 0) {
 		rc = -errno;
 		goto io_fail;
 	}
-	if (close(w->fd) < 0) {
+	if (w->sys.close(w->fd) < 0) {
 		w->fd = -1;
 		rc = -errno;
 		goto io_fail;
 	}
 	w->fd = -1;
-	if (rename(w->tmp, w->path) < 0) {
+	if ((rc = nf_io_target_check(&w->sys, w->path, diag)) < 0)
+		goto out;
+	if (w->sys.rename(w->tmp, w->path) < 0) {
 		rc = -errno;
 		goto io_fail;
 	}
 	free(w->tmp);
 	w->tmp = NULL;           /* the file now lives under its final name */
-	int dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0 || fsync(dfd) < 0) {
+	int dfd = w->sys.open(w->dir, O_RDONLY | O_DIRECTORY, 0);
+	if (dfd < 0 || w->sys.fsync(dfd) < 0) {
 		rc = -errno;
 		if (dfd >= 0)
-			close(dfd);
+			w->sys.close(dfd);
 		nf_diag_fail(diag, rc, "%s: fsync of directory %s failed: %s", w->path, w->dir,
 			     nf_strerror(rc));
 		goto out;
 	}
-	close(dfd);
+	w->sys.close(dfd);
 	goto out;
 
 io_fail:

@@ -11,7 +11,9 @@
 #include <liburing.h>
 #include <linux/fs.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -88,6 +90,9 @@ const struct nf_io_sys nf_io_sys_default = {
 	.fsync = fsync,
 	.rename = rename,
 	.unlink = unlink,
+	.flock = flock,
+	.mmap = mmap,
+	.munmap = munmap,
 	.kaio_setup = sys_kaio_setup,
 	.kaio_destroy = sys_kaio_destroy,
 	.kaio_submit = sys_kaio_submit,

@@ -175,21 +175,23 @@ void nf_store_sb_build(struct nf_store_sb_disk *sb, const struct nf_store_info *
 
 static int read_full(struct nf_store *s, int fd, void *buf, size_t len, uint64_t off)
 {
-	uint8_t *p = buf;
-	while (len) {
-		ssize_t n = s->sys.pread(fd, p, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return NF_ETRUNCATED;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
+	return nf_io_pread_full(&s->sys, fd, buf, len, off);
+}
+
+bool nf_store_probe(const char *path)
+{
+	int fd = nf_io_sys_default.open(path, O_RDONLY, 0);
+	if (fd < 0)
+		return false;
+	bool is = false;
+	for (int slot = 0; slot < 2 && !is; slot++) {
+		uint64_t magic;
+		if (nf_io_pread_full(&nf_io_sys_default, fd, &magic, sizeof(magic),
+				     (uint64_t)slot * NF_STORE_SB_SLOT) == 0)
+			is = le64toh(magic) == NF_STORE_MAGIC || le64toh(magic) == NF_STORE_MAGIC_SWAPPED;
 	}
-	return 0;
+	nf_io_sys_default.close(fd);
+	return is;
 }
 
 static bool is_pow2(uint64_t v)
@@ -527,6 +529,10 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 	struct stat st;
 	if (s->sys.fstat(fd, &st) < 0) {
 		rc = nf_diag_fail(d, -errno, "%s: fstat: %s", path, nf_strerror(-errno));
+		goto fail;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		rc = nf_diag_fail(d, -EISDIR, "%s: is a directory, not a store", path);
 		goto fail;
 	}
 	uint64_t size = (uint64_t)st.st_size;

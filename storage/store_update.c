@@ -9,31 +9,51 @@
  *     of generation g + 1, fsync. A crash before the second write leaves
  *     generation g in use; a torn superblock fails its crc and generation
  *     g is used.
- *  3. A new superblock carries every field of the old one it does not
+ *  3. One writer at a time: an update holds an exclusive flock on the
+ *     store from before it reads the superblocks until its last fsync; a
+ *     second update waits, then builds on the first one's generation.
+ *  4. A new superblock carries every field of the old one it does not
  *     change (the table for a profile update, the profile for a
  *     permutation update).
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "nflash/io.h"
 #include "nflash/store.h"
 #include "store_format.h"
 
 static int write_all(const struct nf_io_sys *sys, int fd, const void *buf, size_t len, uint64_t off)
 {
-	const uint8_t *p = buf;
-	while (len) {
-		ssize_t n = sys->pwrite(fd, p, len, (off_t)off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : NF_ESHORT;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
+	int rc = nf_io_pwrite_full(sys, fd, buf, len, off);
+	return rc == NF_ETRUNCATED ? NF_ESHORT : rc;
+}
+
+/*
+ * Open path for an update and take its exclusive lock (flock), held until
+ * the descriptor is closed. A second writer waits here for the first, then
+ * opens the store afresh and builds on the first one's generation: without
+ * the lock both would start from generation g and the later superblock
+ * would point at bytes the other overwrote.
+ */
+static int lock_for_update(const char *path, const struct nf_io_sys *sys, int *fd,
+			   struct nf_diag *d)
+{
+	*fd = sys->open(path, O_RDWR, 0);
+	if (*fd < 0)
+		return nf_diag_fail(d, -errno, "%s: cannot open for update: %s", path, nf_strerror(-errno));
+	int rc;
+	while ((rc = sys->flock(*fd, LOCK_EX)) < 0 && errno == EINTR)
+		;
+	if (rc < 0) {
+		rc = -errno;
+		sys->close(*fd);
+		*fd = -1;
+		return nf_diag_fail(d, rc, "%s: cannot lock for update: %s", path, nf_strerror(rc));
 	}
 	return 0;
 }
@@ -53,19 +73,15 @@ struct commit {
 
 static const char *const commit_what[] = { "profile", "object table", "plan" };
 
-static int commit(const char *path, const struct nf_io_sys *sys, struct nf_store_info in,
+static int commit(const char *path, const struct nf_io_sys *sys, int fd, struct nf_store_info in,
 		  uint32_t table_crc, const struct commit *c, struct nf_diag *d)
 {
 	uint64_t bs = in.block_size;
 	uint64_t off = (in.file_size + bs - 1) / bs * bs;
 	int rc;
-	int fd = sys->open(path, O_RDWR, 0);
-	if (fd < 0)
-		return nf_diag_fail(d, -errno, "%s: cannot open for update: %s", path, nf_strerror(-errno));
 	if ((rc = write_all(sys, fd, c->bytes, c->len, off)) < 0 || (sys->fsync(fd) < 0 && (rc = -errno))) {
-		nf_diag_fail(d, rc, "%s: writing the new %s: %s", path,
-			     commit_what[c->kind], nf_strerror(rc));
-		goto out;
+		return nf_diag_fail(d, rc, "%s: writing the new %s: %s", path,
+				    commit_what[c->kind], nf_strerror(rc));
 	}
 	in.generation++;
 	in.file_size = off + c->len;
@@ -87,14 +103,20 @@ static int commit(const char *path, const struct nf_io_sys *sys, struct nf_store
 	uint64_t slot = in.generation % 2;
 	if ((rc = write_all(sys, fd, &sb, sizeof(sb), slot * NF_STORE_SB_SLOT)) < 0 ||
 	    (sys->fsync(fd) < 0 && (rc = -errno))) {
-		nf_diag_fail(d, rc, "%s: writing superblock %llu: %s", path, (unsigned long long)slot,
-			     nf_strerror(rc));
-		goto out;
+		return nf_diag_fail(d, rc, "%s: writing superblock %llu: %s", path,
+				    (unsigned long long)slot, nf_strerror(rc));
 	}
-	rc = 0;
-out:
-	sys->close(fd);
-	return rc;
+	return 0;
+}
+
+int nf_store_update_check(const char *path, struct nf_diag *d)
+{
+	int fd = nf_io_sys_default.open(path, O_RDWR, 0);
+	if (fd < 0)
+		return nf_diag_fail(d, -errno, "%s: cannot be written (it is updated in place): %s", path,
+				    nf_strerror(-errno));
+	nf_io_sys_default.close(fd);
+	return 0;
 }
 
 int nf_store_update_profile(const char *path, const struct nf_store_open_opts *o,
@@ -102,9 +124,12 @@ int nf_store_update_profile(const char *path, const struct nf_store_open_opts *o
 {
 	struct nf_store *s = NULL;
 	uint8_t *buf = NULL;
-	int rc = nf_store_open(path, o, &s, d);
+	const struct nf_io_sys *sys = o && o->sys ? o->sys : &nf_io_sys_default;
+	int fd, rc = lock_for_update(path, sys, &fd, d);
 	if (rc < 0)
 		return rc;
+	if ((rc = nf_store_open(path, o, &s, d)) < 0)
+		goto out;
 	uint32_t n = nf_store_object_count(s);
 	if (p->n_objects != n) {
 		rc = nf_diag_fail(d, NF_EUSAGE, "%s: the profile is for %u objects, the store has %u", path,
@@ -124,10 +149,11 @@ int nf_store_update_profile(const char *path, const struct nf_store_open_opts *o
 	if ((rc = nf_store_profile_encode(p, nf_store_info(s)->block_size, &buf, &c.len, &c.used, &c.crc)) < 0)
 		goto out;
 	c.bytes = buf;
-	rc = commit(path, nf_store_sys(s), *nf_store_info(s), nf_store_info(s)->table_crc, &c, d);
+	rc = commit(path, sys, fd, *nf_store_info(s), nf_store_info(s)->table_crc, &c, d);
 out:
 	free(buf);
 	nf_store_close(s);
+	sys->close(fd);      /* releases the lock */
 	return rc;
 }
 
@@ -137,10 +163,12 @@ int nf_store_update_perm(const char *path, const struct nf_store_open_opts *o, u
 	struct nf_store *s = NULL;
 	const struct nf_store_object **v = NULL;
 	uint8_t *tbl = NULL, *pad = NULL;
-	int rc = nf_store_open(path, o, &s, d);
+	const struct nf_io_sys *sys = o && o->sys ? o->sys : &nf_io_sys_default;
+	int fd, rc = lock_for_update(path, sys, &fd, d);
 	if (rc < 0)
 		return rc;
-	const struct nf_io_sys *sys = nf_store_sys(s);
+	if ((rc = nf_store_open(path, o, &s, d)) < 0)
+		goto out;
 	const struct nf_store_object *ob = nf_store_object_get(s, obj_index);
 	if (!ob || ob->kind != NF_STORE_KIND_FFN) {
 		rc = nf_diag_fail(d, NF_EUSAGE, "%s: object %u is not an FFN", path, obj_index);
@@ -185,12 +213,13 @@ int nf_store_update_perm(const char *path, const struct nf_store_open_opts *o, u
 	}
 	memcpy(pad, tbl, len);
 	struct commit c = { .bytes = pad, .len = padded, .used = len, .crc = crc, .kind = COMMIT_TABLE };
-	rc = commit(path, sys, in, 0, &c, d);
+	rc = commit(path, sys, fd, in, 0, &c, d);
 out:
 	free(pad);
 	free(tbl);
 	free(v);
 	nf_store_close(s);
+	sys->close(fd);      /* releases the lock */
 	return rc;
 }
 
@@ -202,15 +231,20 @@ int nf_store_update_plan(const char *path, const struct nf_store_open_opts *o, c
 	int rc = nf_store_plan_check(p, path, d);
 	if (rc < 0)
 		return rc;
-	if ((rc = nf_store_open(path, o, &s, d)) < 0)
+	const struct nf_io_sys *sys = o && o->sys ? o->sys : &nf_io_sys_default;
+	int fd;
+	if ((rc = lock_for_update(path, sys, &fd, d)) < 0)
 		return rc;
+	if ((rc = nf_store_open(path, o, &s, d)) < 0)
+		goto out;
 	struct commit c = { .kind = COMMIT_PLAN };
 	if ((rc = nf_store_plan_encode(p, nf_store_info(s)->block_size, &buf, &c.len, &c.used, &c.crc)) < 0)
 		goto out;
 	c.bytes = buf;
-	rc = commit(path, nf_store_sys(s), *nf_store_info(s), nf_store_info(s)->table_crc, &c, d);
+	rc = commit(path, sys, fd, *nf_store_info(s), nf_store_info(s)->table_crc, &c, d);
 out:
 	free(buf);
 	nf_store_close(s);
+	sys->close(fd);      /* releases the lock */
 	return rc;
 }

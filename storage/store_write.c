@@ -5,8 +5,9 @@
  *  1. Nothing exists under the final name until every byte, the table and
  *     both superblocks are written and fsync'd; then rename() puts the file
  *     in place and the directory is fsync'd. An interrupted creation leaves
- *     only the temporary file ".<name>.tmp.<pid>.<n>" behind, which close()
- *     removes when the process survives.
+ *     only the temporary file ".<name>.nflash-tmp.<pid>.<hex>" behind
+ *     (nf_io_tmp_create), which close() removes when the process survives
+ *     and `nflash store clean` when it did not.
  *  2. Bytes are written strictly in file order through one staging buffer,
  *     in large pwrite calls; padding between objects and after bundles is
  *     zero, so checksums cover well-defined bytes.
@@ -28,6 +29,7 @@
 #include "nflash/bundle.h"
 #include "nflash/crc32c.h"
 #include "nflash/dtype.h"
+#include "nflash/io.h"
 #include "nflash/store.h"
 #include "store_format.h"
 
@@ -74,21 +76,12 @@ static int flush_stage(struct nf_store_writer *w)
 	/* Whole aligned buffers bypass the page cache: creating a store many
 	 * times the size of memory then runs at device speed. */
 	int fd = w->dfd >= 0 && off % 4096 == 0 && left % 4096 == 0 ? w->dfd : w->fd;
-	while (left) {
-		ssize_t n = w->sys.pwrite(fd, p, left, (off_t)off);
-		if (n < 0 && errno == EINVAL && fd == w->dfd) {
-			fd = w->fd;    /* O_DIRECT refused for this write after all */
-			continue;
-		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			w->err = n < 0 ? -errno : NF_ESHORT;
-			return w->err;
-		}
-		p += n;
-		off += (uint64_t)n;
-		left -= (size_t)n;
+	int rc = nf_io_pwrite_full(&w->sys, fd, p, left, off);
+	if (rc == -EINVAL && fd == w->dfd)   /* O_DIRECT refused for this write after all */
+		rc = nf_io_pwrite_full(&w->sys, w->fd, p, left, off);
+	if (rc < 0) {
+		w->err = rc == NF_ETRUNCATED ? NF_ESHORT : rc;
+		return w->err;
 	}
 	w->stage_off += w->stage_len;
 	w->stage_len = 0;
@@ -177,41 +170,15 @@ int nf_store_writer_open(const char *path, const struct nf_store_create_opts *o,
 				  w->block_size, NF_STORE_BLOCK_MIN, NF_STORE_BLOCK_MAX);
 		goto fail;
 	}
+	if ((rc = nf_io_target_check(&w->sys, path, d)) < 0)
+		goto fail;
 	w->path = strdup(path);
-	char *dcopy = strdup(path), *bcopy = strdup(path);
-	if (!w->path || !dcopy || !bcopy) {
-		free(dcopy);
-		free(bcopy);
+	if (!w->path) {
 		rc = -ENOMEM;
 		goto fail;
 	}
-	const char *dir = dirname(dcopy), *base = basename(bcopy);
-	for (int attempt = 0; attempt < 100; attempt++) {
-		free(w->tmp);
-		w->tmp = NULL;
-		uint64_t r = mix64(now_ns(CLOCK_MONOTONIC) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)attempt);
-		if (asprintf(&w->tmp, "%s/.%s.tmp.%d.%04x", dir, base, (int)getpid(),
-			     (unsigned)(r & 0xffff)) < 0) {
-			w->tmp = NULL;
-			break;
-		}
-		w->fd = w->sys.open(w->tmp, O_RDWR | O_CREAT | O_EXCL, 0644);
-		if (w->fd >= 0 || errno != EEXIST)
-			break;
-	}
-	free(dcopy);
-	free(bcopy);
-	if (!w->tmp) {
-		rc = -ENOMEM;
-		goto fail;
-	}
-	if (w->fd < 0) {
-		rc = nf_diag_fail(d, -errno, "%s: cannot create temporary file %s: %s", path, w->tmp,
-				  nf_strerror(-errno));
-		free(w->tmp);
-		w->tmp = NULL;    /* nothing to unlink */
-		goto fail;
-	}
+	if ((rc = nf_io_tmp_create(&w->sys, path, false, &w->tmp, &w->fd, d)) < 0)
+		goto fail;   /* nothing to unlink */
 	/* Optional: where O_DIRECT is refused, all writes go through fd. */
 	w->dfd = w->sys.open(w->tmp, O_WRONLY | O_DIRECT, 0);
 	*out = w;
@@ -757,6 +724,10 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
 	if (w->sys.fsync(w->fd) < 0) {
 		w->err = -errno;
 		return nf_diag_fail(d, w->err, "%s: fsync: %s", w->tmp, nf_strerror(w->err));
+	}
+	if ((rc = nf_io_target_check(&w->sys, w->path, d)) < 0) {
+		w->err = rc;
+		return rc;
 	}
 	if (w->sys.rename(w->tmp, w->path) < 0) {
 		w->err = -errno;

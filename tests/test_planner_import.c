@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include "nflash/dtype.h"
 #include "nflash/gguf.h"
 #include "nflash/import.h"
+#include "nflash/io.h"
 #include "nflash/model.h"
 #include "nflash/store.h"
 #include "../storage/store_format.h"
@@ -487,6 +490,126 @@ Test(import, failed_write_or_fsync_leaves_nothing)
 		cr_assert_eq(ts_dir_count(&t), 0, "a failed import left a file");
 		ts_dir_remove(&t);
 	}
+}
+
+/* ---- a fault at every step (issue #16) ------------------------------------------- */
+
+/* Every system call import makes goes through this table: the step-th call
+ * (counting all of them) fails, as EIO, or as a short write followed by
+ * ENOSPC (a full disk). */
+static int step_at, step_n;
+static bool step_short;
+static char step_kind[4096];     /* of each call in a clean run: 'w' for pwrite */
+static int n_mmap, n_meta_open;
+static int step_hit(void)
+{
+	return ++step_n == step_at;
+}
+#define STEP_FAIL(ret) do { if (step_hit()) { errno = EIO; return ret; } } while (0)
+static int st_open(const char *p, int f, mode_t m)
+{
+	n_meta_open += strstr(p, "meta.gguf") != NULL;
+	STEP_FAIL(-1);
+	return nf_io_sys_default.open(p, f, m);
+}
+static int st_close(int fd) { if (step_hit()) { close(fd); errno = EIO; return -1; } return close(fd); }
+static ssize_t st_pread(int fd, void *b, size_t n, off_t o) { STEP_FAIL(-1); return pread(fd, b, n, o); }
+static ssize_t st_pwrite(int fd, const void *b, size_t n, off_t o)
+{
+	if (step_n < (int)sizeof(step_kind))
+		step_kind[step_n] = 'w';
+	if (step_hit()) {
+		if (step_short && n > 1) {
+			step_at = step_n + 1;     /* the rest: the disk is full */
+			return pwrite(fd, b, n / 2, o);
+		}
+		errno = step_short ? ENOSPC : EIO;
+		return -1;
+	}
+	return pwrite(fd, b, n, o);
+}
+static int st_fstat(int fd, struct stat *st) { STEP_FAIL(-1); return fstat(fd, st); }
+static int st_statx(int d, const char *p, int f, unsigned m, struct statx *x)
+{
+	STEP_FAIL(-1);
+	return nf_io_sys_default.statx(d, p, f, m, x);
+}
+static int st_fsync(int fd) { STEP_FAIL(-1); return fsync(fd); }
+static int st_rename(const char *a, const char *b) { STEP_FAIL(-1); return rename(a, b); }
+static int st_flock(int fd, int op) { STEP_FAIL(-1); return nf_io_sys_default.flock(fd, op); }
+static void *st_mmap(void *a, size_t n, int p, int f, int fd, off_t o)
+{
+	n_mmap++;
+	STEP_FAIL(MAP_FAILED);
+	return nf_io_sys_default.mmap(a, n, p, f, fd, o);
+}
+
+/* Import with the step-th system call failing: the output is absent or a
+ * whole store that verifies, never anything else under the final name. */
+Test(import, a_fault_at_every_step_leaves_nothing_or_a_valid_store)
+{
+	char in[256];
+	gguf_path(0, in, sizeof(in));
+	struct nf_io_sys sys = nf_io_sys_default;
+	sys.open = st_open;
+	sys.close = st_close;
+	sys.pread = st_pread;
+	sys.pwrite = st_pwrite;
+	sys.fstat = st_fstat;
+	sys.statx = st_statx;
+	sys.fsync = st_fsync;
+	sys.rename = st_rename;
+	sys.flock = st_flock;
+	sys.mmap = st_mmap;
+	struct nf_import_opts o;
+	nf_import_opts_default(&o);
+	o.sys = &sys;
+	o.block_size = 512;
+	o.extent_bundles = 8;
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	step_at = -1;
+	step_n = 0;
+	memset(step_kind, 0, sizeof(step_kind));
+	struct nf_diag d = { 0 };
+	int rc = nf_import(in, t.path, &o, NULL, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	int total = step_n;
+	cr_assert_lt(total, (int)sizeof(step_kind));
+	/* the GGUF reader and writer go through the table too */
+	cr_assert_gt(n_mmap, 0, "the GGUF reader maps the source behind the table's back");
+	cr_assert_gt(n_meta_open, 0, "the GGUF writer opens its file behind the table's back");
+	unlink(t.path);
+	int failed = 0;
+	for (int mode = 0; mode < 2; mode++)
+		for (int k = 1; k <= total; k++) {
+			if (mode == 1 && step_kind[k - 1] != 'w')
+				continue;       /* a short write only where there is a write */
+			step_short = mode == 1;
+			step_at = k;
+			step_n = 0;
+			memset(&d, 0, sizeof(d));
+			rc = nf_import(in, t.path, &o, NULL, &d);
+			failed += rc < 0;
+			if (rc < 0)
+				cr_expect(d.msg[0], "step %d: an error without a message", k);
+			if (access(t.path, F_OK) == 0) {
+				char out[4096];
+				char *const argv[] = { "store", "verify", t.path, NULL };
+				int v = ts_run_store_cmd(argv, out, sizeof(out));
+				cr_expect_eq(v, 0, "step %d (%s, import rc %d: %s): the file under the final "
+					     "name does not verify: %s", k, mode ? "short write" : "EIO", rc,
+					     d.msg, out);
+				unlink(t.path);
+			} else {
+				cr_expect_lt(rc, 0, "step %d: import succeeded without a store", k);
+			}
+			cr_expect_eq(nf_io_tmp_sweep(t.dir, true, NULL, NULL), 0,
+				     "step %d (%s): a temporary file was left (%s)", k,
+				     mode ? "short write" : "EIO", d.msg);
+		}
+	cr_expect_gt(failed, total / 2, "only %d faults of %d steps made import fail", failed, total);
+	ts_dir_remove(&t);
 }
 
 /* ---- bad input --------------------------------------------------------------------- */

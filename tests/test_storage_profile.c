@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "nflash/crc32c.h"
@@ -231,16 +232,23 @@ static void past_end(struct nf_store_sb_disk *sb)
 	sb->profile_offset = htole64(le64toh(sb->file_size));
 }
 
+/* Store make_profile(tokens) in the store at path; returns it. */
+static struct nf_store_profile *store_profile(const char *path, uint64_t tokens)
+{
+	struct nf_store *s = open_ok(path);
+	struct nf_store_profile *p = make_profile(s, tokens);
+	nf_store_close(s);
+	cr_assert_eq(nf_store_update_profile(path, NULL, p, NULL), 0);
+	return p;
+}
+
 Test(storage, profile_damaged_or_dropped)
 {
 	struct ts_dir t;
 	cr_assert(ts_dir_make(&t, "/tmp"));
 	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_F32, 8, 4096, NULL), 0);
+	struct nf_store_profile *p = store_profile(t.path, 3);
 	struct nf_store *s = open_ok(t.path);
-	struct nf_store_profile *p = make_profile(s, 3);
-	nf_store_close(s);
-	cr_assert_eq(nf_store_update_profile(t.path, NULL, p, NULL), 0);
-	s = open_ok(t.path);
 	int slot = nf_store_info(s)->sb_slot;
 	uint64_t off = nf_store_info(s)->profile_offset;
 	nf_store_close(s);
@@ -488,5 +496,78 @@ Test(storage, profile_order_stored_checked_and_applied_by_relayout)
 	nf_store_close(s);
 	free(sec);
 	nf_store_profile_free(p);
+	ts_dir_remove(&t);
+}
+
+/* An fsync that takes its time, so two updates overlap. */
+static int slow_fsync(int fd)
+{
+	usleep(300 * 1000);
+	return fsync(fd);
+}
+
+/* Two processes updating one store's profile at once: the second waits for
+ * the first (an exclusive lock), so both land, as two generations, and the
+ * profile that is read back is whole (issue #16 defect 5). */
+Test(storage, profile_updates_from_two_processes_are_serialized)
+{
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_F16, 8, 4096, NULL), 0);
+	struct nf_store *s = open_ok(t.path);
+	uint64_t g0 = nf_store_info(s)->generation;
+	struct nf_store_profile *p1 = make_profile(s, 1), *p2 = make_profile(s, 2);
+	p2->counts[3][0] = 99;          /* different bytes, the same length */
+	nf_store_close(s);
+	struct nf_io_sys sys = nf_io_sys_default;
+	sys.fsync = slow_fsync;
+	struct nf_store_open_opts so = { .sys = &sys };
+	pid_t pid[2];
+	for (int k = 0; k < 2; k++) {
+		pid[k] = fork();
+		cr_assert_geq(pid[k], 0);
+		if (pid[k] == 0) {
+			usleep(k * 100 * 1000);   /* the second starts inside the first's update */
+			_exit(nf_store_update_profile(t.path, &so, k ? p2 : p1, NULL) == 0 ? 0 : 1);
+		}
+	}
+	for (int k = 0; k < 2; k++) {
+		int st = 0;
+		waitpid(pid[k], &st, 0);
+		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "update %d failed", k);
+	}
+	s = open_ok(t.path);
+	cr_expect_eq(nf_store_info(s)->generation, g0 + 2, "generation %llu after two updates from %llu",
+		     (unsigned long long)nf_store_info(s)->generation, (unsigned long long)g0);
+	struct nf_store_profile *q = read_ok(s);
+	same_profile(p2, q);
+	nf_store_profile_free(q);
+	nf_store_close(s);
+	nf_store_profile_free(p1);
+	nf_store_profile_free(p2);
+	ts_dir_remove(&t);
+}
+
+/* `store verify` checks every section, not only objects and extents: a
+ * damaged profile is reported, naming the section. */
+Test(storage, verify_checks_the_profile_section)
+{
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_F16, 8, 4096, NULL), 0);
+	nf_store_profile_free(store_profile(t.path, 5));
+	char out[8192];
+	struct nf_store *s;
+	char *const argv[] = { "store", "verify", t.path, NULL };
+	int rc = ts_run_store_cmd(argv, out, sizeof(out));
+	cr_assert_eq(rc, 0, "%s", out);
+	cr_expect(strstr(out, "profile"), "verify does not mention the profile: %s", out);
+	s = open_ok(t.path);
+	uint64_t off = nf_store_info(s)->profile_offset;
+	nf_store_close(s);
+	ts_flip(t.path, off + 70, 3);
+	rc = ts_run_store_cmd(argv, out, sizeof(out));
+	cr_expect_eq(rc, 1, "a damaged profile passes verify: %s", out);
+	cr_expect(strstr(out, "bad: profile"), "%s", out);
 	ts_dir_remove(&t);
 }

@@ -131,6 +131,7 @@ int nf_cmd_import(int argc, char **argv)
 
 	struct nf_import_report r;
 	struct nf_diag d = { 0 };
+	nf_cli_report_stale(out);
 	int rc = nf_import(in, out, &o, &r, &d);
 	if (p.started)
 		nf_progress_end(&p.bar);

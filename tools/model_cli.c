@@ -392,6 +392,12 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	o.measure_recall = mc->stats;
 	o.log = stderr;
 	struct nf_diag d = { 0 };
+	/* --profile writes the store at the end: find out now, not after minutes */
+	const char *upd = mc->ffn_store ? mc->ffn_store : mc->path;
+	if (mc->profile && nf_store_probe(upd) && nf_store_update_check(upd, &d) < 0) {
+		nf_cli_err("--profile: %s", d.msg);
+		return NF_EXIT_FAIL;
+	}
 	int rc = nf_engine_open(&o, &mc->engine, &d);
 	if (rc < 0) {
 		nf_cli_err("%s", nf_diag_msg(&d, rc));

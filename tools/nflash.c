@@ -12,6 +12,8 @@
 int nf_cmd_eval(int argc, char **argv);
 int nf_cmd_generate(int argc, char **argv);
 int nf_cmd_import(int argc, char **argv);
+int nf_cmd_plan(int argc, char **argv);
+int nf_cmd_serve(int argc, char **argv);
 int nf_cmd_store(int argc, char **argv);
 int nf_cmd_synth(int argc, char **argv);
 int nf_cmd_tokenize(int argc, char **argv);
@@ -22,6 +24,8 @@ static const struct nf_cmd nf_cmds[] = {
 	{ "eval", nf_cmd_eval, "run a prompt of token ids, print the last position's logits" },
 	{ "generate", nf_cmd_generate, "generate text after a prompt, with llama.cpp-style timings" },
 	{ "import", nf_cmd_import, "build a store from a GGUF (llama.cpp or PowerInfer)" },
+	{ "plan", nf_cmd_plan, "measure device and model, lay out a store, plan settings for a memory budget" },
+	{ "serve", nf_cmd_serve, "OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)" },
 	{ "store", nf_cmd_store, "make, inspect, verify and benchmark stores" },
 	{ "synth", nf_cmd_synth, "write a synthetic sparse model (GGUF); --report measures one" },
 	{ "tokenize", nf_cmd_tokenize, "token ids of a text with a GGUF vocabulary" },
@@ -46,7 +50,7 @@ static void usage(FILE *f)
 		"exit codes: 0 success, 1 operation failed, 2 usage error or unsupported here\n");
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
 	if (argc < 2) {
 		usage(stderr);
@@ -65,4 +69,14 @@ int main(int argc, char **argv)
 			return nf_cmds[i].run(argc - 1, argv + 1);
 	nf_cli_err("unknown command '%s' (try 'nflash --help')", argv[1]);
 	return NF_EXIT_USAGE;
+}
+
+/* A command whose output (or whose diagnostics) did not all reach their
+ * file failed, whatever it returned: `nflash generate > /dev/full` exits 1. */
+int main(int argc, char **argv)
+{
+	int rc = run(argc, argv);
+	bool out_ok = nf_cli_out_ok(stdout, "standard output");
+	bool err_ok = nf_cli_out_ok(stderr, "standard error");
+	return rc == NF_EXIT_OK && !(out_ok && err_ok) ? NF_EXIT_FAIL : rc;
 }

@@ -18,6 +18,7 @@
 #include "nflash/io.h"
 #include "nflash/store.h"
 #include "cli.h"
+#include "plan_cli.h"
 #include "store_profile.h"
 #include "trace.h"
 
@@ -163,7 +164,7 @@ static int cmd_mkfake(int argc, char **argv)
 static const char inspect_usage[] =
 	"usage: nflash store inspect STORE [--json]\n"
 	"\n"
-	"Prints a store's superblock, geometry, profile and object table.\n";
+	"Prints a store's superblock, geometry, profile, plans and object table.\n";
 
 static int open_store(const char *path, struct nf_store **s)
 {
@@ -254,6 +255,7 @@ static int cmd_inspect(int argc, char **argv)
 		nf_json_u64(&j, "ffn_stride", ffn0 ? ffn0->stride : 0);
 		nf_json_u64(&j, "ffn_extent_bytes", ffn0 ? (uint64_t)ffn0->extent_bundles * ffn0->stride : 0);
 		nf_store_profile_print(s, &j);
+		nf_plan_print(s, &j);
 		nf_json_arr_begin(&j, "objects");
 		for (uint32_t i = 0; i < in->n_objects; i++) {
 			const struct nf_store_object *o = nf_store_object_get(s, i);
@@ -297,6 +299,7 @@ static int cmd_inspect(int argc, char **argv)
 		       in->n_objects, in->n_ffn, dense_bytes / 1048576.0, ffn_bytes / 1048576.0,
 		       (unsigned long long)extents, (unsigned long long)bundles);
 		nf_store_profile_print(s, NULL);
+		nf_plan_print(s, NULL);
 		printf("\n%-32s %-5s %-5s %-20s %12s %12s  %s\n", "name", "kind", "type", "shape",
 		       "offset", "length", "bundles/stride/extent");
 		for (uint32_t i = 0; i < in->n_objects; i++) {
@@ -322,8 +325,9 @@ static int cmd_inspect(int argc, char **argv)
 static const char verify_usage[] =
 	"usage: nflash store verify STORE [--json] [--backend aio|uring|sync]\n"
 	"\n"
-	"Reads every object and extent and checks every crc32c. Exits 0 when all\n"
-	"are intact, 1 naming each bad object or extent (or on a read error).\n";
+	"Reads every object and extent and checks every crc32c, then every section\n"
+	"beside them (the profile, the plan). Exits 0 when all are intact, 1 naming each bad\n"
+	"object, extent or section (or on a read error).\n";
 
 #define VERIFY_SLOTS 8
 #define VERIFY_CHUNK (8u << 20)
@@ -337,30 +341,88 @@ struct vslot {
 };
 
 struct bad {
-	const struct nf_store_object *obj;
+	const struct nf_store_object *obj;   /* NULL: a section */
 	int64_t extent;     /* -1: the whole dense object */
 	int err;
+	const char *section;
+	char msg[160];      /* a section's diagnosis */
+};
+
+/*
+ * Sections beside the objects, each checked whole by `verify`. A new
+ * section adds a row. The FFN permutations need none:
+ * nf_store_open checks their crc32c and that each is a bijection, so a
+ * store that opened has sound ones.
+ */
+struct section_check {
+	const char *name;
+	bool (*present)(const struct nf_store *s);
+	int (*check)(const struct nf_store *s, struct nf_diag *d);
+};
+
+static int check_profile(const struct nf_store *s, struct nf_diag *d)
+{
+	struct nf_store_profile *p = NULL;
+	int rc = nf_store_profile_read(s, &p, d);
+	nf_store_profile_free(p);
+	return rc;
+}
+
+static int check_plan(const struct nf_store *s, struct nf_diag *d)
+{
+	struct nf_store_plan *p = NULL;
+	int rc = nf_store_plan_read(s, &p, d);
+	nf_store_plan_free(p);
+	return rc;
+}
+
+static const struct section_check sections[] = {
+	{ "profile", nf_store_has_profile, check_profile },
+	{ "plan", nf_store_has_plan, check_plan },
 };
 
 struct verify {
 	struct vslot slot[VERIFY_SLOTS];
 	struct bad *bad;
 	size_t n_bad, cap_bad;
-	uint64_t objects, extents, bytes;
+	uint64_t objects, extents, bytes, sections;
 	int io_err;
 };
 
-static void add_bad(struct verify *v, const struct nf_store_object *obj, int64_t e, int err)
+/* Record a bad object, extent or section; NULL when out of memory. */
+static struct bad *add_bad(struct verify *v, const struct nf_store_object *obj, int64_t e, int err)
 {
 	if (v->n_bad == v->cap_bad) {
 		size_t cap = v->cap_bad ? v->cap_bad * 2 : 16;
 		struct bad *b = realloc(v->bad, cap * sizeof(*b));
 		if (!b)
-			return;
+			return NULL;
 		v->bad = b;
 		v->cap_bad = cap;
 	}
-	v->bad[v->n_bad++] = (struct bad){ obj, e, err };
+	v->bad[v->n_bad] = (struct bad){ .obj = obj, .extent = e, .err = err };
+	return &v->bad[v->n_bad++];
+}
+
+/* Check every section the store has; a bad one is added to v->bad. */
+static void verify_sections(struct verify *v, const struct nf_store *s)
+{
+	for (size_t k = 0; k < sizeof(sections) / sizeof(sections[0]); k++) {
+		if (!sections[k].present(s))
+			continue;
+		v->sections++;
+		struct nf_diag d = { 0 };
+		int rc = sections[k].check(s, &d);
+		if (rc == 0)
+			continue;
+		struct bad *b = add_bad(v, NULL, -1, rc);
+		if (!b) {
+			v->io_err = -ENOMEM;
+			return;
+		}
+		b->section = sections[k].name;
+		snprintf(b->msg, sizeof(b->msg), "%s", nf_diag_msg(&d, rc));
+	}
 }
 
 static void verify_done(void *cookie, int result)
@@ -518,6 +580,8 @@ static int cmd_verify(int argc, char **argv)
 	int rc = nf_io_ctx_wait(io, 0, -1);
 	if (rc < 0 && !v.io_err)
 		v.io_err = rc;
+	if (!v.io_err)
+		verify_sections(&v, s);
 	nf_progress_end(&p);
 	if (json) {
 		struct nf_json j;
@@ -528,12 +592,22 @@ static int cmd_verify(int argc, char **argv)
 		nf_json_u64(&j, "objects", v.objects);
 		nf_json_u64(&j, "extents", v.extents);
 		nf_json_u64(&j, "bytes", v.bytes);
+		nf_json_arr_begin(&j, "sections");
+		for (size_t k = 0; k < sizeof(sections) / sizeof(sections[0]); k++)
+			if (sections[k].present(s))
+				nf_json_str(&j, NULL, sections[k].name);
+		nf_json_arr_end(&j);
 		nf_json_arr_begin(&j, "bad");
 		for (size_t k = 0; k < v.n_bad; k++) {
 			nf_json_obj_begin(&j, NULL);
-			nf_json_str(&j, "object", v.bad[k].obj->name);
-			nf_json_i64(&j, "extent", v.bad[k].extent);
-			nf_json_str(&j, "error", nf_strerror(v.bad[k].err));
+			if (v.bad[k].obj) {
+				nf_json_str(&j, "object", v.bad[k].obj->name);
+				nf_json_i64(&j, "extent", v.bad[k].extent);
+				nf_json_str(&j, "error", nf_strerror(v.bad[k].err));
+			} else {
+				nf_json_str(&j, "section", v.bad[k].section);
+				nf_json_str(&j, "error", v.bad[k].msg);
+			}
 			nf_json_obj_end(&j);
 		}
 		nf_json_arr_end(&j);
@@ -542,7 +616,9 @@ static int cmd_verify(int argc, char **argv)
 	} else {
 		for (size_t k = 0; k < v.n_bad; k++) {
 			const struct bad *b = &v.bad[k];
-			if (b->extent >= 0) {
+			if (!b->obj) {
+				printf("bad: %s: %s\n", b->section, b->msg);
+			} else if (b->extent >= 0) {
 				uint32_t f, c;
 				nf_store_extent_bundles(b->obj, (uint32_t)b->extent, &f, &c);
 				printf("bad: %s extent %lld (bundles %u..%u): %s\n", b->obj->name,
@@ -551,8 +627,14 @@ static int cmd_verify(int argc, char **argv)
 				printf("bad: %s: %s\n", b->obj->name, nf_strerror(b->err));
 			}
 		}
-		printf("%s: %llu objects, %llu extents, %.2f GiB checked: %s\n", path,
-		       (unsigned long long)v.objects, (unsigned long long)v.extents,
+		char secs[128] = "";
+		size_t at = 0;
+		for (size_t k = 0; k < sizeof(sections) / sizeof(sections[0]); k++)
+			if (sections[k].present(s) && at < sizeof(secs))
+				at += (size_t)snprintf(secs + at, sizeof(secs) - at, "%s%s", at ? ", " : ", sections: ",
+						       sections[k].name);
+		printf("%s: %llu objects, %llu extents%s, %.2f GiB checked: %s\n", path,
+		       (unsigned long long)v.objects, (unsigned long long)v.extents, secs,
 		       v.bytes / 1073741824.0,
 		       v.n_bad || v.io_err ? "DAMAGED" : "ok");
 	}
@@ -1019,16 +1101,77 @@ out:
 	return ret;
 }
 
+/* ---- clean ----------------------------------------------------------- */
+
+static const char clean_usage[] =
+	"usage: nflash store clean DIR [--dry-run]\n"
+	"\n"
+	"Removes the temporary files (.NAME.nflash-tmp.PID.HEX) that killed imports,\n"
+	"relayouts, mkfakes and synths left in DIR: those whose process is gone and\n"
+	"whose lock nobody holds. A running writer's file is never touched.\n"
+	"--dry-run lists them only.\n";
+
+struct clean {
+	uint64_t n, bytes;
+	int err;
+	bool dry;
+};
+
+static void clean_one(void *user, const char *path, uint64_t bytes, int rc)
+{
+	struct clean *c = user;
+	if (rc < 0) {
+		nf_cli_err("%s: cannot remove: %s", path, nf_strerror(rc));
+		c->err = rc;
+		return;
+	}
+	printf("%s %s (%.1f MB)\n", c->dry ? "stale" : "removed", path, bytes / 1e6);
+	c->n++;
+	c->bytes += bytes;
+}
+
+static int cmd_clean(int argc, char **argv)
+{
+	const char *dir = NULL;
+	struct clean c = { 0 };
+	for (int i = 1; i < argc; i++) {
+		if (is_help(argv[i])) {
+			fputs(clean_usage, stdout);
+			return NF_EXIT_OK;
+		} else if (!strcmp(argv[i], "--dry-run")) {
+			c.dry = true;
+		} else if (argv[i][0] == '-' || dir) {
+			nf_cli_err("store clean: unexpected argument '%s' (see --help)", argv[i]);
+			return NF_EXIT_USAGE;
+		} else {
+			dir = argv[i];
+		}
+	}
+	if (!dir) {
+		nf_cli_err("store clean: DIR is required");
+		return NF_EXIT_USAGE;
+	}
+	int rc = nf_io_tmp_sweep(dir, !c.dry, clean_one, &c);
+	if (rc < 0) {
+		nf_cli_err("%s: %s", dir, nf_strerror(rc));
+		return NF_EXIT_FAIL;
+	}
+	printf("%s: %llu stale temporary file%s, %.1f MB %s\n", dir, (unsigned long long)c.n,
+	       c.n == 1 ? "" : "s", c.bytes / 1e6, c.dry ? "to remove" : "removed");
+	return c.err ? NF_EXIT_FAIL : NF_EXIT_OK;
+}
+
 /* ---- dispatch -------------------------------------------------------- */
 
 static const char store_usage[] =
-	"usage: nflash store <mkfake|inspect|verify|bench|relayout> ... [--help]\n"
+	"usage: nflash store <mkfake|inspect|verify|bench|relayout|clean> ... [--help]\n"
 	"\n"
 	"  mkfake   write a store with a model's geometry and random contents\n"
 	"  inspect  print a store's superblock and object table\n"
 	"  verify   read everything and check every crc32c (exit 1 on damage)\n"
 	"  bench    measure sparse (random bundles) or sequential (extents) reads\n"
-	"  relayout copy a store in its profile's layout: hottest first, co-activated side by side\n";
+	"  relayout copy a store in its profile's layout: hottest first, co-activated side by side\n"
+	"  clean    remove the temporary files killed writers left in a directory\n";
 
 int nf_cmd_store(int argc, char **argv)
 {
@@ -1051,6 +1194,8 @@ int nf_cmd_store(int argc, char **argv)
 		return cmd_bench(argc - 1, argv + 1);
 	if (!strcmp(sub, "relayout"))
 		return nf_store_cmd_relayout(argc - 1, argv + 1);
-	nf_cli_err("store: unknown subcommand '%s' (mkfake, inspect, verify, bench, relayout)", sub);
+	if (!strcmp(sub, "clean"))
+		return cmd_clean(argc - 1, argv + 1);
+	nf_cli_err("store: unknown subcommand '%s' (mkfake, inspect, verify, bench, relayout, clean)", sub);
 	return NF_EXIT_USAGE;
 }

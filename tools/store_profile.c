@@ -193,6 +193,7 @@ int nf_store_cmd_relayout(int argc, char **argv)
 		.profile = p, .progress = relayout_progress, .progress_user = &pr, .by_count = by_count
 	};
 	double t0 = nf_cli_now();
+	nf_cli_report_stale(out);
 	rc = nf_store_relayout(in, out, &o, &d);
 	nf_progress_end(&pr);
 	nf_store_profile_free(p);

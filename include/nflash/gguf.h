@@ -91,6 +91,11 @@ enum nf_gguf_flags {
  * The caller closes *out with nf_gguf_close().
  */
 int nf_gguf_open(const char *path, unsigned flags, struct nf_gguf **out, struct nf_diag *diag);
+/* The same with every system call (open, fstat, mmap, pread, close) made
+ * through sys (NULL: nf_io_sys_default), so tests can make them fail. */
+struct nf_io_sys;
+int nf_gguf_open_sys(const char *path, unsigned flags, const struct nf_io_sys *sys,
+		     struct nf_gguf **out, struct nf_diag *diag);
 
 /*
  * nf_gguf_open_mem - parse a GGUF image in memory (len bytes at buf, which
@@ -165,6 +170,10 @@ struct nf_gguf_writer;
  */
 int nf_gguf_writer_open(const char *path, bool powerinfer, struct nf_gguf_writer **out,
 			struct nf_diag *diag);
+/* The same with every system call (open, pwrite, fsync, close, rename,
+ * unlink) made through sys (NULL: nf_io_sys_default). */
+int nf_gguf_writer_open_sys(const char *path, bool powerinfer, const struct nf_io_sys *sys,
+			    struct nf_gguf_writer **out, struct nf_diag *diag);
 
 /*
  * Key/values, in the order they should appear, all before the first

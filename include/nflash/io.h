@@ -93,6 +93,9 @@ struct nf_io_sys {
 	int (*fsync)(int fd);
 	int (*rename)(const char *from, const char *to);
 	int (*unlink)(const char *path);
+	int (*flock)(int fd, int op);                       /* in-place store updates */
+	void *(*mmap)(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+	int (*munmap)(void *addr, size_t len);
 	/* libaio */
 	int (*kaio_setup)(int nr, struct io_context **ctx);
 	int (*kaio_destroy)(struct io_context *ctx);
@@ -109,6 +112,50 @@ struct nf_io_sys {
 
 /* The real calls. Constant; copy it and change entries for tests. */
 extern const struct nf_io_sys nf_io_sys_default;
+
+/*
+ * nf_io_target_check - may a writer put a new file at path (replacing what
+ * is there)? 0 when nothing is there, or a regular file or a symlink to one;
+ * NF_EUSAGE naming what is there (a device, FIFO, socket or directory),
+ * -ENOENT / -ENOTDIR when the directory it goes into does not exist or is
+ * not one, or the statx error. sys NULL means nf_io_sys_default. Thread-safe.
+ */
+int nf_io_target_check(const struct nf_io_sys *sys, const char *path, struct nf_diag *d);
+
+/*
+ * Temporary files of writers. NF_IO_TMP_TAG is in every name:
+ * ".<final name>.nflash-tmp.<pid>.<16 hex digits>", in the final name's
+ * directory.
+ *
+ * nf_io_tmp_create - create a temporary file (dir false: O_RDWR, 0644) or
+ * directory (dir true: fd is an O_DIRECTORY descriptor) for the final name
+ * path and take an exclusive flock on fd, held until fd is closed, so that
+ * nf_io_tmp_sweep never takes a live writer's file. Returns 0 with *tmp
+ * (malloc'd; the caller frees it and removes the file) and *fd, or a
+ * negative errno with d naming the path. sys NULL: nf_io_sys_default.
+ *
+ * nf_io_tmp_sweep - the temporaries in dir whose writer is gone (its pid no
+ * longer runs and nobody holds the lock): calls fn(user, path, bytes, rc)
+ * for each, where rc is 1 when only reported (remove false), else 0 or the
+ * negative errno of removing it (a directory with the files in it). Returns
+ * how many were found, or a negative errno (dir cannot be read).
+ * Thread-safe.
+ */
+#define NF_IO_TMP_TAG ".nflash-tmp."
+int nf_io_tmp_create(const struct nf_io_sys *sys, const char *path, bool dir, char **tmp, int *fd,
+		     struct nf_diag *d);
+typedef void (*nf_io_tmp_fn)(void *user, const char *path, uint64_t bytes, int rc);
+int nf_io_tmp_sweep(const char *dir, bool remove, nf_io_tmp_fn fn, void *user);
+
+/*
+ * nf_io_pread_full / nf_io_pwrite_full - the whole of len bytes at off
+ * through sys (NULL: nf_io_sys_default), retrying EINTR and partial
+ * transfers. 0, a negative errno, or NF_ETRUNCATED when the file ends (a
+ * read) or a write makes no progress. Thread-safe.
+ */
+int nf_io_pread_full(const struct nf_io_sys *sys, int fd, void *buf, size_t len, uint64_t off);
+int nf_io_pwrite_full(const struct nf_io_sys *sys, int fd, const void *buf, size_t len,
+		      uint64_t off);
 
 enum nf_io_backend {
 	NF_IO_AUTO = 0,   /* aio, or sync where O_DIRECT does not work */

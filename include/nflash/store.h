@@ -140,6 +140,15 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 /* Frees the store. NULL is allowed. */
 void nf_store_close(struct nf_store *s);
 
+/*
+ * nf_store_probe - does path look like a store, by the test nf_store_open
+ * makes first: the store magic (either byte order) in superblock 0 or in
+ * superblock 1? A store whose superblock 0 is damaged is still a store (it
+ * opens from superblock 1). Nothing is validated; false when path cannot be
+ * read. Thread-safe.
+ */
+bool nf_store_probe(const char *path);
+
 const struct nf_store_info *nf_store_info(const struct nf_store *s);
 const char *nf_store_path(const struct nf_store *s);
 const struct nf_io_sys *nf_store_sys(const struct nf_store *s);
@@ -332,6 +341,14 @@ void nf_store_profile_free(struct nf_store_profile *p);
  */
 int nf_store_profile_read(const struct nf_store *s, struct nf_store_profile **out,
 			  struct nf_diag *d);
+
+/*
+ * nf_store_update_check - can path be updated in place (opened for writing)?
+ * For a long run that updates the store at its end (--profile): it fails
+ * before the work, not after. 0, or a negative errno with d saying the store
+ * cannot be written (read-only file system, immutable file, no permission).
+ */
+int nf_store_update_check(const char *path, struct nf_diag *d);
 
 /*
  * nf_store_update_profile - store p (shaped for this store, see
