@@ -39,11 +39,15 @@
  *  6. Mixture-of-experts layers (from a cache only) route as the built-in
  *     FFN and run each routed expert as a dense FFN of (layer, expert).
  *  7. K-quant down matrices (QCOL of Q2_K..Q6_K, types may differ per
- *     layer): the activations of a 256-neuron super-block are quantized
- *     together to Q8_K (ggml's rule), so chunks close only at super-block
- *     boundaries (kgroups) and a chunk holds whole super-blocks; per row
- *     the block's integer sum of sc * q_w * q_x over the active neurons
- *     and the min term from the Q8_K sums give the block's contribution.
+ *     layer): chunks compute gate, up and the activations only, into the
+ *     token's activation vector; chunks close only at 256-neuron
+ *     super-block boundaries (kgroups), so a window of chunks holds whole
+ *     super-blocks. Once a window's chunks are done (a batch: once every
+ *     group landed) the down product runs in ggml's dense order
+ *     (kdown_rows): the activations as Q8_K blocks, per row one chain of
+ *     lane accumulators over the super-blocks in ascending order. Where
+ *     every neuron runs, the output is llama.cpp's dense product bit for
+ *     bit; skipped neurons contribute what a zero activation does.
  */
 #include <errno.h>
 #include <math.h>
@@ -117,6 +121,9 @@ struct nf_sparse {
 	float *kact;                 /* K-quant downs: the layer's activations (n_ff) */
 	struct nf_block_q8_K *kx;    /* and as Q8_K blocks (n_ff / 256) */
 	float *kacc;                 /* per row: the dense product's accumulators (n_embd x KACC) */
+	float *bkact;                /* batches: each token's activations (n_batch x n_ff) */
+	struct nf_block_q8_K *bkx;   /* batches, per thread: kx and kacc */
+	float *bkacc;
 	uint32_t down_off_bundle;    /* cache bundles: byte offset of the down row */
 	uint32_t up_off_bundle;
 	struct layer_tab *tabs;
@@ -283,8 +290,8 @@ static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, co
  */
 #define KACC 13
 
-static void kdown_rows(const struct nf_sparse *s, uint32_t dt, uint32_t kb0, uint32_t kb1,
-		       uint32_t r0, uint32_t r1)
+static void kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx,
+		       float *kacc, uint32_t kb0, uint32_t kb1, uint32_t r0, uint32_t r1)
 {
 	uint32_t E = s->E, layer = s->cur_layer, bits = nf_kquant_bits(dt);
 	int32_t off = nf_kquant_offset(dt);
@@ -293,7 +300,7 @@ static void kdown_rows(const struct nf_sparse *s, uint32_t dt, uint32_t kb0, uin
 	uint8_t blk[256];
 	memset(blk, 0, sizeof(blk));
 	for (uint32_t kb = kb0; kb < kb1; kb++) {
-		const struct nf_block_q8_K *x = &s->kx[kb];
+		const struct nf_block_q8_K *x = &kx[kb];
 		if (x->d == 0.0f)
 			continue; /* no neuron of the block is active: adds exact zeros */
 		uint32_t nz = 0, lane[NF_QK_K], sub[NF_QK_K];
@@ -313,7 +320,7 @@ static void kdown_rows(const struct nf_sparse *s, uint32_t dt, uint32_t kb0, uin
 		for (uint32_t r = r0; r < r1; r++) {
 			const uint8_t *h = heads + (size_t)r * hb;
 			struct nf_kblock k;
-			float *acc = s->kacc + (size_t)r * KACC;
+			float *acc = kacc + (size_t)r * KACC;
 			memcpy(blk, h, qoff);
 			memcpy(blk + qoff + qlen, h + qoff, bs - qoff - qlen);
 			nf_kblock_unpack_scales(dt, blk, &k);
@@ -350,33 +357,39 @@ struct kdown_job {
 	float *out;                  /* final pass: the layer's output */
 };
 
-static void kdown_worker(void *arg, int ith, int nth)
+/* Rows [r0, r1) of the layer's output from their accumulators: the 8
+ * lanes as hsum_float_8, plus Q4_K's min lanes or Q5_K's min sum. */
+static void kdown_finish(uint32_t dt, const float *kacc, uint32_t r0, uint32_t r1, float *out)
 {
-	struct kdown_job *j = arg;
-	uint32_t E = j->s->E, r0 = (uint32_t)((uint64_t)E * ith / nth), r1 = (uint32_t)((uint64_t)E * (ith + 1) / nth);
-	if (!j->out) {
-		kdown_rows(j->s, j->dt, j->kb0, j->kb1, r0, r1);
-		return;
-	}
 	for (uint32_t r = r0; r < r1; r++) {
-		const float *a = j->s->kacc + (size_t)r * KACC;
+		const float *a = kacc + (size_t)r * KACC;
 		float t[4];
 		for (int i = 0; i < 4; i++)
 			t[i] = a[i] + a[i + 4];
 		float v = (t[0] + t[2]) + (t[1] + t[3]);
-		if (j->dt == NF_DTYPE_Q4_K)
+		if (dt == NF_DTYPE_Q4_K)
 			v += (a[8] + a[10]) + (a[9] + a[11]);
-		else if (j->dt == NF_DTYPE_Q5_K)
+		else if (dt == NF_DTYPE_Q5_K)
 			v += a[12];
-		j->out[r] = v;
+		out[r] = v;
 	}
+}
+
+static void kdown_worker(void *arg, int ith, int nth)
+{
+	struct kdown_job *j = arg;
+	uint32_t E = j->s->E, r0 = (uint32_t)((uint64_t)E * ith / nth), r1 = (uint32_t)((uint64_t)E * (ith + 1) / nth);
+	if (!j->out)
+		kdown_rows(j->s, j->dt, j->s->kx, j->s->kacc, j->kb0, j->kb1, r0, r1);
+	else
+		kdown_finish(j->dt, j->s->kacc, r0, r1, j->out);
 }
 
 /* Computes the neurons of groups [g0, g1) of the current layer that mask
  * (indexed by group) selects, for the token whose prepared input is xq,
  * into out (E floats). */
 static void chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const uint32_t *mask, const void *xq,
-			  float *out, char *scratch)
+			  float *out, char *scratch, float *kact)
 {
 	const struct nf_kernels *k = s->k;
 	uint32_t layer = s->cur_layer, E = s->E;
@@ -450,7 +463,7 @@ static void chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const u
 			/* the down product waits for the layer's activations (kdown_rows) */
 			for (uint32_t j = j0; j < j1; j++)
 				if (dp[j])
-					s->kact[ids[j]] = a[ids[j] % unit];
+					kact[ids[j]] = a[ids[j] % unit];
 		} else if (s->form == DOWN_QCOL) {
 			qcol_down(s, gi, a, ids + j0, dp + j0, j1 - j0, out, scratch);
 		} else if (nf_dtype_block_len(dt_down) > 1) {
@@ -553,7 +566,7 @@ static void worker(void *arg, int ith, int nth)
 			float *out = s->gout + (size_t)ci * s->E;
 			memset(out, 0, s->E * sizeof(float));
 			const struct chunk_state *c = &s->chunks[ci];
-			chunk_compute(s, c->g0, c->g1, s->gmask, s->xq, out, scratch);
+			chunk_compute(s, c->g0, c->g1, s->gmask, s->xq, out, scratch, s->kact);
 			continue;
 		}
 		/* Nothing ready: reap completions. */
@@ -819,8 +832,12 @@ static void batch_worker(void *arg, int ith, int nth)
 	size_t b0 = nb * (size_t)ith / (size_t)nth, b1 = nb * (size_t)(ith + 1) / (size_t)nth;
 	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
 	float *g = s->bsum + (size_t)ith * E;
+	uint32_t kdt = s->tabs[s->cur_layer].dt_down;
+	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(kdt);
 	for (size_t b = b0; b < b1; b++) {
 		memset(s->cur_out + b * E, 0, E * sizeof(float));
+		if (kq)
+			memset(s->bkact + b * s->F, 0, s->F * sizeof(float));
 		s->bchunk[2 * b] = 0;
 		s->bchunk[2 * b + 1] = 0;
 	}
@@ -846,12 +863,25 @@ static void batch_worker(void *arg, int ith, int nth)
 				continue;
 			}
 			memset(g, 0, E * sizeof(float));
-			chunk_compute(s, open[0], last ? s->n_groups : gi + 1, bm, s->bxq + b * s->xq_size, g, scratch);
+			chunk_compute(s, open[0], last ? s->n_groups : gi + 1, bm, s->bxq + b * s->xq_size, g, scratch,
+				      kq ? s->bkact + b * s->F : NULL);
 			float *out = s->cur_out + b * E;
 			for (size_t r = 0; r < E; r++)
 				out[r] += g[r];
 			open[1] = 0;
 		}
+	}
+	/* K-quant down: every group landed, each token's down in ggml's
+	 * dense order from its activations (as token_forward's kdown) */
+	if (!kq)
+		return;
+	struct nf_block_q8_K *kx = s->bkx + (size_t)ith * (s->F / NF_QK_K);
+	float *kacc = s->bkacc + (size_t)ith * E * KACC;
+	for (size_t b = b0; b < b1; b++) {
+		nf_quantize_row_q8_K(s->bkact + b * s->F, kx, s->F);
+		memset(kacc, 0, E * KACC * sizeof(float));
+		kdown_rows(s, kdt, kx, kacc, 0, s->F / NF_QK_K, 0, (uint32_t)E);
+		kdown_finish(kdt, kacc, 0, (uint32_t)E, s->cur_out + b * E);
 	}
 }
 
@@ -976,9 +1006,7 @@ static int moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const 
  * so any split gives the same output), else one at a time. */
 static int tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
-	/* K-quant downs: token by token (their exact down needs a layer's
-	 * activations per token; the batch path keeps none) */
-	if (s->cache && io->nb > 1 && io->nb <= s->n_batch && s->kgroups == 1) {
+	if (s->cache && io->nb > 1 && io->nb <= s->n_batch) {
 		int rc = batch_forward(s, env, io);
 		if (rc != BATCH_TOO_BIG)
 			return rc;
@@ -1079,6 +1107,11 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    (!(s->kact = zalloc(s, s->F * sizeof(float))) ||
 	     !(s->kx = zalloc(s, (size_t)(s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
 	     !(s->kacc = zalloc(s, (size_t)s->E * KACC * sizeof(float)))))
+		return -ENOMEM;
+	if (s->n_batch > 1 && s->kgroups > 1 &&
+	    (!(s->bkact = zalloc(s, (size_t)s->n_batch * s->F * sizeof(float))) ||
+	     !(s->bkx = zalloc(s, (size_t)s->nth * (s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
+	     !(s->bkacc = zalloc(s, (size_t)s->nth * s->E * KACC * sizeof(float)))))
 		return -ENOMEM;
 	if (s->n_batch > 1 &&
 	    (!(s->bxq = zalloc(s, (size_t)s->n_batch * s->xq_size)) ||
@@ -1446,6 +1479,9 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->kact);
 	free(s->kx);
 	free(s->kacc);
+	free(s->bkact);
+	free(s->bkx);
+	free(s->bkacc);
 	free(s->gmask);
 	free(s->bxq);
 	free(s->bmask);
