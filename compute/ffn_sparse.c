@@ -1424,6 +1424,11 @@ fail:
 	return rc;
 }
 
+uint32_t nf_sparse_min_cold_slots(const struct nf_cache_geom *g)
+{
+	return g->down_form == NF_CACHE_DOWN_QCOL && nf_dtype_is_kquant(g->down_dtype) ? CHUNK_MAX : 1;
+}
+
 uint64_t nf_sparse_bytes_for(const struct nf_ctx *ctx, const struct nf_cache_geom *g)
 {
 	const struct nf_model *m = nf_ctx_model(ctx);
