@@ -110,6 +110,16 @@ static void fill_weights(enum nf_ktype kt, char *w, size_t rows, size_t row_byte
 			uint16_t *h = (uint16_t *)row;
 			for (size_t i = 0; i < N_COLS; i++)
 				h[i] = (uint16_t)((h[i] & 0x83ff) | 0x2c00); /* |v| in [1/16, 1/8) */
+		} else if (kt == NF_KT_Q4_K || kt == NF_KT_Q5_K || kt == NF_KT_Q6_K) {
+			/* random quants and scales; finite d (and dmin) at their offsets */
+			uint32_t dt = kt == NF_KT_Q4_K ? NF_DTYPE_Q4_K : kt == NF_KT_Q5_K ? NF_DTYPE_Q5_K : NF_DTYPE_Q6_K;
+			size_t bs = nf_dtype_block_size(dt), doff = kt == NF_KT_Q6_K ? bs - 2 : 0;
+			for (size_t b = 0; b < N_COLS / NF_QK_K; b++) {
+				uint16_t d = nf_fp32_to_fp16(0.001f * (float)(1 + (b + r) % 7));
+				memcpy(row + b * bs + doff, &d, 2);
+				if (kt != NF_KT_Q6_K)
+					memcpy(row + b * bs + 2, &d, 2);
+			}
 		} else {
 			size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
 			for (size_t b = 0; b < N_COLS / NF_QK; b++) {
@@ -155,9 +165,12 @@ static void gemv_pass(struct nf_pool *p, struct gemv_job *j, const char *w, size
 
 int main(int argc, char **argv)
 {
-	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16 };
-	static const char *const type_names[] = { "q4_0", "q8_0", "f16" };
-	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16 };
+	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16, NF_KT_Q4_K, NF_KT_Q5_K,
+					       NF_KT_Q6_K };
+	static const char *const type_names[] = { "q4_0", "q8_0", "f16", "q4_K", "q5_K", "q6_K" };
+	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16, NF_DTYPE_Q4_K,
+						NF_DTYPE_Q5_K, NF_DTYPE_Q6_K };
+	const int n_types = (int)(sizeof(types) / sizeof(types[0]));
 	const char *all_isas[] = NF_BENCH_ISAS; /* scalar: name it on the command line */
 	const char **isas = all_isas;
 	int nisa = (int)(sizeof(all_isas) / sizeof(all_isas[0]));
@@ -198,7 +211,7 @@ int main(int argc, char **argv)
 	       "cpu_memread_GB_per_s\tcpu_ratio\tGFLOP_per_s\tcpu_GFLOP_per_s\n");
 	fflush(stdout);
 
-	for (int ti = 0; ti < 3; ti++) {
+	for (int ti = 0; ti < n_types; ti++) {
 		enum nf_ktype kt = types[ti];
 		size_t rb = nf_dtype_row_size(type_dtypes[ti], N_COLS), mat = rb * N_ROWS;
 		size_t nmat = (SET_BYTES + mat - 1) / mat;

@@ -238,8 +238,13 @@ static void fit_plan(const struct nf_engine *e, struct nf_store *store, const st
 	uint64_t base = f->dense + nf_ctx_bytes(e->ctx) + f->engine + f->rec + e->info.overhead;
 	uint32_t sig = o->profile ? o->profile_sig_tokens : 0;
 	bool cold_auto = o->cold_slots < 0;
+	/* K-quant downs compute whole 256-neuron super-blocks: never fewer
+	 * cold slots than the sparse engine's chunk of them */
+	uint32_t kmin = nf_sparse_min_cold_slots(g);
 	uint32_t quarter = hp->n_ff / 4 > 256 ? hp->n_ff / 4 : 256;
-	uint32_t floor = g->n_neurons < MIN_COLD_SLOTS ? g->n_neurons : MIN_COLD_SLOTS;
+	uint32_t floor = MIN_COLD_SLOTS > kmin ? MIN_COLD_SLOTS : kmin;
+	quarter = quarter > floor ? quarter : floor;
+	floor = g->n_neurons < floor ? g->n_neurons : floor;
 	uint32_t upper = predictor_mode(e) && quarter < g->n_neurons ? quarter : g->n_neurons;
 	bool evaluated = false;
 	for (int streamed = 0; streamed < 2; streamed++) {
