@@ -43,6 +43,7 @@ struct gemv_job {
 	float *y;
 	/* gemm */
 	size_t nb, xq_stride;
+	int packed; /* Q4_0 in 8-row groups: gemv_q4_0x8 / gemm_q4_0x8 */
 	double cpu[8]; /* per-thread CPU seconds of the last job */
 };
 
@@ -64,19 +65,26 @@ static double max_cpu(const double *c, int nth)
 static void gemv_fn(void *arg, int ith, int nth)
 {
 	struct gemv_job *j = arg;
-	size_t r0 = j->rows * (size_t)ith / (size_t)nth, r1 = j->rows * (size_t)(ith + 1) / (size_t)nth;
+	size_t g = j->rows / 8, r0 = g * (size_t)ith / (size_t)nth * 8, r1 = g * (size_t)(ith + 1) / (size_t)nth * 8;
 	double t0 = thread_cpu();
-	j->k->gemv[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->xq, j->y + r0);
+	if (j->packed)
+		j->k->gemv_q4_0x8(j->n, r1 - r0, j->w + r0 * j->row_bytes, j->xq, j->y + r0);
+	else
+		j->k->gemv[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->xq, j->y + r0);
 	j->cpu[ith] = thread_cpu() - t0;
 }
 
 static void gemm_fn(void *arg, int ith, int nth)
 {
 	struct gemv_job *j = arg;
-	size_t r0 = j->rows * (size_t)ith / (size_t)nth, r1 = j->rows * (size_t)(ith + 1) / (size_t)nth;
+	size_t g = j->rows / 8, r0 = g * (size_t)ith / (size_t)nth * 8, r1 = g * (size_t)(ith + 1) / (size_t)nth * 8;
 	double t0 = thread_cpu();
-	j->k->gemm[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->nb, j->xq,
-			  j->xq_stride, j->y + r0, j->rows);
+	if (j->packed)
+		j->k->gemm_q4_0x8(j->n, r1 - r0, j->w + r0 * j->row_bytes, j->nb, j->xq, j->xq_stride,
+				  j->y + r0, j->rows);
+	else
+		j->k->gemm[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->nb, j->xq,
+				  j->xq_stride, j->y + r0, j->rows);
 	j->cpu[ith] = thread_cpu() - t0;
 }
 
@@ -231,22 +239,30 @@ int main(int argc, char **argv)
 		enum nf_ktype kt = types[ti];
 		size_t rb = nf_dtype_row_size(type_dtypes[ti], N_COLS), mat = rb * N_ROWS;
 		size_t nmat = (SET_BYTES + mat - 1) / mat;
-		char *w = alloc_huge(nmat * mat);
+		char *w = alloc_huge(nmat * mat), *wp = NULL;
 		fill_weights(kt, w, nmat * N_ROWS, rb, 7 + ti);
-		for (int ii = 0; ii < nisa; ii++) {
-			const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
-			if (!k)
+		/* Q4_0 also in 8-row groups (the form nf_model_repack gives
+		 * matrices in memory), for the tables that have its kernels */
+		if (kt == NF_KT_Q4_0) {
+			wp = alloc_huge(nmat * mat);
+			nf_repack_q4_0x8(wp, w, N_COLS, nmat * N_ROWS);
+		}
+		for (int vi = 0; vi < 2 * nisa; vi++) {
+			const struct nf_kernels *k = nf_kernels_isa(isas[vi / 2]);
+			int pk = vi % 2;
+			if (!k || (pk && (!wp || !k->gemv_q4_0x8)))
 				continue;
+			const char *tname = pk ? "q4_0x8" : type_names[ti], *wv = pk ? wp : w;
 			k->act_prepare[kt](x, xq, N_COLS);
 			for (int nt = 1; nt <= 2; nt++) {
 				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = N_ROWS,
-						      .row_bytes = rb, .xq = xq, .y = y };
+						      .row_bytes = rb, .xq = xq, .y = y, .packed = pk };
 				double t[REPS], c[REPS], mt[REPS], mc[REPS], d0, d1;
-				gemv_pass(pools[nt], &j, w, nmat, mat, &d0, &d1); /* warm-up */
+				gemv_pass(pools[nt], &j, wv, nmat, mat, &d0, &d1); /* warm-up */
 				memread_pass(pools[nt], &rj, &d0, &d1);
 				for (int r = 0; r < REPS; r++) {
 					memread_pass(pools[nt], &rj, &mt[r], &mc[r]);
-					gemv_pass(pools[nt], &j, w, nmat, mat, &t[r], &c[r]);
+					gemv_pass(pools[nt], &j, wv, nmat, mat, &t[r], &c[r]);
 				}
 				double bytes = (double)(nmat * mat);
 				double gbps = bytes / nf_bench_median(t, REPS) / 1e9;
@@ -255,7 +271,7 @@ int main(int argc, char **argv)
 				double mcgbps = (double)SET_BYTES / nf_bench_median(mc, REPS) / 1e9;
 				double flop = 2.0 * N_COLS * N_ROWS * (double)nmat;
 				printf("gemv\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\n", k->isa,
-				       type_names[ti], nt, gbps, mgbps, gbps / mgbps, cgbps, mcgbps, cgbps / mcgbps,
+				       tname, nt, gbps, mgbps, gbps / mgbps, cgbps, mcgbps, cgbps / mcgbps,
 				       flop / nf_bench_median(t, REPS) / 1e9, flop / nf_bench_median(c, REPS) / 1e9);
 				fflush(stdout);
 			}
@@ -269,8 +285,8 @@ int main(int argc, char **argv)
 			}
 			for (int nt = 1; nt <= 2; nt++) {
 				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = GEMM_ROWS,
-						      .row_bytes = rb, .w = w, .xq = xq, .y = y,
-						      .nb = GEMM_BATCH, .xq_stride = as };
+						      .row_bytes = rb, .w = wv, .xq = xq, .y = y,
+						      .nb = GEMM_BATCH, .xq_stride = as, .packed = pk };
 				double t[3], c[3];
 				for (int r = -1; r < 3; r++) {
 					double t0 = nf_cli_now();
@@ -282,12 +298,13 @@ int main(int argc, char **argv)
 				}
 				double flop = 2.0 * N_COLS * GEMM_ROWS * GEMM_BATCH;
 				printf("gemm%d\t%s\t%s\t%d\t-\t-\t-\t-\t-\t-\t%.1f\t%.1f\n", GEMM_BATCH, k->isa,
-				       type_names[ti], nt, flop / nf_bench_median(t, 3) / 1e9,
+				       tname, nt, flop / nf_bench_median(t, 3) / 1e9,
 				       flop / nf_bench_median(c, 3) / 1e9);
 				fflush(stdout);
 			}
 		}
 		free(w);
+		free(wp);
 	}
 	nf_pool_close(pools[1]);
 	nf_pool_close(pools[2]);

@@ -406,6 +406,19 @@ static int open_engine(struct nf_model_cli *mc)
 		nf_cli_err("%s: %s", mc->path, nf_diag_msg(&d, rc));
 		return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
 	}
+	/* A GGUF held in memory: the Q4_0 matrices only dense products read
+	 * go into 8-row groups (same bits, faster kernels; no-op where the
+	 * kernels have none); the FFN's too when the built-in FFN runs it. */
+	if (!streamed && !mc->io_mmap && !nf_model_store(mc->model)) {
+		unsigned what = NF_REPACK_ATTN | NF_REPACK_OUTPUT;
+		if (nf_sparse_mode_of(mc->sparse) == NF_SPARSE_OFF)
+			what |= NF_REPACK_FFN;
+		rc = nf_model_repack(mc->model, what);
+		if (rc < 0) {
+			nf_cli_err("%s: repacking Q4_0 matrices: %s", mc->path, nf_strerror(rc));
+			return NF_EXIT_FAIL;
+		}
+	}
 	mc->reserved = nf_ctx_bytes(mc->ctx) + nf_sparse_bytes(mc->sparse) + mc->profile_rec;
 	if (streamed) {
 		struct nf_cache_layout cl;

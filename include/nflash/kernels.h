@@ -90,7 +90,38 @@ struct nf_kernels {
 	/* Dot and scaled-add on f32 vectors (attention scores and values). */
 	float (*dot_f32)(const float *a, const float *b, size_t n);
 	void (*axpy_f32)(size_t n, float a, const float *x, float *y);
+
+	/* Q4_0 matrices repacked into 8-row groups (struct nf_block_q4_0x8,
+	 * nf_repack_q4_0x8), NULL where the table has no kernel for that form
+	 * (callers then keep the plain rows). nrows is a multiple of 8, w the
+	 * first group; x as for gemv/gemm Q4_0 (prepared as Q8_0). Each
+	 * y value has exactly the bits gemv[NF_KT_Q4_0] gives on the plain row. */
+	void (*gemv_q4_0x8)(size_t n, size_t nrows, const void *w, const void *xq, float *y);
+	void (*gemm_q4_0x8)(size_t n, size_t nrows, const void *w, size_t nb, const void *xq,
+			    size_t xq_stride, float *y, size_t ldy);
 };
+
+/*
+ * Q4_0 in groups of 8 rows: block i of a group holds block i of rows
+ * 8g..8g+7, 144 bytes, the same bytes as the 8 plain blocks, reordered so
+ * that one 32-byte load holds 4 consecutive values of each of the 8 rows:
+ * d[r] is row r's scale and qs[32 * m + 4 * r + k] row r's qs[4 * m + k]
+ * (low nibble value 4m+k, high nibble value 16+4m+k). A group's blocks are
+ * consecutive, so a matrix of nrows rows keeps its size and the group g
+ * starts at byte g * 8 * row_bytes. See docs/KERNELS.md.
+ */
+struct nf_block_q4_0x8 {
+	uint16_t d[8];
+	uint8_t qs[128];
+};
+_Static_assert(sizeof(struct nf_block_q4_0x8) == 8 * sizeof(struct nf_block_q4_0), "q4_0x8 block");
+
+/* Repack nrows (a multiple of 8) plain Q4_0 rows of n values (row_bytes =
+ * nf_dtype_row_size(Q4_0, n) apart) from src into 8-row groups at dst;
+ * nf_unpack_q4_0x8 is the inverse. dst and src do not overlap. Thread-safe
+ * on disjoint groups (row ranges that are multiples of 8). */
+void nf_repack_q4_0x8(void *dst, const void *src, size_t n, size_t nrows);
+void nf_unpack_q4_0x8(void *dst, const void *src, size_t n, size_t nrows);
 
 /* The best table for this CPU (or NFLASH_ISA), chosen once; never NULL. */
 const struct nf_kernels *nf_kernels_get(void);
