@@ -20,7 +20,8 @@
  * workers count as busy, so it errs low).
  *
  * Environment: NFLASH_BENCH_THREADS (default 2), NFLASH_BENCH_DECODE
- * (tokens per decode run, default 32), NFLASH_BENCH_PREFILL (default 512),
+ * (tokens per decode run, default 32), NFLASH_BENCH_PREFILL (default 512;
+ * 0: no prefill rows),
  * NFLASH_ISA (kernel table), NFLASH_BENCH_REPACK=0 (keep Q4_0 rows plain
  * instead of nf_model_repack's 8-row groups, for A/B runs),
  * NFLASH_BENCH_MODEL (an existing file is used if it has the 7B shape,
@@ -283,7 +284,7 @@ int main(void)
 	int reps = (int)env_long("NFLASH_BENCH_REPEATS", 3);
 	size_t n_dec = (size_t)env_long("NFLASH_BENCH_DECODE", 32);
 	size_t n_pre = (size_t)env_long("NFLASH_BENCH_PREFILL", 512);
-	if (threads < 1 || reps < 1 || n_dec < 1 || n_pre < 1 || reps > 100) {
+	if (threads < 1 || reps < 1 || n_dec < 1 || reps > 100) {
 		fprintf(stderr, "bench_decode: bad NFLASH_BENCH_* setting\n");
 		return 2;
 	}
@@ -328,7 +329,7 @@ int main(void)
 	struct nf_ctx_params cp = nf_ctx_defaults();
 	cp.n_threads = threads;
 	cp.n_ctx = (uint32_t)(n_pre > n_dec + 1 ? n_pre : n_dec + 1);
-	cp.n_batch = (uint32_t)n_pre;
+	cp.n_batch = (uint32_t)(n_pre ? n_pre : 1);
 	struct nf_ctx *c = NULL;
 	int rc = nf_ctx_open(m, &cp, &c, &d);
 	if (rc < 0) {
@@ -344,14 +345,15 @@ int main(void)
 		 nf_ctx_kernels(c)->isa, nf_ctx_n_threads(c), n_packed, t_pack, llama ? llama : "none (LLAMA_BENCH unset)");
 	nf_bench_header("bench_decode", extra);
 
-	int32_t *ids = malloc(n_pre * sizeof(int32_t));
+	size_t n_ids = n_pre > n_dec + 1 ? n_pre : n_dec + 1;
+	int32_t *ids = malloc(n_ids * sizeof(int32_t));
 	double *tps = malloc((size_t)reps * sizeof(double)), *ctps = malloc((size_t)reps * sizeof(double));
 	double ltps[100];
 	int nl = 0;
 	if (!ids || !tps || !ctps)
 		return 1;
 	uint64_t s = 12345;
-	for (size_t i = 0; i < n_pre; i++) {
+	for (size_t i = 0; i < n_ids; i++) {
 		s = s * 6364136223846793005ull + 1442695040888963407ull;
 		ids[i] = (int32_t)((s >> 33) % B_VOCAB);
 	}
@@ -383,7 +385,7 @@ int main(void)
 			break;
 		double t0 = now(), c0 = cpu_now();
 		for (size_t i = 0; i < n_dec && rc == 0; i++) {
-			tok = ids[(i + 1) % n_pre];
+			tok = ids[i + 1];
 			rc = nf_ctx_eval(c, &tok, 1);
 		}
 		tps[r] = n_dec / (now() - t0);
@@ -400,8 +402,8 @@ int main(void)
 		report_llama("decode", n_dec, threads, ltps, nl, tcopy, reps, wgb, mrm);
 	}
 	nl = 0;
-	/* prefill: n_pre tokens in one batched eval */
-	for (int r = 0; r < reps && rc == 0; r++) {
+	/* prefill: n_pre tokens in one batched eval (NFLASH_BENCH_PREFILL=0: none) */
+	for (int r = 0; r < reps && rc == 0 && n_pre > 0; r++) {
 		nf_ctx_reset(c);
 		double t0 = now(), c0 = cpu_now();
 		rc = nf_ctx_eval(c, ids, n_pre);
@@ -411,7 +413,7 @@ int main(void)
 		if (llama && nf_bench_llama(llama, path, threads, (int)n_pre, 0, &ltps[nl]) == 0)
 			fprintf(stderr, "bench_decode: llama.cpp prefill run %d: %.3f tok/s\n", r + 1, ltps[nl++]);
 	}
-	if (rc == 0) {
+	if (rc == 0 && n_pre > 0) {
 		double tcopy[100];
 		memcpy(tcopy, tps, (size_t)reps * sizeof(double));
 		report("prefill", n_pre, c, tps, ctps, reps, 0, 0);
