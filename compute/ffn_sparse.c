@@ -108,6 +108,7 @@ struct nf_sparse {
 	struct layer_tab *tabs;
 	struct nf_ffn_ops ops;
 	uint64_t bytes;
+	bool count_only;             /* a sizing pass: zalloc counts, allocates nothing */
 
 	/* per call scratch */
 	void *xq;                    /* x prepared for gate/up */
@@ -868,12 +869,59 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 
 /* ---- set-up ------------------------------------------------------------------------ */
 
+/* calloc counted in s->bytes; in a sizing pass (nf_sparse_bytes_for) only
+ * counted, returning a pointer that is never dereferenced */
 static void *zalloc(struct nf_sparse *s, size_t n)
 {
+	if (s->count_only) {
+		s->bytes += n;
+		return s;
+	}
 	void *p = calloc(1, n ? n : 1);
 	if (p)
 		s->bytes += n;
 	return p;
+}
+
+/* The per-call, per-thread and batch scratch: everything forward() needs
+ * beyond the layer tables, sized from s's geometry (E, F, kt_gu, n_expert,
+ * threads) and ctx's batch. The one place this arithmetic lives: the
+ * engine sizes its budget from it (nf_sparse_bytes_for). */
+static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
+{
+	const struct nf_model *m = nf_ctx_model(ctx);
+	size_t xq = nf_act_size(s->kt_gu, s->E);
+	size_t hq = 0;
+	if (s->rank) {
+		const struct nf_layer_weights *L = nf_model_layer(m, 0);
+		size_t a = nf_act_size(L->fc1.kt, s->E), b = nf_act_size(L->fc2.kt, s->rank);
+		hq = a > b ? a : b;
+	}
+	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
+	s->xq_size = (xq + 63) & ~(size_t)63;
+	s->n_batch = s->cache && !s->n_expert ? nf_ctx_n_batch(ctx) : 0;
+	/* every chunk but the last holds CHUNK_NEURONS active neurons or more */
+	s->max_chunks = s->F / CHUNK_NEURONS + 1;
+	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
+	    !(s->h1 = zalloc(s, (s->rank + 1) * sizeof(float))) ||
+	    !(s->score = zalloc(s, s->F * sizeof(float))) ||
+	    !(s->groups = zalloc(s, s->n_groups * sizeof(*s->groups))) ||
+	    !(s->gmask = zalloc(s, s->n_groups * sizeof(uint32_t))) ||
+	    !(s->chunks = zalloc(s, s->max_chunks * sizeof(*s->chunks))) ||
+	    !(s->ready = zalloc(s, s->max_chunks * sizeof(uint32_t))) ||
+	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
+	    !(s->req = zalloc(s, 2ull * s->F * sizeof(uint32_t))) ||
+	    !(s->gout = zalloc(s, (size_t)s->max_chunks * s->E * sizeof(float))) ||
+	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
+	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))))
+		return -ENOMEM;
+	if (s->n_batch > 1 &&
+	    (!(s->bxq = zalloc(s, (size_t)s->n_batch * s->xq_size)) ||
+	     !(s->bmask = zalloc(s, (size_t)s->n_batch * s->n_groups * sizeof(uint32_t))) ||
+	     !(s->bchunk = zalloc(s, (size_t)s->n_batch * 2 * sizeof(uint32_t))) ||
+	     !(s->bsum = zalloc(s, (size_t)s->nth * s->E * sizeof(float)))))
+		return -ENOMEM;
+	return 0;
 }
 
 /* Repack a regular down matrix [E rows x F] into per-neuron parts. */
@@ -1113,36 +1161,7 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		}
 	}
 
-	size_t xq = nf_act_size(s->kt_gu, s->E);
-	size_t hq = 0;
-	if (s->rank) {
-		const struct nf_layer_weights *L = nf_model_layer(m, 0);
-		size_t a = nf_act_size(L->fc1.kt, s->E), b = nf_act_size(L->fc2.kt, s->rank);
-		hq = a > b ? a : b;
-	}
-	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
-	s->xq_size = (xq + 63) & ~(size_t)63;
-	s->n_batch = s->cache && !s->n_expert ? nf_ctx_n_batch(ctx) : 0;
-	/* every chunk but the last holds CHUNK_NEURONS active neurons or more */
-	s->max_chunks = s->F / CHUNK_NEURONS + 1;
-	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
-	    !(s->h1 = zalloc(s, (s->rank + 1) * sizeof(float))) ||
-	    !(s->score = zalloc(s, s->F * sizeof(float))) ||
-	    !(s->groups = zalloc(s, s->n_groups * sizeof(*s->groups))) ||
-	    !(s->gmask = zalloc(s, s->n_groups * sizeof(uint32_t))) ||
-	    !(s->chunks = zalloc(s, s->max_chunks * sizeof(*s->chunks))) ||
-	    !(s->ready = zalloc(s, s->max_chunks * sizeof(uint32_t))) ||
-	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
-	    !(s->req = zalloc(s, 2ull * s->F * sizeof(uint32_t))) ||
-	    !(s->gout = zalloc(s, (size_t)s->max_chunks * s->E * sizeof(float))) ||
-	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
-	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))))
-		goto nomem;
-	if (s->n_batch > 1 &&
-	    (!(s->bxq = zalloc(s, (size_t)s->n_batch * s->xq_size)) ||
-	     !(s->bmask = zalloc(s, (size_t)s->n_batch * s->n_groups * sizeof(uint32_t))) ||
-	     !(s->bchunk = zalloc(s, (size_t)s->n_batch * 2 * sizeof(uint32_t))) ||
-	     !(s->bsum = zalloc(s, (size_t)s->nth * s->E * sizeof(float)))))
+	if (scratch(s, ctx) < 0)
 		goto nomem;
 
 	for (uint32_t il = 0; il < hp->n_layer; il++)
@@ -1155,6 +1174,34 @@ nomem:
 fail:
 	nf_sparse_close(s);
 	return rc;
+}
+
+uint64_t nf_sparse_bytes_for(const struct nf_ctx *ctx, const struct nf_cache_geom *g)
+{
+	const struct nf_model *m = nf_ctx_model(ctx);
+	const struct nf_model_hparams *hp = nf_model_hparams(m);
+	struct nf_sparse s = { .count_only = true, .bytes = sizeof(struct nf_sparse) };
+	s.cache = (struct nf_cache *)&s; /* only tested for NULL: "from a cache" */
+	s.E = hp->n_embd;
+	s.F = hp->n_ff;
+	s.n_layer = hp->n_layer;
+	s.n_expert = hp->n_expert;
+	s.n_expert_used = hp->n_expert_used;
+	s.nth = nf_ctx_n_threads(ctx) > 0 ? nf_ctx_n_threads(ctx) : 1;
+	s.n_groups = (s.F + GROUP - 1) / GROUP;
+	s.kt_gu = nf_ktype_of(g->dtype);
+	if (s.kt_gu < 0)
+		return 0;
+	for (uint32_t il = 0; il < hp->n_layer; il++) {
+		const struct nf_layer_weights *L = nf_model_layer(m, il);
+		if (L->fc1.data && L->fc1.nrows > s.rank)
+			s.rank = L->fc1.nrows;
+	}
+	zalloc(&s, hp->n_layer * sizeof(struct layer_tab));
+	if (s.n_expert && g->down_form == NF_CACHE_DOWN_QCOL)
+		zalloc(&s, (size_t)hp->n_layer * s.n_expert * sizeof(const uint16_t *));
+	scratch(&s, ctx);
+	return s.bytes;
 }
 
 void nf_sparse_close(struct nf_sparse *s)

@@ -27,6 +27,11 @@ int nf_ktype_of(uint32_t dtype)
 	case NF_DTYPE_BF16: return NF_KT_BF16;
 	case NF_DTYPE_Q8_0: return NF_KT_Q8_0;
 	case NF_DTYPE_Q4_0: return NF_KT_Q4_0;
+	case NF_DTYPE_Q2_K: return NF_KT_Q2_K;
+	case NF_DTYPE_Q3_K: return NF_KT_Q3_K;
+	case NF_DTYPE_Q4_K: return NF_KT_Q4_K;
+	case NF_DTYPE_Q5_K: return NF_KT_Q5_K;
+	case NF_DTYPE_Q6_K: return NF_KT_Q6_K;
 	default: return -1;
 	}
 }
@@ -37,6 +42,8 @@ uint32_t nf_ktype_dot_dtype(enum nf_ktype kt)
 	case NF_KT_F16: return NF_DTYPE_F16;
 	case NF_KT_BF16: return NF_DTYPE_BF16;
 	case NF_KT_Q8_0: case NF_KT_Q4_0: return NF_DTYPE_Q8_0;
+	case NF_KT_Q2_K: case NF_KT_Q3_K: case NF_KT_Q4_K: case NF_KT_Q5_K:
+	case NF_KT_Q6_K: return NF_DTYPE_Q8_K;
 	case NF_KT_F32: default: return NF_DTYPE_F32;
 	}
 }

@@ -1156,29 +1156,35 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_BF16] = nf_kavx2_prepare_bf16,
 		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,
 		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
+		NF_KAVX2_KQUANT_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
 		/* llama.cpp's summation order: see go_gemv_q4_0 */
 		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0] = go_gemv_q4_0,
+		NF_KAVX2_KQUANT(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
 		[NF_KT_Q8_0] = xr_gemm_q8_0, [NF_KT_Q4_0] = xr_gemm_q4_0,
+		NF_KAVX2_KQUANT(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,
 		[NF_KT_Q4_0] = axpy_q4,
+		NF_KREF_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
 		[NF_KT_Q8_0] = xr_gemv_list_q8_0, [NF_KT_Q4_0] = go_gemv_list_q4_0,
+		NF_KAVX2_KQUANT(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8,
 		[NF_KT_Q4_0] = axpy_list_q4,
+		NF_KREF_KQUANT(axpy_list),
 	},
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kavx2_softmax,

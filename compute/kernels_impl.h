@@ -34,6 +34,59 @@ void nf_kref_axpy_list(void (*axpy)(size_t, float, const void *, float *), size_
  * SIMD tables use it for rows that are not a multiple of 16 long. */
 float nf_kref_dot_f16(size_t n, const void *w, const void *x);
 
+/* K-quant reference entries (kernels_ref.c): Q8_K activations, ggml's x86
+ * order. Any table may point its K-quant entries at these. */
+void nf_kref_prepare_q8_K(const float *x, void *xq, size_t n);
+#define NF_KREF_KQUANT_DECL(T)                                                                  \
+	float nf_kref_dot_##T(size_t n, const void *w, const void *x);                          \
+	void nf_kref_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,         \
+			      const void *xq, float *y);                                        \
+	void nf_kref_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,         \
+			      size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy); \
+	void nf_kref_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,            \
+				   const void *xq, float *y);                                   \
+	void nf_kref_axpy_##T(size_t n, float a, const void *wrow, float *y);                  \
+	void nf_kref_axpy_list_##T(size_t n, size_t ncols, const float *a,                     \
+				   const void *const *cols, float *y);
+NF_KREF_KQUANT_DECL(q2_K)
+NF_KREF_KQUANT_DECL(q3_K)
+NF_KREF_KQUANT_DECL(q4_K)
+NF_KREF_KQUANT_DECL(q5_K)
+NF_KREF_KQUANT_DECL(q6_K)
+/* Designated initialisers for one op's five K-quant entries, and for
+ * act_prepare's: `.gemv = { ..., NF_KREF_KQUANT(gemv) }`. */
+#define NF_KREF_KQUANT(op)                                                                     \
+	[NF_KT_Q2_K] = nf_kref_##op##_q2_K, [NF_KT_Q3_K] = nf_kref_##op##_q3_K,                \
+	[NF_KT_Q4_K] = nf_kref_##op##_q4_K, [NF_KT_Q5_K] = nf_kref_##op##_q5_K,                \
+	[NF_KT_Q6_K] = nf_kref_##op##_q6_K
+#define NF_KREF_KQUANT_PREPARE                                                                 \
+	[NF_KT_Q2_K] = nf_kref_prepare_q8_K, [NF_KT_Q3_K] = nf_kref_prepare_q8_K,              \
+	[NF_KT_Q4_K] = nf_kref_prepare_q8_K, [NF_KT_Q5_K] = nf_kref_prepare_q8_K,              \
+	[NF_KT_Q6_K] = nf_kref_prepare_q8_K
+
+/* AVX2 K-quant kernels (kernels_avx2_kquant.c), for the AVX2 and AVX-512
+ * tables: Q8_K preparation and Q4_K/Q5_K/Q6_K products with the
+ * reference's bits; Q2_K/Q3_K and the axpys stay the reference's. */
+void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n);
+#define NF_KAVX2_KQUANT_DECL(T)                                                                 \
+	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			       const void *xq, float *y);                                       \
+	void nf_kavx2_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			       size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy); \
+	void nf_kavx2_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,           \
+				    const void *xq, float *y);
+NF_KAVX2_KQUANT_DECL(q4_K)
+NF_KAVX2_KQUANT_DECL(q5_K)
+NF_KAVX2_KQUANT_DECL(q6_K)
+#define NF_KAVX2_KQUANT(op)                                                                    \
+	[NF_KT_Q2_K] = nf_kref_##op##_q2_K, [NF_KT_Q3_K] = nf_kref_##op##_q3_K,                \
+	[NF_KT_Q4_K] = nf_kavx2_##op##_q4_K, [NF_KT_Q5_K] = nf_kavx2_##op##_q5_K,              \
+	[NF_KT_Q6_K] = nf_kavx2_##op##_q6_K
+#define NF_KAVX2_KQUANT_PREPARE                                                                \
+	[NF_KT_Q2_K] = nf_kavx2_prepare_q8_K, [NF_KT_Q3_K] = nf_kavx2_prepare_q8_K,            \
+	[NF_KT_Q4_K] = nf_kavx2_prepare_q8_K, [NF_KT_Q5_K] = nf_kavx2_prepare_q8_K,            \
+	[NF_KT_Q6_K] = nf_kavx2_prepare_q8_K
+
 /* AVX2 ops the AVX-512 table reuses (compute/kernels_avx2.c); call only
  * when the AVX2 table itself is available. */
 void nf_kavx2_prepare_q8_0(const float *x, void *xq, size_t n);

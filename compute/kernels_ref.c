@@ -14,7 +14,11 @@
  *    weight, as the SIMD versions compute it (one rounding per element).
  * 4. rmsnorm follows ggml: squares in f32 summed in double, mean and scale
  *    in f32, out = (x * scale) * w.
- * 5. Nothing here allocates or keeps state; everything is thread-safe.
+ * 5. K-quant weights (Q2_K..Q6_K) take activations as Q8_K blocks (ggml's
+ *    quantize_row_q8_K_ref) and follow ggml's x86 AVX2 vec_dot_qN_K_q8_K
+ *    order: exact int32 lanes, one fma per super-block and lane, the min
+ *    terms where and how ggml adds them (see dot_kquant).
+ * 6. Nothing here allocates or keeps state; everything is thread-safe.
  */
 #include <math.h>
 #include <string.h>
@@ -57,6 +61,11 @@ void nf_kref_prepare_q8_0(const float *x, void *xq, size_t n)
 		for (int j = 0; j < NF_QK; j++)
 			y[b].qs[j] = (int8_t)nearbyintf(v[j] * id);
 	}
+}
+
+void nf_kref_prepare_q8_K(const float *x, void *xq, size_t n)
+{
+	nf_quantize_row_q8_K(x, xq, n);
 }
 
 /* ---- one row's dot product per weight type -------------------------------- */
@@ -182,6 +191,78 @@ static float dot_q4_0(size_t n, const void *w, const void *x)
 	return reduce8(acc);
 }
 
+/*
+ * K-quant rows against Q8_K activations, in llama.cpp's x86 (AVX2) order.
+ * Per super-block, with d = d_x * d_w and dmin = -d_x * dmin_w:
+ * - integer lane m (0..7) sums, over the block's eight 32-value groups g,
+ *   sc[i / 16] * q_w[i] * q_x[i] for i = 32g + 4m .. 32g + 4m + 3 (exact);
+ *   acc[m] = fma(d, lane_m, acc[m]);
+ * - the min terms, exact integers times dmin: Q2_K adds
+ *   fma(dmin, mn[2m] * bsum[2m] + mn[2m+1] * bsum[2m+1], acc[m]) before
+ *   the lanes; Q4_K keeps 4 extra lanes over the per-32 sums
+ *   (fma(dmin, m[2k] s[2k] + m[2k+1] s[2k+1], accm[k])) summed at the end as
+ *   (0+2) + (1+3); Q5_K one scalar fma(dmin, sum of m * s, summs).
+ * The result is hsum_float_8(acc) (reduce8) plus those extra sums.
+ */
+static float dot_kquant(uint32_t t, size_t n, const void *w, const void *x)
+{
+	const struct nf_block_q8_K *y = x;
+	size_t bs = nf_dtype_block_size(t);
+	float acc[8] = { 0 }, accm[4] = { 0 }, summs = 0.0f;
+	struct nf_kblock kb;
+	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		nf_kblock_unpack(t, (const char *)w + i * bs, &kb);
+		const float d = y[i].d * kb.d, dmin = -y[i].d * kb.dmin;
+		const int16_t *bsum = y[i].bsums;
+		if (t == NF_DTYPE_Q2_K) {
+			for (int m = 0; m < 8; m++) {
+				int32_t p = kb.mn[2 * m] * bsum[2 * m] + kb.mn[2 * m + 1] * bsum[2 * m + 1];
+				acc[m] = fmaf(dmin, (float)p, acc[m]);
+			}
+		} else if (t == NF_DTYPE_Q4_K || t == NF_DTYPE_Q5_K) {
+			int32_t p[4], tot = 0;
+			for (int k = 0; k < 4; k++) {
+				int32_t s0 = bsum[4 * k] + bsum[4 * k + 1], s1 = bsum[4 * k + 2] + bsum[4 * k + 3];
+				p[k] = kb.mn[4 * k] * s0 + kb.mn[4 * k + 2] * s1;
+				tot += p[k];
+				if (t == NF_DTYPE_Q4_K)
+					accm[k] = fmaf(dmin, (float)p[k], accm[k]);
+			}
+			if (t == NF_DTYPE_Q5_K)
+				summs = fmaf(dmin, (float)tot, summs);
+		}
+		int32_t lane[8] = { 0 };
+		for (int g = 0; g < NF_QK_K / 32; g++)
+			for (int m = 0; m < 8; m++)
+				for (int k = 0; k < 4; k++) {
+					int idx = 32 * g + 4 * m + k;
+					lane[m] += kb.sc[idx / 16] * (kb.q[idx] * y[i].qs[idx]);
+				}
+		for (int m = 0; m < 8; m++)
+			acc[m] = fmaf(d, (float)lane[m], acc[m]);
+	}
+	float r = reduce8(acc);
+	if (t == NF_DTYPE_Q4_K)
+		r += (accm[0] + accm[2]) + (accm[1] + accm[3]);
+	else if (t == NF_DTYPE_Q5_K)
+		r += summs;
+	return r;
+}
+
+/* y[k] = fma(a, w[k], y[k]) with w[k] ggml's dequantized value */
+static void axpy_kquant(uint32_t t, size_t n, float a, const void *wrow, float *y)
+{
+	size_t bs = nf_dtype_block_size(t);
+	struct nf_kblock kb;
+	float v[NF_QK_K];
+	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		nf_kblock_unpack(t, (const char *)wrow + i * bs, &kb);
+		nf_kblock_dequantize(&kb, v);
+		for (int j = 0; j < NF_QK_K; j++)
+			y[i * NF_QK_K + j] = fmaf(a, v[j], y[i * NF_QK_K + j]);
+	}
+}
+
 typedef float (*row_dot_fn)(size_t n, const void *w, const void *x);
 
 static void gemv_rows(row_dot_fn dot, size_t n, size_t nrows, const void *w,
@@ -304,6 +385,44 @@ REF_AXPY_LIST(bf16, nf_kref_axpy_bf16)
 REF_AXPY_LIST(q8_0, axpy_q8_0)
 REF_AXPY_LIST(q4_0, axpy_q4_0)
 
+/* The K-quant entries, exported (kernels_impl.h) for tables that reuse them. */
+#define KREF(T, DT)                                                                          \
+	float nf_kref_dot_##T(size_t n, const void *w, const void *x)                        \
+	{                                                                                    \
+		return dot_kquant(DT, n, w, x);                                              \
+	}                                                                                    \
+	void nf_kref_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,      \
+			      const void *xq, float *y)                                      \
+	{                                                                                    \
+		gemv_rows(nf_kref_dot_##T, n, nrows, w, row_bytes, xq, y);                   \
+	}                                                                                    \
+	void nf_kref_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,      \
+			      size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy) \
+	{                                                                                    \
+		gemm_rows(nf_kref_dot_##T, n, nrows, w, row_bytes, nb, xq, xq_stride, y, ldy); \
+	}                                                                                    \
+	void nf_kref_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,         \
+				   const void *xq, float *y)                                 \
+	{                                                                                    \
+		for (size_t r = 0; r < nrows; r++)                                           \
+			y[r] = dot_kquant(DT, n, rows[r], xq);                               \
+	}                                                                                    \
+	void nf_kref_axpy_##T(size_t n, float a, const void *wrow, float *y)                \
+	{                                                                                    \
+		axpy_kquant(DT, n, a, wrow, y);                                              \
+	}                                                                                    \
+	void nf_kref_axpy_list_##T(size_t n, size_t ncols, const float *a,                  \
+				   const void *const *cols, float *y)                        \
+	{                                                                                    \
+		nf_kref_axpy_list(nf_kref_axpy_##T, n, ncols, a, cols, y);                   \
+	}
+
+KREF(q2_K, NF_DTYPE_Q2_K)
+KREF(q3_K, NF_DTYPE_Q3_K)
+KREF(q4_K, NF_DTYPE_Q4_K)
+KREF(q5_K, NF_DTYPE_Q5_K)
+KREF(q6_K, NF_DTYPE_Q6_K)
+
 /* ---- vector ops ------------------------------------------------------------ */
 
 void nf_kref_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
@@ -376,26 +495,32 @@ const struct nf_kernels nf_kernels_table_ref = {
 		[NF_KT_BF16] = nf_kref_prepare_bf16,
 		[NF_KT_Q8_0] = nf_kref_prepare_q8_0,
 		[NF_KT_Q4_0] = nf_kref_prepare_q8_0,
+		NF_KREF_KQUANT_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
 		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = gemv_q4_0,
+		NF_KREF_KQUANT(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
 		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = gemm_q4_0,
+		NF_KREF_KQUANT(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = axpy_f32w, [NF_KT_F16] = axpy_f16, [NF_KT_BF16] = nf_kref_axpy_bf16,
 		[NF_KT_Q8_0] = axpy_q8_0, [NF_KT_Q4_0] = axpy_q4_0,
+		NF_KREF_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
 		[NF_KT_Q8_0] = gemv_list_q8_0, [NF_KT_Q4_0] = gemv_list_q4_0,
+		NF_KREF_KQUANT(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = axpy_list_f32, [NF_KT_F16] = axpy_list_f16, [NF_KT_BF16] = axpy_list_bf16,
 		[NF_KT_Q8_0] = axpy_list_q8_0, [NF_KT_Q4_0] = axpy_list_q4_0,
+		NF_KREF_KQUANT(axpy_list),
 	},
 	.rmsnorm = nf_kref_rmsnorm,
 	.softmax = nf_kref_softmax,

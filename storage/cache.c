@@ -206,6 +206,67 @@ uint64_t nf_cache_min_bytes_for(struct nf_store *s, uint32_t min_cold_slots)
 	return (uint64_t)k * g.stride;
 }
 
+/* The arena's hot and cold slots under o (the pinned segment first). */
+static void split(struct nf_store *s, const struct nf_cache_geom *g, const struct nf_cache_opts *o, uint32_t *n_hot,
+		  uint32_t *n_cold)
+{
+	uint32_t cold_min = o->min_cold_slots && o->min_cold_slots < g->n_neurons ? o->min_cold_slots : g->n_neurons;
+	uint64_t min_cold = (uint64_t)cold_min * g->stride;
+	uint64_t pinned = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
+	uint64_t rest = o->arena_bytes > pinned ? o->arena_bytes - pinned : 0;
+	double hf = o->use_profile && nf_store_has_profile(s) ? o->profile_hot_fraction : o->hot_fraction;
+	hf = hf < 0 ? 0 : hf > 1 ? 1 : hf;
+	uint64_t hot = (uint64_t)((double)rest * hf);
+	if (rest - hot < min_cold)
+		hot = rest > min_cold ? rest - min_cold : 0;
+	*n_hot = (uint32_t)(hot / g->stride);
+	*n_cold = (uint32_t)((rest - (uint64_t)*n_hot * g->stride) / g->stride);
+}
+
+int nf_cache_split_for(struct nf_store *s, const struct nf_cache_opts *o, uint32_t *n_hot, uint32_t *n_cold)
+{
+	struct nf_cache_geom g;
+	int rc = scan_ffns(s, &g, NULL);
+	if (rc < 0)
+		return rc;
+	split(s, &g, o, n_hot, n_cold);
+	return 0;
+}
+
+int nf_cache_geometry_of(struct nf_store *s, struct nf_cache_geom *g, struct nf_diag *d)
+{
+	return scan_ffns(s, g, d);
+}
+
+/* The metadata nf_cache_open allocates beside the arena (meta()), for a
+ * geometry, slot counts and record: the same terms, in the same order. */
+static uint64_t meta_bytes_for(const struct nf_cache_geom *g, uint32_t n_ffn_present, uint64_t n_hot,
+			       uint64_t n_cold, uint32_t sig_words)
+{
+	uint64_t N = g->n_neurons, n_ffn = (uint64_t)g->n_layer * g->n_expert;
+	return n_ffn * sizeof(struct ffn_ent) + (n_hot + 1) * sizeof(struct slot_meta) +
+	       n_cold * sizeof(struct slot_meta) + (N + 1) * sizeof(struct read_rec) + N * sizeof(uint64_t) +
+	       5 * N * sizeof(uint32_t) + (N + 2) * sizeof(struct event) + n_ffn * 3 * N * sizeof(uint32_t) +
+	       (uint64_t)n_ffn_present * N * sig_words * sizeof(uint64_t);
+}
+
+static uint32_t ffns_present(struct nf_store *s)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++)
+		n += nf_store_object_get(s, i)->kind == NF_STORE_KIND_FFN;
+	return n;
+}
+
+uint64_t nf_cache_meta_bytes_for(struct nf_store *s, uint64_t arena_bytes, uint32_t sig_tokens)
+{
+	struct nf_cache_geom g;
+	if (scan_ffns(s, &g, NULL) < 0)
+		return 0;
+	uint64_t slots = arena_bytes / g.stride;
+	return meta_bytes_for(&g, ffns_present(s), slots, 0, (uint32_t)(((uint64_t)sig_tokens + 63) / 64));
+}
+
 static int hot_from_profile(struct nf_cache *c);
 
 static void *meta(struct nf_cache *c, size_t n)
@@ -244,14 +305,7 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	}
 	c->arena_bytes = o->arena_bytes;
 	c->pinned_cap = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
-	uint64_t rest = o->arena_bytes > c->pinned_cap ? o->arena_bytes - c->pinned_cap : 0;
-	double hf = o->use_profile && nf_store_has_profile(s) ? o->profile_hot_fraction : o->hot_fraction;
-	hf = hf < 0 ? 0 : hf > 1 ? 1 : hf;
-	uint64_t hot = (uint64_t)((double)rest * hf);
-	if (rest - hot < min_cold)
-		hot = rest - min_cold;
-	c->n_hot = (uint32_t)(hot / g->stride);
-	c->n_cold = (uint32_t)((rest - (uint64_t)c->n_hot * g->stride) / g->stride);
+	split(s, g, o, &c->n_hot, &c->n_cold);
 
 	c->arena = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (c->arena == MAP_FAILED) {
@@ -1018,7 +1072,7 @@ void nf_cache_stats_reset(struct nf_cache *c)
 void nf_cache_layout_get(const struct nf_cache *c, struct nf_cache_layout *out)
 {
 	*out = (struct nf_cache_layout){
-		.arena = c->arena_bytes, .pinned_used = c->pinned_used, .pinned_cap = c->pinned_cap,
+		.arena = c->arena_bytes, .meta = c->meta_bytes, .pinned_used = c->pinned_used, .pinned_cap = c->pinned_cap,
 		.hot = (uint64_t)c->n_hot * c->g.stride, .cold = (uint64_t)c->n_cold * c->g.stride,
 		.hot_slots = c->n_hot, .cold_slots = c->n_cold, .hugepages = c->hugepages, .numa = c->numa,
 		.hot_from_profile = c->hot_from_profile, .profile_error = c->profile_error,

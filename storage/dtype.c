@@ -3,7 +3,9 @@
  *
  * Invariant: encodings are bit-exact with ggml (round-to-nearest-even fp16
  * like F16C; Q4_0/Q8_0 rounding as ggml's quantize_row_*_ref), because the
- * fidelity tests compare against llama.cpp to 1e-6.
+ * fidelity tests compare against llama.cpp to 1e-6. K-quant layouts and
+ * dequantization are ggml's; K-quant encoders are plain min/max fits (any
+ * valid encoding serves synth and tests), Q8_K is ggml's reference rule.
  */
 #include <math.h>
 #include <string.h>
@@ -11,10 +13,16 @@
 
 #include "nflash/dtype.h"
 
+bool nf_dtype_is_kquant(uint32_t t)
+{
+	return t >= NF_DTYPE_Q2_K && t <= NF_DTYPE_Q6_K;
+}
+
 bool nf_dtype_valid(uint32_t t)
 {
 	return t == NF_DTYPE_F32 || t == NF_DTYPE_F16 || t == NF_DTYPE_Q4_0 ||
-	       t == NF_DTYPE_Q8_0 || t == NF_DTYPE_BF16;
+	       t == NF_DTYPE_Q8_0 || t == NF_DTYPE_BF16 || nf_dtype_is_kquant(t) ||
+	       t == NF_DTYPE_Q8_K;
 }
 
 const char *nf_dtype_name(uint32_t t)
@@ -25,6 +33,12 @@ const char *nf_dtype_name(uint32_t t)
 	case NF_DTYPE_Q4_0: return "q4_0";
 	case NF_DTYPE_Q8_0: return "q8_0";
 	case NF_DTYPE_BF16: return "bf16";
+	case NF_DTYPE_Q2_K: return "q2_K";
+	case NF_DTYPE_Q3_K: return "q3_K";
+	case NF_DTYPE_Q4_K: return "q4_K";
+	case NF_DTYPE_Q5_K: return "q5_K";
+	case NF_DTYPE_Q6_K: return "q6_K";
+	case NF_DTYPE_Q8_K: return "q8_K";
 	default: return "unknown";
 	}
 }
@@ -32,7 +46,9 @@ const char *nf_dtype_name(uint32_t t)
 int nf_dtype_parse(const char *name)
 {
 	static const uint32_t all[] = { NF_DTYPE_F32, NF_DTYPE_F16, NF_DTYPE_Q4_0,
-					NF_DTYPE_Q8_0, NF_DTYPE_BF16 };
+					NF_DTYPE_Q8_0, NF_DTYPE_BF16, NF_DTYPE_Q2_K,
+					NF_DTYPE_Q3_K, NF_DTYPE_Q4_K, NF_DTYPE_Q5_K,
+					NF_DTYPE_Q6_K, NF_DTYPE_Q8_K };
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
 		if (!strcasecmp(name, nf_dtype_name(all[i])))
 			return (int)all[i];
@@ -44,6 +60,8 @@ size_t nf_dtype_block_len(uint32_t t)
 	switch (t) {
 	case NF_DTYPE_F32: case NF_DTYPE_F16: case NF_DTYPE_BF16: return 1;
 	case NF_DTYPE_Q4_0: case NF_DTYPE_Q8_0: return NF_QK;
+	case NF_DTYPE_Q2_K: case NF_DTYPE_Q3_K: case NF_DTYPE_Q4_K: case NF_DTYPE_Q5_K:
+	case NF_DTYPE_Q6_K: case NF_DTYPE_Q8_K: return NF_QK_K;
 	default: return 0;
 	}
 }
@@ -55,6 +73,12 @@ size_t nf_dtype_block_size(uint32_t t)
 	case NF_DTYPE_F16: case NF_DTYPE_BF16: return 2;
 	case NF_DTYPE_Q4_0: return sizeof(struct nf_block_q4_0);
 	case NF_DTYPE_Q8_0: return sizeof(struct nf_block_q8_0);
+	case NF_DTYPE_Q2_K: return sizeof(struct nf_block_q2_K);
+	case NF_DTYPE_Q3_K: return sizeof(struct nf_block_q3_K);
+	case NF_DTYPE_Q4_K: return sizeof(struct nf_block_q4_K);
+	case NF_DTYPE_Q5_K: return sizeof(struct nf_block_q5_K);
+	case NF_DTYPE_Q6_K: return sizeof(struct nf_block_q6_K);
+	case NF_DTYPE_Q8_K: return sizeof(struct nf_block_q8_K);
 	default: return 0;
 	}
 }
@@ -200,7 +224,22 @@ void nf_dequantize_row(uint32_t t, const void *src, float *dst, size_t n)
 		}
 		break;
 	}
+	case NF_DTYPE_Q8_K: {
+		const struct nf_block_q8_K *b = src;
+		for (size_t i = 0; i < n / NF_QK_K; i++)
+			for (int j = 0; j < NF_QK_K; j++)
+				dst[i * NF_QK_K + j] = b[i].d * b[i].qs[j];
+		break;
+	}
 	default:
+		if (nf_dtype_is_kquant(t)) {
+			size_t bs = nf_dtype_block_size(t);
+			struct nf_kblock kb;
+			for (size_t i = 0; i < n / NF_QK_K; i++) {
+				nf_kblock_unpack(t, (const char *)src + i * bs, &kb);
+				nf_kblock_dequantize(&kb, dst + i * NF_QK_K);
+			}
+		}
 		break;
 	}
 }
@@ -229,7 +268,12 @@ void nf_quantize_row(uint32_t t, const float *src, void *dst, size_t n)
 	case NF_DTYPE_Q4_0:
 		nf_quantize_row_q4_0(src, dst, n);
 		break;
+	case NF_DTYPE_Q8_K:
+		nf_quantize_row_q8_K(src, dst, n);
+		break;
 	default:
+		if (nf_dtype_is_kquant(t))
+			nf_quantize_row_kquant(t, src, dst, n);
 		break;
 	}
 }

@@ -56,6 +56,30 @@ int nf_diag_fail(struct nf_diag *d, int code, const char *fmt, ...)
 	return code;
 }
 
+int nf_diag_prefix(struct nf_diag *d, int code, const char *fmt, ...)
+{
+	if (!d)
+		return code;
+	char head[256], tail[sizeof(d->msg)];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(head, sizeof(head), fmt, ap);
+	va_end(ap);
+	snprintf(tail, sizeof(tail), "%s", d->msg[0] ? d->msg : nf_strerror(code));
+	/* truncation keeps the head: the name of the file or flag */
+	size_t n = strlen(head);
+	if (n > sizeof(d->msg) - 3)
+		n = sizeof(d->msg) - 3;
+	memcpy(d->msg, head, n);
+	memcpy(d->msg + n, ": ", 2);
+	size_t room = sizeof(d->msg) - n - 2, t = strlen(tail);
+	t = t < room - 1 ? t : room - 1;
+	memcpy(d->msg + n + 2, tail, t);
+	d->msg[n + 2 + t] = '\0';
+	d->code = code;
+	return code;
+}
+
 const char *nf_diag_msg(const struct nf_diag *d, int code)
 {
 	if (d && d->msg[0])

@@ -476,7 +476,7 @@ static int parse_tensor_info(struct nf_gguf *g, struct cur *c, uint64_t i)
 	if (!nf_dtype_valid(t->type))
 		return nf_diag_fail(c->d, NF_EUNSUPPORTED,
 				    "%s: tensor '%s': type %s (%" PRIu32 ") is not supported"
-				    " (nflash reads f32, f16, bf16, q8_0 and q4_0)",
+				    " (nflash reads f32, f16, bf16, q8_0, q4_0 and q2_K..q6_K)",
 				    c->path, name, nf_gguf_ggml_type_name(t->type), t->type);
 	uint64_t bl = nf_dtype_block_len(t->type), rows = 1, size;
 	for (uint32_t d = 0; d < NF_GGUF_MAX_DIMS; d++)

@@ -160,6 +160,14 @@ void nf_store_sb_build(struct nf_store_sb_disk *sb, const struct nf_store_info *
 	} else {
 		sb->compat = htole64(in->compat & ~NF_STORE_COMPAT_PROFILE);
 	}
+	if (in->plan_length) {
+		sb->compat |= htole64(NF_STORE_COMPAT_PLAN);
+		sb->plan_offset = htole64(in->plan_offset);
+		sb->plan_length = htole64(in->plan_length);
+		sb->plan_crc = htole32(in->plan_crc);
+	} else {
+		sb->compat &= htole64(~NF_STORE_COMPAT_PLAN);
+	}
 	sb->crc = htole32(nf_store_sb_crc(sb));
 }
 
@@ -220,10 +228,17 @@ static int sb_check(const uint8_t *raw, const char *path, int slot, uint64_t act
 	sb->profile_offset = le64toh(sb->profile_offset);
 	sb->profile_length = le64toh(sb->profile_length);
 	sb->profile_crc = le32toh(sb->profile_crc);
+	sb->plan_offset = le64toh(sb->plan_offset);
+	sb->plan_length = le64toh(sb->plan_length);
+	sb->plan_crc = le32toh(sb->plan_crc);
 	if (!(sb->compat & NF_STORE_COMPAT_PROFILE)) {
 		/* fields of a feature the writer did not set: ignore them */
 		sb->profile_offset = sb->profile_length = 0;
 		sb->profile_crc = 0;
+	}
+	if (!(sb->compat & NF_STORE_COMPAT_PLAN)) {
+		sb->plan_offset = sb->plan_length = 0;
+		sb->plan_crc = 0;
 	}
 	if (sb->version > NF_STORE_VERSION || sb->version == 0)
 		return nf_diag_fail(d, NF_EVERSION,
@@ -280,6 +295,14 @@ static int sb_check(const uint8_t *raw, const char *path, int slot, uint64_t act
 				    "past the end of the file or over the object table",
 				    path, slot, (unsigned long long)sb->profile_offset,
 				    (unsigned long long)sb->profile_length);
+	if (sb->plan_length &&
+	    (sb->plan_offset % sb->block_size || sb->plan_offset < sb->data_start ||
+	     __builtin_add_overflow(sb->plan_offset, sb->plan_length, &pend) || pend > sb->file_size ||
+	     (sb->plan_offset < tend && pend > sb->table_offset)))
+		return nf_diag_fail(d, NF_EFORMAT,
+				    "%s: superblock %d: plan_offset %llu + plan_length %llu is misaligned, past the "
+				    "end of the file or over the object table",
+				    path, slot, (unsigned long long)sb->plan_offset, (unsigned long long)sb->plan_length);
 	return 0;
 }
 
@@ -567,6 +590,9 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 	s->info.profile_offset = u->profile_offset;
 	s->info.profile_length = u->profile_length;
 	s->info.profile_crc = u->profile_crc;
+	s->info.plan_offset = u->plan_offset;
+	s->info.plan_length = u->plan_length;
+	s->info.plan_crc = u->plan_crc;
 
 	s->table = malloc(u->table_length ? u->table_length : 1);
 	s->objs = calloc(u->n_objects ? u->n_objects : 1, sizeof(*s->objs));
@@ -600,6 +626,14 @@ int nf_store_open(const char *path, const struct nf_store_open_opts *o, struct n
 		    u->profile_offset < ob->offset + ob->length) {
 			rc = nf_diag_fail(d, NF_EFORMAT, "%s: the profile section overlaps object '%s'", path,
 					  ob->name);
+			goto fail;
+		}
+	}
+	for (uint32_t i = 0; i < u->n_objects && u->plan_length; i++) {
+		const struct nf_store_object *ob = &s->objs[i];
+		if (ob->length && ob->offset < u->plan_offset + u->plan_length &&
+		    u->plan_offset < ob->offset + ob->length) {
+			rc = nf_diag_fail(d, NF_EFORMAT, "%s: the plan section overlaps object '%s'", path, ob->name);
 			goto fail;
 		}
 	}

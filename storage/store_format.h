@@ -40,7 +40,9 @@
 /* Compat: the superblock points at a profile section (docs/FORMAT.md
  * item 19); a reader that does not know it ignores the section. */
 #define NF_STORE_COMPAT_PROFILE      (1ULL << 0)
-#define NF_STORE_COMPAT_KNOWN   NF_STORE_COMPAT_PROFILE
+/* Compat: the superblock points at a plan section (item 20). */
+#define NF_STORE_COMPAT_PLAN         (1ULL << 1)
+#define NF_STORE_COMPAT_KNOWN   (NF_STORE_COMPAT_PROFILE | NF_STORE_COMPAT_PLAN)
 #define NF_STORE_INCOMPAT_KNOWN (NF_STORE_INCOMPAT_DOWN_FORMS | NF_STORE_INCOMPAT_BLOB)
 
 /* Object entry flags. */
@@ -70,11 +72,16 @@ struct nf_store_sb_disk {
 	uint64_t profile_offset; /* multiple of B, outside objects and table */
 	uint64_t profile_length; /* bytes of header, entries and counts */
 	uint32_t profile_crc;    /* crc32c of those bytes */
-	uint32_t reserved1;
-	uint8_t reserved[116];   /* zero */
+	uint32_t plan_crc;       /* NF_STORE_COMPAT_PLAN: crc32c of the plan section */
+	uint64_t plan_offset;    /* multiple of B, outside objects and table */
+	uint64_t plan_length;    /* bytes of the plan section (no padding) */
+	uint8_t reserved[100];   /* zero */
 	uint32_t crc;            /* crc32c of the bytes before this field */
 };
 _Static_assert(sizeof(struct nf_store_sb_disk) == 256, "superblock is 256 bytes");
+_Static_assert(offsetof(struct nf_store_sb_disk, plan_crc) == 132 &&
+	       offsetof(struct nf_store_sb_disk, plan_offset) == 136 &&
+	       offsetof(struct nf_store_sb_disk, plan_length) == 144, "plan fields (docs/FORMAT.md item 5)");
 _Static_assert(offsetof(struct nf_store_sb_disk, profile_offset) == 112 &&
 	       offsetof(struct nf_store_sb_disk, crc) == 252, "superblock field offsets (docs/FORMAT.md item 5)");
 
@@ -129,6 +136,40 @@ struct nf_store_profile_entry_disk {
 };
 _Static_assert(sizeof(struct nf_store_profile_entry_disk) == 8, "profile entry is 8 bytes");
 
+/* The plan section (docs/FORMAT.md item 20): this header, the device
+ * points, the kernel rates, then the plan entries by budget. Doubles are
+ * IEEE 754 binary64, little-endian. */
+#define NF_STORE_PLAN_MAGIC   0x31534e414c50464eULL  /* "NFPLANS1" */
+#define NF_STORE_PLAN_VERSION 1u
+struct nf_store_plan_disk {
+	uint64_t magic;          /* NF_STORE_PLAN_MAGIC */
+	uint32_t version;        /* NF_STORE_PLAN_VERSION */
+	uint32_t n_points;       /* device points that follow */
+	uint32_t n_rates;        /* kernel rates after them */
+	uint32_t n_entries;      /* plans after them */
+	uint64_t created_ns;     /* CLOCK_REALTIME when measured */
+	uint64_t mem_read_gbs;   /* double: memory-read bandwidth, GB/s */
+	uint8_t reserved[24];    /* zero */
+};
+_Static_assert(sizeof(struct nf_store_plan_disk) == 64, "plan header is 64 bytes");
+struct nf_store_plan_point_disk {
+	uint32_t req_bytes, qd;
+	uint64_t mb_s, cpu_us, lat_us;   /* doubles */
+};
+_Static_assert(sizeof(struct nf_store_plan_point_disk) == 32, "plan device point is 32 bytes");
+struct nf_store_plan_rate_disk {
+	uint32_t dtype, threads;
+	uint64_t gb_s;                   /* double */
+};
+_Static_assert(sizeof(struct nf_store_plan_rate_disk) == 16, "plan kernel rate is 16 bytes");
+struct nf_store_plan_entry_disk {
+	uint64_t budget;
+	uint32_t n_ctx, kv_type, n_batch, n_threads, qd, read_gap, cold_slots, attn_pin, flags, hot_slots;
+	uint64_t pred[8];                /* doubles: tok/s, I/O wait share, bytes, reads, t_dense, t_ffn, t_io, t_token */
+	uint8_t reserved[16];            /* zero */
+};
+_Static_assert(sizeof(struct nf_store_plan_entry_disk) == 128, "plan entry is 128 bytes");
+
 struct nf_store_object;
 struct nf_store_info;
 struct nf_store_profile;
@@ -153,5 +194,17 @@ static inline uint64_t nf_store_data_start(uint32_t bs)
 {
 	return bs > NF_STORE_SB_AREA ? bs : NF_STORE_SB_AREA;
 }
+
+/* Read a section of the store s ([off, off + len), checked against crc;
+ * what names it in errors) into a new buffer *out (free()). */
+int nf_store_section_read(const struct nf_store *s, uint64_t off, uint64_t len, uint32_t crc, const char *what,
+			  uint8_t **out, struct nf_diag *d);
+
+/* The plan section (storage/store_plan.c): check p as a reader would
+ * (NF_EPLAN naming the field), encode it padded to bs. */
+struct nf_store_plan;
+int nf_store_plan_check(const struct nf_store_plan *p, const char *path, struct nf_diag *d);
+int nf_store_plan_encode(const struct nf_store_plan *p, uint32_t bs, uint8_t **out, uint64_t *len, uint64_t *used,
+			 uint32_t *crc);
 
 #endif /* NFLASH_STORE_FORMAT_H */

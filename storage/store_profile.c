@@ -184,15 +184,52 @@ int nf_store_profile_encode(const struct nf_store_profile *p, uint32_t bs, uint8
 
 #define PFAIL(code, ...) nf_diag_fail(d, code, __VA_ARGS__)
 
+int nf_store_section_read(const struct nf_store *s, uint64_t off, uint64_t len, uint32_t crc, const char *what,
+			  uint8_t **out, struct nf_diag *d)
+{
+	const struct nf_io_sys *sys = nf_store_sys(s);
+	const char *path = nf_store_path(s);
+	uint8_t *buf = malloc(len ? len : 1);
+	int rc = 0;
+	*out = NULL;
+	if (!buf)
+		return PFAIL(-ENOMEM, "%s: no memory for the %llu-byte %s", path, (unsigned long long)len, what);
+	int fd = sys->open(path, O_RDONLY, 0);
+	if (fd < 0) {
+		rc = PFAIL(-errno, "%s: cannot open: %s", path, nf_strerror(-errno));
+		goto out;
+	}
+	for (uint64_t done = 0; done < len;) {
+		ssize_t r = sys->pread(fd, buf + done, len - done, (off_t)(off + done));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			rc = r < 0 ? -errno : NF_ETRUNCATED;
+			PFAIL(rc, "%s: reading the %s: %s", path, what, nf_strerror(rc));
+			goto out;
+		}
+		done += (uint64_t)r;
+	}
+	if (nf_crc32c(0, buf, len) != crc)
+		rc = PFAIL(NF_ECHECKSUM, "%s: %s: crc32c mismatch", path, what);
+out:
+	if (fd >= 0)
+		sys->close(fd);
+	if (rc < 0)
+		free(buf);
+	else
+		*out = buf;
+	return rc;
+}
+
 int nf_store_profile_read(const struct nf_store *s, struct nf_store_profile **out,
 			  struct nf_diag *d)
 {
 	const struct nf_store_info *in = nf_store_info(s);
-	const struct nf_io_sys *sys = nf_store_sys(s);
 	const char *path = nf_store_path(s);
 	uint8_t *buf = NULL;
 	struct nf_store_profile *p = NULL;
-	int fd = -1, rc;
+	int rc;
 	*out = NULL;
 	if (!in->profile_length)
 		return PFAIL(-ENOENT, "%s: the store has no profile (run with --profile first)", path);
@@ -200,28 +237,8 @@ int nf_store_profile_read(const struct nf_store *s, struct nf_store_profile **ou
 	if (len < sizeof(struct nf_store_profile_disk) || len > (1ull << 34))
 		return PFAIL(NF_EFORMAT, "%s: profile_length %llu is not a profile section", path,
 			     (unsigned long long)len);
-	if (!(buf = malloc(len)))
-		return -ENOMEM;
-	fd = sys->open(path, O_RDONLY, 0);
-	if (fd < 0) {
-		rc = PFAIL(-errno, "%s: cannot open: %s", path, nf_strerror(-errno));
+	if ((rc = nf_store_section_read(s, in->profile_offset, len, in->profile_crc, "profile", &buf, d)) < 0)
 		goto out;
-	}
-	for (uint64_t done = 0; done < len;) {
-		ssize_t r = sys->pread(fd, buf + done, len - done, (off_t)(in->profile_offset + done));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			rc = r < 0 ? -errno : NF_ETRUNCATED;
-			PFAIL(rc, "%s: reading the profile: %s", path, nf_strerror(rc));
-			goto out;
-		}
-		done += (uint64_t)r;
-	}
-	if (nf_crc32c(0, buf, len) != in->profile_crc) {
-		rc = PFAIL(NF_ECHECKSUM, "%s: profile: crc32c mismatch", path);
-		goto out;
-	}
 	struct nf_store_profile_disk h;
 	memcpy(&h, buf, sizeof(h));
 	if (le64toh(h.magic) != NF_STORE_PROFILE_MAGIC) {
@@ -302,8 +319,6 @@ int nf_store_profile_read(const struct nf_store *s, struct nf_store_profile **ou
 	p = NULL;
 	rc = 0;
 out:
-	if (fd >= 0)
-		sys->close(fd);
 	free(buf);
 	nf_store_profile_free(p);
 	return rc;

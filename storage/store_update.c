@@ -46,10 +46,12 @@ static int write_all(const struct nf_io_sys *sys, int fd, const void *buf, size_
 struct commit {
 	const uint8_t *bytes;
 	uint64_t len;          /* padded to the block size */
-	uint64_t used;         /* meaningful bytes (table or profile length) */
+	uint64_t used;         /* meaningful bytes (table or section length) */
 	uint32_t crc;
-	bool is_table;         /* else: a profile section */
+	enum { COMMIT_PROFILE, COMMIT_TABLE, COMMIT_PLAN } kind;
 };
+
+static const char *const commit_what[] = { "profile", "object table", "plan" };
 
 static int commit(const char *path, const struct nf_io_sys *sys, struct nf_store_info in,
 		  uint32_t table_crc, const struct commit *c, struct nf_diag *d)
@@ -62,15 +64,19 @@ static int commit(const char *path, const struct nf_io_sys *sys, struct nf_store
 		return nf_diag_fail(d, -errno, "%s: cannot open for update: %s", path, nf_strerror(-errno));
 	if ((rc = write_all(sys, fd, c->bytes, c->len, off)) < 0 || (sys->fsync(fd) < 0 && (rc = -errno))) {
 		nf_diag_fail(d, rc, "%s: writing the new %s: %s", path,
-			     c->is_table ? "object table" : "profile", nf_strerror(rc));
+			     commit_what[c->kind], nf_strerror(rc));
 		goto out;
 	}
 	in.generation++;
 	in.file_size = off + c->len;
-	if (c->is_table) {
+	if (c->kind == COMMIT_TABLE) {
 		in.table_offset = off;
 		in.table_length = c->used;
 		table_crc = c->crc;
+	} else if (c->kind == COMMIT_PLAN) {
+		in.plan_offset = off;
+		in.plan_length = c->used;
+		in.plan_crc = c->crc;
 	} else {
 		in.profile_offset = off;
 		in.profile_length = c->used;
@@ -114,7 +120,7 @@ int nf_store_update_profile(const char *path, const struct nf_store_open_opts *o
 			goto out;
 		}
 	}
-	struct commit c = { .is_table = false };
+	struct commit c = { .kind = COMMIT_PROFILE };
 	if ((rc = nf_store_profile_encode(p, nf_store_info(s)->block_size, &buf, &c.len, &c.used, &c.crc)) < 0)
 		goto out;
 	c.bytes = buf;
@@ -178,12 +184,33 @@ int nf_store_update_perm(const char *path, const struct nf_store_open_opts *o, u
 		goto out;
 	}
 	memcpy(pad, tbl, len);
-	struct commit c = { .bytes = pad, .len = padded, .used = len, .crc = crc, .is_table = true };
+	struct commit c = { .bytes = pad, .len = padded, .used = len, .crc = crc, .kind = COMMIT_TABLE };
 	rc = commit(path, sys, in, 0, &c, d);
 out:
 	free(pad);
 	free(tbl);
 	free(v);
+	nf_store_close(s);
+	return rc;
+}
+
+int nf_store_update_plan(const char *path, const struct nf_store_open_opts *o, const struct nf_store_plan *p,
+			 struct nf_diag *d)
+{
+	struct nf_store *s = NULL;
+	uint8_t *buf = NULL;
+	int rc = nf_store_plan_check(p, path, d);
+	if (rc < 0)
+		return rc;
+	if ((rc = nf_store_open(path, o, &s, d)) < 0)
+		return rc;
+	struct commit c = { .kind = COMMIT_PLAN };
+	if ((rc = nf_store_plan_encode(p, nf_store_info(s)->block_size, &buf, &c.len, &c.used, &c.crc)) < 0)
+		goto out;
+	c.bytes = buf;
+	rc = commit(path, nf_store_sys(s), *nf_store_info(s), nf_store_info(s)->table_crc, &c, d);
+out:
+	free(buf);
 	nf_store_close(s);
 	return rc;
 }

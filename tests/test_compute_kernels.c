@@ -11,11 +11,21 @@
 #include "nflash/kernels.h"
 
 static const char *const isas[] = { "scalar", "avx2", "avx512" };
-static const enum nf_ktype all_kt[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0 };
+static const enum nf_ktype all_kt[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
+					NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K };
+_Static_assert(sizeof(all_kt) / sizeof(all_kt[0]) == NF_KT_COUNT, "every ktype tested");
 static const uint32_t kt_dtype[NF_KT_COUNT] = {
 	[NF_KT_F32] = NF_DTYPE_F32, [NF_KT_F16] = NF_DTYPE_F16, [NF_KT_BF16] = NF_DTYPE_BF16,
 	[NF_KT_Q8_0] = NF_DTYPE_Q8_0, [NF_KT_Q4_0] = NF_DTYPE_Q4_0,
+	[NF_KT_Q2_K] = NF_DTYPE_Q2_K, [NF_KT_Q3_K] = NF_DTYPE_Q3_K, [NF_KT_Q4_K] = NF_DTYPE_Q4_K,
+	[NF_KT_Q5_K] = NF_DTYPE_Q5_K, [NF_KT_Q6_K] = NF_DTYPE_Q6_K,
 };
+
+/* Row lengths a type can hold: multiples of its block (256 for K-quants). */
+static bool fits(enum nf_ktype kt, size_t n)
+{
+	return n % nf_dtype_block_len(kt_dtype[kt]) == 0;
+}
 
 struct rng { uint64_t s; };
 
@@ -141,11 +151,13 @@ Test(kernels, ref_gemv_matches_double)
 {
 	const struct nf_kernels *k = nf_kernels_ref();
 	struct rng r = { 1 };
-	const size_t ns[] = { 32, 96, 4096 + 32 };
+	const size_t ns[] = { 32, 96, 256, 4096 + 32, 4096 + 256 };
 	for (size_t t = 0; t < NF_KT_COUNT; t++) {
 		enum nf_ktype kt = all_kt[t];
 		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
 			size_t n = ns[ni], rows = 5;
+			if (!fits(kt, n))
+				continue;
 			size_t rb = nf_dtype_row_size(kt_dtype[kt], n);
 			float *x = xmalloc(n * sizeof(float)), *wf = xmalloc(n * sizeof(float));
 			char *w = xmalloc(rows * rb), *xq = xmalloc(nf_act_size(kt, n));
@@ -254,9 +266,14 @@ static void check_prepare(const struct nf_kernels *k, const struct nf_kernels *r
 	x[0] = 127.0f;
 	for (int i = 1; i < 32; i++)
 		x[i] = (float)(i - 16) + 0.5f;
+	/* Q8_K: two values of the largest magnitude in a block, the first wins */
+	x[300] = -50.0f;
+	x[310] = 50.0f;
 	for (size_t t = 0; t < NF_KT_COUNT; t++) {
 		enum nf_ktype kt = all_kt[t];
-		for (size_t m = 32; m <= n; m += (m < 256 ? 32 : 992)) {
+		for (size_t m = 32; m <= n; m += (m < 256 ? 32 : 1024)) {
+			if (!fits(kt, m))
+				continue;
 			size_t sz = nf_act_size(kt, m);
 			unsigned char *a = xmalloc(sz + 16), *b = xmalloc(sz + 16);
 			memset(a, 0xa5, sz + 16);
@@ -280,18 +297,20 @@ static void check_prepare(const struct nf_kernels *k, const struct nf_kernels *r
  */
 static bool exact_order(enum nf_ktype kt)
 {
-	return kt == NF_KT_Q8_0 || kt == NF_KT_Q4_0 || kt == NF_KT_F16;
+	return kt != NF_KT_F32 && kt != NF_KT_BF16;
 }
 
 static void check_matmul(const struct nf_kernels *k, const struct nf_kernels *ref)
 {
 	struct rng r = { 5 };
-	const size_t ns[] = { 32, 64, 96, 160, 544, 4096 + 32 };
+	const size_t ns[] = { 32, 64, 96, 160, 256, 544, 768, 4096 + 32 };
 	const size_t rows_max = 19, nb_max = 9;
 	for (size_t t = 0; t < NF_KT_COUNT; t++) {
 		enum nf_ktype kt = all_kt[t];
 		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
 			size_t n = ns[ni];
+			if (!fits(kt, n))
+				continue;
 			size_t rb = nf_dtype_row_size(kt_dtype[kt], n) + 64; /* padded rows */
 			size_t as = nf_act_size(kt, n), xs = as + 32;
 			float *xf = xmalloc(n * sizeof(float)), *wf = xmalloc(n * sizeof(float));
@@ -360,11 +379,13 @@ static void check_matmul(const struct nf_kernels *k, const struct nf_kernels *re
 static void check_axpy(const struct nf_kernels *k, const struct nf_kernels *ref)
 {
 	struct rng r = { 6 };
-	const size_t ns[] = { 32, 96, 4096 + 32 };
+	const size_t ns[] = { 32, 96, 512, 4096 + 32 };
 	for (size_t t = 0; t < NF_KT_COUNT; t++) {
 		enum nf_ktype kt = all_kt[t];
-		for (size_t ni = 0; ni < 3; ni++) {
+		for (size_t ni = 0; ni < 4; ni++) {
 			size_t n = ns[ni];
+			if (!fits(kt, n))
+				continue;
 			float *wf = xmalloc(n * sizeof(float)), *ya = xmalloc(n * sizeof(float));
 			float *yb = xmalloc(n * sizeof(float));
 			void *w = xmalloc(nf_dtype_row_size(kt_dtype[kt], n));
@@ -469,10 +490,10 @@ static void check_vector_ops(const struct nf_kernels *k, const struct nf_kernels
 static void check_row_offsets(const struct nf_kernels *k, const struct nf_kernels *ref)
 {
 	struct rng r = { 8 };
-	const size_t n = 4096 + 96;
-	float *xf = xmalloc(n * sizeof(float)), *wf = xmalloc(n * sizeof(float));
+	float *xf = xmalloc((4096 + 256) * sizeof(float)), *wf = xmalloc((4096 + 256) * sizeof(float));
 	for (size_t t = 0; t < NF_KT_COUNT; t++) {
 		enum nf_ktype kt = all_kt[t];
+		const size_t n = fits(kt, 4096 + 96) ? 4096 + 96 : 4096 + 256;
 		size_t rb = nf_dtype_row_size(kt_dtype[kt], n);
 		unsigned char *buf = aligned_alloc(64, (rb + 128 + 63) & ~(size_t)63);
 		unsigned char *xq = xmalloc(nf_act_size(kt, n));
@@ -509,7 +530,7 @@ static void check_row_offsets(const struct nf_kernels *k, const struct nf_kernel
 static void check_gemv_list(const struct nf_kernels *k, const struct nf_kernels *ref)
 {
 	struct rng r = { 9 };
-	const size_t ns[] = { 32, 96, 4096 + 32, 16384 + 64 };
+	const size_t ns[] = { 32, 96, 256, 4096 + 32, 4096 + 256, 16384 + 64 };
 	const size_t counts[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 16, 17, 32, 33 };
 	enum { MAXR = 33 };
 	for (size_t t = 0; t < NF_KT_COUNT; t++) {
@@ -517,6 +538,8 @@ static void check_gemv_list(const struct nf_kernels *k, const struct nf_kernels 
 		size_t step = kt == NF_KT_F32 ? 4 : 2;
 		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
 			size_t n = ns[ni], rb = nf_dtype_row_size(kt_dtype[kt], n), slot = rb + 128;
+			if (!fits(kt, n))
+				continue;
 			unsigned char *buf = aligned_alloc(64, (MAXR * slot + 63) & ~(size_t)63);
 			unsigned char *xq = xmalloc(nf_act_size(kt, n));
 			float *xf = xmalloc(n * sizeof(float)), *wf = xmalloc(n * sizeof(float));
@@ -568,14 +591,14 @@ static void check_gemv_list(const struct nf_kernels *k, const struct nf_kernels 
 static void check_axpy_list(const struct nf_kernels *k, const struct nf_kernels *ref)
 {
 	struct rng r = { 10 };
-	const size_t ns[] = { 32, 37, 96, 4096 + 32 };
+	const size_t ns[] = { 32, 37, 96, 256, 4096 + 32 };
 	const size_t counts[] = { 0, 1, 5, 8, 9, 20 };
 	enum { MAXC = 20 };
 	for (size_t t = 0; t < NF_KT_COUNT; t++) {
 		enum nf_ktype kt = all_kt[t];
 		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
 			size_t n = ns[ni];
-			if (n % 32 && (kt == NF_KT_Q8_0 || kt == NF_KT_Q4_0))
+			if (!fits(kt, n))
 				continue;
 			size_t rb = nf_dtype_row_size(kt_dtype[kt], n);
 			char *w = xmalloc(MAXC * (rb + 8));

@@ -1,8 +1,8 @@
 /*
  * test_compute_model.c - the transformer against llama.cpp.
  *
- * For every NAME.gguf with a NAME.ref.txt in ../shared/testdata/models
- * (found by globbing, so new models are checked the same way): the last
+ * For every NAME.gguf with a NAME.ref.txt in ../shared/testdata/models and
+ * ../shared/testdata/kquant (found by globbing, so new models are checked the same way): the last
  * prompt position's logits within 1e-3 of the reference and the 16-token
  * greedy continuation identical, on every ISA this CPU runs, with 1 and 2
  * threads, with the prompt batched (gemm) and token by token (gemv), which
@@ -26,6 +26,7 @@
 #include "util_ref.h"
 
 #define MODELS_DIR "../shared/testdata/models"
+#define KQUANT_DIR "../shared/testdata/kquant"
 #define PWRI_MODEL "../shared/testdata/powerinfer/tiny-relullama-ff1024-f32.pwri.gguf"
 #define LOGIT_TOL 1e-3
 #define MODE_TOL 1e-4 /* batched vs token by token, 1 vs 2 threads */
@@ -143,12 +144,15 @@ static void check_model(const char *gguf, const char *ref_path)
 	nf_ref_free(&r);
 }
 
-Test(model, fidelity_all_testdata_models, .timeout = 120)
+/* check_model on every NAME.gguf in dir that has a NAME.ref.txt */
+static void check_dir(const char *dir)
 {
 	glob_t gl;
-	int grc = glob(MODELS_DIR "/*.gguf", 0, NULL, &gl);
+	char pat[4096];
+	snprintf(pat, sizeof(pat), "%s/*.gguf", dir);
+	int grc = glob(pat, 0, NULL, &gl);
 	if (grc == GLOB_NOMATCH)
-		cr_skip_test("no models in %s", MODELS_DIR);
+		cr_skip_test("no models in %s", dir);
 	cr_assert_eq(grc, 0);
 	size_t checked = 0;
 	for (size_t i = 0; i < gl.gl_pathc; i++) {
@@ -165,7 +169,19 @@ Test(model, fidelity_all_testdata_models, .timeout = 120)
 		checked++;
 	}
 	globfree(&gl);
-	cr_assert(checked > 0, "no model with a reference in %s", MODELS_DIR);
+	cr_assert(checked > 0, "no model with a reference in %s", dir);
+}
+
+Test(model, fidelity_all_testdata_models, .timeout = 120)
+{
+	check_dir(MODELS_DIR);
+}
+
+/* K-quant files as llama-quantize's recipes mix them (Q4_K_M: Q4_K with
+ * Q6_K output and down matrices, ...), activations rounded to Q8_K. */
+Test(model, fidelity_kquant_testdata_models, .timeout = 120)
+{
+	check_dir(KQUANT_DIR);
 }
 
 /*

@@ -12,9 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "nflash/dtype.h"
-#include "nflash/import.h"
-#include "nflash/synth.h"
 #include "util_pipeline.h"
 
 
@@ -22,26 +19,7 @@ static char gguf[256], store[256];
 
 static void make_model(void)
 {
-	struct nf_synth_params p;
-	struct nf_diag d = { 0 };
-	nf_synth_params_init(&p);
-	cr_assert_eq(nf_synth_shape(&p, "tiny", &d), 0);
-	p.n_embd = 256;
-	p.n_ff = 8192;
-	p.n_layer = 4;
-	p.n_head = 4;
-	p.n_head_kv = 2;
-	p.dtype = NF_DTYPE_F32;
-	p.n_threads = 2;
-	cr_assert_eq(nf_synth_validate(&p, &d), 0, "%s", d.msg);
-	pl_tmp_path(gguf, sizeof(gguf), "cli-gguf");
-	cr_assert_eq(nf_synth_write(&p, gguf, &d), 0, "%s", d.msg);
-	pl_tmp_path(store, sizeof(store), "cli-store");
-	struct nf_import_opts o;
-	nf_import_opts_default(&o);
-	struct nf_import_report r;
-	int rc = nf_import(gguf, store, &o, &r, &d);
-	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	pl_make_wide_model("cli", 0, gguf, store, sizeof(gguf));
 }
 
 static void drop_model(void)
@@ -90,7 +68,7 @@ Test(pipeline, budget_holds_and_too_small_is_refused)
 	 * rest goes hot), the logits are the same (windows and halved batches
 	 * are checked bit for bit in pipeline/store_backed_equals_memory) */
 	static char out2[1 << 16];
-	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13,300,72,101,259 -c 64 -t 2 --memory-budget 60M", store);
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13,300,72,101,259 -c 64 -t 2 --memory-budget 80M", store);
 	cr_assert_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 	cr_expect(strstr(err, "cold 32.0 MiB / 8192 slots"), "default: one layer cold: %s", err);
 	strncat(args, " --cold-slots 128", sizeof(args) - strlen(args) - 1);

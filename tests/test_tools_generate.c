@@ -61,8 +61,9 @@ Test(tools, eval_writes_reference_logits)
 	int fd = mkstemp(out);
 	cr_assert(fd >= 0);
 	close(fd);
-	const char *argv[] = { "eval", "-m", MODEL ".gguf", "--ids", ids, "-t", "2", "--logits", out };
-	cr_assert_eq(run(nf_cmd_eval, 9, argv), NF_EXIT_OK);
+	/* the references were made with an F32 KV cache (the default is f16) */
+	const char *argv[] = { "eval", "-m", MODEL ".gguf", "--ids", ids, "-t", "2", "--kv-type", "f32", "--logits", out };
+	cr_assert_eq(run(nf_cmd_eval, 11, argv), NF_EXIT_OK);
 	FILE *f = fopen(out, "r");
 	cr_assert_not_null(f);
 	size_t n = 0;
@@ -90,8 +91,8 @@ Test(tools, generate_greedy_ids_match_reference, .init = redirect)
 	char n[16];
 	snprintf(n, sizeof(n), "%zu", r.n_greedy);
 	const char *argv[] = { "generate", "-m", MODEL ".gguf", "--ids", ids, "-n", n, "--temp", "0",
-			       "--print-ids", "--ignore-eos", "-t", "1" };
-	cr_assert_eq(run(nf_cmd_generate, 13, argv), NF_EXIT_OK);
+			       "--print-ids", "--ignore-eos", "-t", "1", "--kv-type", "f32" };
+	cr_assert_eq(run(nf_cmd_generate, 15, argv), NF_EXIT_OK);
 	cr_assert_stdout_eq_str(want);
 	nf_ref_free(&r);
 }

@@ -224,3 +224,32 @@ unsigned long long pl_json_u64(const char *json, const char *key)
 	cr_assert_not_null(at, "no %s in %s", key, json);
 	return strtoull(at + strlen(k), NULL, 10);
 }
+
+void pl_make_wide_model(const char *stem, uint32_t n_ctx, char *gguf, char *store, size_t len)
+{
+	struct nf_synth_params p;
+	struct nf_diag d = { 0 };
+	char name[64];
+	nf_synth_params_init(&p);
+	cr_assert_eq(nf_synth_shape(&p, "tiny", &d), 0);
+	p.n_embd = 256;
+	p.n_ff = 8192;
+	p.n_layer = 4;
+	p.n_head = 4;
+	p.n_head_kv = 2;
+	if (n_ctx)
+		p.n_ctx = n_ctx;
+	p.dtype = NF_DTYPE_F32;
+	p.n_threads = 2;
+	cr_assert_eq(nf_synth_validate(&p, &d), 0, "%s", d.msg);
+	snprintf(name, sizeof(name), "%s-gguf", stem);
+	pl_tmp_path(gguf, len, name);
+	cr_assert_eq(nf_synth_write(&p, gguf, &d), 0, "%s", d.msg);
+	snprintf(name, sizeof(name), "%s-store", stem);
+	pl_tmp_path(store, len, name);
+	struct nf_import_opts o;
+	nf_import_opts_default(&o);
+	struct nf_import_report r;
+	int rc = nf_import(gguf, store, &o, &r, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+}

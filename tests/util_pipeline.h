@@ -41,6 +41,12 @@ void pl_run(struct nf_ctx *c, const int32_t *ids, size_t n_ids, float *lg, int32
  * path under /tmp, written to out. */
 void pl_import(const char *gguf, char *out, size_t len);
 
+/* A ReLU model with predictors whose FFNs (4 layers x 8192 neurons of dim
+ * 256, F32: about 100 MB) do not fit small budgets, training context
+ * n_ctx, written as a GGUF and imported as a store, at fresh /tmp paths
+ * named from stem (Criterion-asserting). */
+void pl_make_wide_model(const char *stem, uint32_t n_ctx, char *gguf, char *store, size_t len);
+
 /* max |a[i] - b[i]| */
 double pl_max_diff(const float *a, const float *b, size_t n);
 

@@ -10,6 +10,7 @@
 
 #include <stdio.h>
 
+#include "nflash/engine.h"
 #include "nflash/model.h"
 #include "nflash/cache.h"
 #include "nflash/sparse.h"
@@ -21,8 +22,8 @@ struct nf_model_cli {
 	const char *path;       /* -m */
 	long n_ctx;             /* -c, 0: the model's */
 	long n_threads;         /* -t, 0: all CPUs */
-	long n_batch;           /* -b */
-	enum nf_kv_type kv_type;
+	long n_batch;           /* -b, 0: the plan's or 512 */
+	int kv_type;            /* --kv-type (enum nf_kv_type), -1: the plan's or f16 */
 	int sparse_mode;        /* --sparse-mode, -1: default (auto) */
 	bool threshold_set;     /* --sparse-threshold */
 	double threshold;
@@ -37,13 +38,12 @@ struct nf_model_cli {
 	long attn_pin;          /* --attn-pin-layers: when streamed, keep the first N pinned */
 	bool profile;           /* --profile: count active neurons, store them in the store */
 	long cold_slots;        /* --cold-slots: smallest cold segment (0: one layer; -1: auto) */
-	uint64_t profile_extra; /* bytes a --profile run holds beyond a normal run's (KV, record) */
 	uint64_t profile_rec;   /* of which the co-activation record (in reserved) */
-	/* filled by nf_model_cli_open */
+	/* filled by nf_model_cli_open (the engine owns them) */
+	struct nf_engine *engine;
 	struct nf_model *model;
 	struct nf_ctx *ctx;
 	struct nf_sparse *sparse;
-	struct nf_store *store;
 	struct nf_cache *cache;
 	double load_s;
 	uint64_t reserved;      /* KV cache + scratch + engine tables */

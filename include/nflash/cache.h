@@ -131,6 +131,16 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 void nf_cache_close(struct nf_cache *c);
 
 void nf_cache_geometry(const struct nf_cache *c, struct nf_cache_geom *g);
+/* The FFN geometry of store s (as nf_cache_geometry gives for a cache over
+ * it); NF_EUSAGE if it has no FFN objects or they differ (d says which). */
+int nf_cache_geometry_of(struct nf_store *s, struct nf_cache_geom *g, struct nf_diag *d);
+/* The hot and cold slots nf_cache_open would make of o->arena_bytes over
+ * store s. Returns 0 or NF_EUSAGE (no FFN objects). */
+int nf_cache_split_for(struct nf_store *s, const struct nf_cache_opts *o, uint32_t *n_hot, uint32_t *n_cold);
+/* The bytes of tables nf_cache_open allocates beside an arena of
+ * arena_bytes (at most: every slot counted) with a co-activation record of
+ * sig_tokens; 0 if s has no FFN objects. */
+uint64_t nf_cache_meta_bytes_for(struct nf_store *s, uint64_t arena_bytes, uint32_t sig_tokens);
 /* Smallest arena (bytes) nf_cache_open accepts for this store beside
  * pinned_bytes: one layer's neurons in cold slots. */
 uint64_t nf_cache_min_bytes(struct nf_store *s);
@@ -219,6 +229,7 @@ void nf_cache_stats_reset(struct nf_cache *c);
 /* Bytes of each segment, and of the arena in total. */
 struct nf_cache_layout {
 	uint64_t arena, pinned_used, pinned_cap, hot, cold;
+	uint64_t meta;             /* the cache's tables beside the arena (bytes) */
 	uint32_t hot_slots, cold_slots;
 	bool hugepages, numa;
 	/* Where the hot set came from: the store's profile (loaded at open),

@@ -54,6 +54,36 @@ int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, 
 double nf_coact_runs(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
 		     uint32_t head, uint32_t max_gap);
 
+/* As nf_coact_runs, with the bundles those reads fetch per token: the
+ * misses and the slots a gap of up to max_gap bridges between two of them
+ * (bundles_out may be NULL). */
+void nf_coact_cost(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
+		   uint32_t head, uint32_t max_gap, double *runs_out, double *bundles_out);
+
+/* Progress of a long step: fn(arg, done, total) as work advances, then
+ * once with done == total. */
+struct nf_coact_progress {
+	void (*fn)(void *arg, const char *label, uint64_t done, uint64_t total);
+	void *arg;
+};
+
+struct nf_engine;
+struct nf_diag;
+
+/*
+ * nf_coact_profile_save - a calibration run's result into its store: the
+ * firing counts engine e's cache gathered since open (tokens: how many
+ * tokens were evaluated) and each FFN's co-activation layout planned from
+ * the cache's record (the head: the share of neurons a run under the same
+ * budget keeps hot), as a new generation of the store the FFN came from.
+ * Writes what it did to the engine's log. pr may be NULL. Returns 0,
+ * NF_EUSAGE (e was not opened with opts.profile or has no store), or the
+ * store update's errors (d says which). Without memory to plan the layout,
+ * stores the counts alone and says so.
+ */
+int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_coact_progress *pr,
+			  struct nf_diag *d);
+
 #ifdef __cplusplus
 }
 #endif

@@ -63,6 +63,12 @@ struct nf_diag {
 int nf_diag_fail(struct nf_diag *d, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/* nf_diag_prefix - put "PREFIX: " (printf-style) before d's message (or
+ * before nf_strerror(code) if none was set) and return code: how a caller
+ * names the file or flag a callee's error concerns. */
+int nf_diag_prefix(struct nf_diag *d, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* nf_diag_msg - d's message if one was set, else nf_strerror(code). */
 const char *nf_diag_msg(const struct nf_diag *d, int code);
 

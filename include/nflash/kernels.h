@@ -9,9 +9,10 @@
  * with one line on stderr). AMX is not used. See docs/KERNELS.md.
  *
  * Matrix products follow ggml: the activation vector x is first converted
- * to the weight type's "dot type" (Q8_0 for Q4_0/Q8_0 weights, F16 for F16,
- * BF16 for BF16, F32 for F32) and the dot product is taken on that, integer
- * for quantized types. This is what makes logits match llama.cpp to 1e-6.
+ * to the weight type's "dot type" (Q8_0 for Q4_0/Q8_0 weights, Q8_K for the
+ * K-quants Q2_K..Q6_K, F16 for F16, BF16 for BF16, F32 for F32) and the dot
+ * product is taken on that, integer for quantized types. This is what makes
+ * logits match llama.cpp to 1e-6.
  *
  *	const struct nf_kernels *k = nf_kernels_get();
  *	enum nf_ktype kt = nf_ktype_of(NF_DTYPE_Q4_0);
@@ -19,7 +20,8 @@
  *	k->gemv[kt](n, rows, W, row_bytes, xq, y);       // y[r] = W[r] . x
  *
  * Kernels never allocate and are thread-safe (callers split rows between
- * threads). Row lengths n are multiples of 32 for quantized types.
+ * threads). Row lengths n are multiples of 32 for Q4_0/Q8_0, of 256 for
+ * the K-quants.
  */
 #ifndef NFLASH_KERNELS_H
 #define NFLASH_KERNELS_H
@@ -36,6 +38,7 @@ extern "C" {
 /* Weight types the kernels index by. */
 enum nf_ktype {
 	NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
+	NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K,
 	NF_KT_COUNT,
 };
 

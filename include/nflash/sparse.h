@@ -126,6 +126,12 @@ enum nf_sparse_mode nf_sparse_mode_of(const struct nf_sparse *s);
 float nf_sparse_threshold(const struct nf_sparse *s);
 /* Bytes the engine allocated (tables, per-thread scratch). */
 uint64_t nf_sparse_bytes(const struct nf_sparse *s);
+/* The bytes nf_sparse_open would allocate for ctx's model reading bundles
+ * of geometry g through a cache (the same arithmetic, nothing allocated):
+ * what a budget must leave for the engine's tables and scratch. 0 when g's
+ * type has no kernel. */
+struct nf_cache_geom;
+uint64_t nf_sparse_bytes_for(const struct nf_ctx *ctx, const struct nf_cache_geom *g);
 
 /* The FFN ops the engine installed and their self, for callers that wrap
  * them (tests comparing against a reference, tracing). */

@@ -117,6 +117,9 @@ struct nf_store_info {
 	/* the profile section (docs/FORMAT.md item 19); length 0: none */
 	uint64_t profile_offset, profile_length;
 	uint32_t profile_crc;
+	/* the plan section (docs/FORMAT.md item 20); length 0: none */
+	uint64_t plan_offset, plan_length;
+	uint32_t plan_crc;
 };
 
 struct nf_store;
@@ -349,6 +352,69 @@ int nf_store_update_profile(const char *path, const struct nf_store_open_opts *o
  * before finish. Returns 0, NF_EUSAGE or -ENOMEM. */
 int nf_store_writer_set_profile(struct nf_store_writer *w, const struct nf_store_profile *p,
 				struct nf_diag *d);
+
+/* ---- execution plans ----------------------------------------------------------- */
+
+/*
+ * Plans (docs/FORMAT.md item 20): what `nflash plan` measured of the device
+ * and the kernels, and for each memory budget it planned, the settings it
+ * chose and what it predicted. Plain data; the planner writes it, the engine
+ * follows the entry for its budget (nflash/plan.h).
+ */
+struct nf_store_dev_point {
+	uint32_t req_bytes, qd;     /* random O_DIRECT reads of this size at this depth */
+	double mb_s;                /* throughput, MB/s (1e6 bytes) */
+	double cpu_us;              /* CPU time per request (submit + reap), microseconds */
+	double lat_us;              /* mean latency, microseconds */
+};
+struct nf_store_kernel_rate {
+	uint32_t dtype, threads;    /* gemv of this weight type on this many threads */
+	double gb_s;                /* weight bytes per second, GB/s */
+};
+/* Entry flags. Stored on disk: only ever append. */
+#define NF_STORE_PLAN_F_STREAM_ATTN 1u  /* attention streamed, not pinned */
+struct nf_store_plan_entry {
+	uint64_t budget;            /* the memory budget it was planned for, bytes */
+	uint32_t n_ctx, kv_type, n_batch, n_threads, qd, read_gap, cold_slots, attn_pin, flags;
+	uint32_t hot_slots;         /* bundles the hot segment holds (informational) */
+	/* predictions */
+	double tok_per_s, io_wait_share, bytes_per_token, reads_per_token;
+	double t_dense_s, t_ffn_s, t_io_s, t_token_s;  /* per token: dense compute, FFN compute, I/O, total */
+};
+struct nf_store_plan {
+	uint64_t created_ns;
+	double mem_read_gb_s;
+	uint32_t n_points, n_rates, n_entries;
+	struct nf_store_dev_point *points;
+	struct nf_store_kernel_rate *rates;
+	struct nf_store_plan_entry *entries;  /* ascending budgets, no two equal */
+};
+
+/* True when the store has a plan section. */
+bool nf_store_has_plan(const struct nf_store *s);
+/*
+ * nf_store_plan_read - read and check store s's plan section (crc, header,
+ * lengths, every field in range, budgets ascending). Returns 0 and *out
+ * (free with nf_store_plan_free), -ENOENT when there is none, NF_ECHECKSUM,
+ * NF_EVERSION, NF_EPLAN (a field out of range: d names it) or a read error.
+ * Thread-safe (pread).
+ */
+int nf_store_plan_read(const struct nf_store *s, struct nf_store_plan **out, struct nf_diag *d);
+void nf_store_plan_free(struct nf_store_plan *p);
+/* The entry for budget: the one with the largest budget at or below it;
+ * NULL if every entry's is larger (or p is NULL). budget 0 (none): the
+ * largest. */
+const struct nf_store_plan_entry *nf_store_plan_pick(const struct nf_store_plan *p, uint64_t budget);
+/*
+ * nf_store_update_plan - store p in the store at path, in place, as a new
+ * generation, exactly as nf_store_update_profile stores a profile (append,
+ * fsync, superblock g + 1, fsync): a crash leaves generation g (the old plans
+ * or none) or g + 1. Replaces the earlier section. p is checked as the
+ * reader checks it first (NF_EPLAN). Returns 0 or a negative error with d
+ * naming the cause.
+ */
+int nf_store_update_plan(const char *path, const struct nf_store_open_opts *o, const struct nf_store_plan *p,
+			 struct nf_diag *d);
 
 /* ---- relayout ------------------------------------------------------------------ */
 

@@ -1,0 +1,257 @@
+/*
+ * kernels_avx2_kquant.c - AVX2 K-quant kernels: Q8_K activation preparation
+ * and the Q4_K, Q5_K and Q6_K dot products (gemv, gemm, gemv_list).
+ *
+ * Invariants:
+ * 1. Prepared Q8_K blocks are bit-identical to nf_kref_prepare_q8_K (same
+ *    largest-magnitude value, first on ties; same f32 iscale; products
+ *    rounded half to even; the same integer sums).
+ * 2. Every dot product has the reference's bits (kernels_ref.c,
+ *    dot_kquant): lane m of the int32 sums covers bytes 4m..4m+3 of each
+ *    32-value group, which is what maddubs then madd against a per-lane
+ *    scale gives; one fma per lane and super-block; the min terms computed
+ *    exactly as the reference computes them.
+ * 3. Compiled with -mavx2 -mfma -mf16c (the file name has _avx2), handed out
+ *    only through tables kernels.c returns after cpuid checks.
+ * 4. Nothing here allocates.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels_impl.h"
+
+static inline float reduce8(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+/* ---- activations ----------------------------------------------------------- */
+
+void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n)
+{
+	struct nf_block_q8_K *y = xq;
+	const __m256 sign = _mm256_set1_ps(-0.0f);
+	const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+	for (size_t b = 0; b < n / NF_QK_K; b++, x += NF_QK_K) {
+		__m256 m = _mm256_setzero_ps();
+		for (int j = 0; j < NF_QK_K; j += 8)
+			m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), m);
+		__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+		m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+		float amax = _mm_cvtss_f32(m4);
+		if (amax == 0.0f) {
+			memset(&y[b], 0, sizeof(y[b]));
+			continue;
+		}
+		float max = 0.0f;
+		for (int j = 0; j < NF_QK_K; j++)
+			if (fabsf(x[j]) == amax) {
+				max = x[j];
+				break;
+			}
+		const float iscale = -127.0f / max;
+		const __m256 vs = _mm256_set1_ps(iscale);
+		const __m256i cap = _mm256_set1_epi32(127);
+		for (int j = 0; j < NF_QK_K; j += 32) {
+			__m256i q[4];
+			for (int k = 0; k < 4; k++) {
+				__m256 v = _mm256_round_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * k)), rnd);
+				q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(v), cap);
+			}
+			/* pack 32 int32 to 32 int8 in order */
+			__m256i p01 = _mm256_packs_epi32(q[0], q[1]), p23 = _mm256_packs_epi32(q[2], q[3]);
+			__m256i p = _mm256_packs_epi16(p01, p23);
+			p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+			_mm256_storeu_si256((__m256i *)(y[b].qs + j), p);
+			/* sums of each 16: widen to int16 and add pairs up */
+			__m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(p));
+			__m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(p, 1));
+			__m256i ones = _mm256_set1_epi16(1);
+			__m256i s32lo = _mm256_madd_epi16(lo, ones), s32hi = _mm256_madd_epi16(hi, ones);
+			/* s32lo: 8 pair sums of values j..j+15; s32hi: of j+16..j+31 */
+			__m256i h = _mm256_hadd_epi32(s32lo, s32hi);   /* [lo01 lo23 hi01 hi23 | lo45 lo67 hi45 hi67] */
+			h = _mm256_hadd_epi32(h, h);                    /* [lo0-3 hi0-3 .. | lo4-7 hi4-7 ..] */
+			int32_t t[8];
+			_mm256_storeu_si256((__m256i *)t, h);
+			y[b].bsums[j / 16] = (int16_t)(t[0] + t[4]);
+			y[b].bsums[j / 16 + 1] = (int16_t)(t[1] + t[5]);
+		}
+		y[b].d = 1.0f / iscale;
+	}
+}
+
+/* ---- dot products ---------------------------------------------------------- */
+
+/* q4_K / q5_K scales and mins of a block (6 bits each, 12 bytes) */
+static inline void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8])
+{
+	for (int j = 0; j < 4; j++) {
+		sc[j] = s[j] & 63;
+		mn[j] = s[j + 4] & 63;
+		sc[j + 4] = (uint8_t)((s[j + 8] & 0xf) | ((s[j] >> 6) << 4));
+		mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+	}
+}
+
+/* A q4_K/q5_K block against b: d, dmin, the 8 scales and the per-32 min
+ * products m[2k] s[2k] + m[2k+1] s[2k+1], k = 0..3. */
+static inline void k4_head(const uint8_t *scales, uint16_t hd, uint16_t hdmin,
+			   const struct nf_block_q8_K *b, float *d, float *dmin, uint8_t sc[8],
+			   int32_t p[4])
+{
+	uint8_t mn[8];
+	*d = b->d * _cvtsh_ss(hd);
+	*dmin = -b->d * _cvtsh_ss(hdmin);
+	k4_scales(scales, sc, mn);
+	for (int k = 0; k < 4; k++) {
+		int32_t s0 = b->bsums[4 * k] + b->bsums[4 * k + 1];
+		int32_t s1 = b->bsums[4 * k + 2] + b->bsums[4 * k + 3];
+		p[k] = mn[2 * k] * s0 + mn[2 * k + 1] * s1;
+	}
+}
+
+/* sc * (4-consecutive sums of q * x) as 8 int32 lanes */
+static inline __m256i lanes(__m256i q, __m256i x, int sc)
+{
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16((int16_t)sc));
+}
+
+static float dot_q4_K(size_t n, const void *w, const void *xq)
+{
+	const struct nf_block_q4_K *a = w;
+	const struct nf_block_q8_K *b = xq;
+	const __m256i m4 = _mm256_set1_epi8(0xf);
+	__m256 acc = _mm256_setzero_ps();
+	float accm[4] = { 0 };
+	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		float d, dmin;
+		uint8_t sc[8];
+		int32_t p[4];
+		k4_head(a[i].scales, a[i].d, a[i].dmin, &b[i], &d, &dmin, sc, p);
+		for (int k = 0; k < 4; k++)
+			accm[k] = fmaf(dmin, (float)p[k], accm[k]);
+		__m256i sumi = _mm256_setzero_si256();
+		for (int j = 0; j < 4; j++) {
+			__m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * j));
+			__m256i x0 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j));
+			__m256i x1 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j + 32));
+			__m256i lo = lanes(_mm256_and_si256(q, m4), x0, sc[2 * j]);
+			__m256i hi = lanes(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), x1, sc[2 * j + 1]);
+			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	return reduce8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+}
+
+static float dot_q5_K(size_t n, const void *w, const void *xq)
+{
+	const struct nf_block_q5_K *a = w;
+	const struct nf_block_q8_K *b = xq;
+	const __m256i m4 = _mm256_set1_epi8(0xf), sixteen = _mm256_set1_epi8(16);
+	__m256 acc = _mm256_setzero_ps();
+	float summs = 0.0f;
+	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		float d, dmin;
+		uint8_t sc[8];
+		int32_t p[4];
+		k4_head(a[i].scales, a[i].d, a[i].dmin, &b[i], &d, &dmin, sc, p);
+		summs = fmaf(dmin, (float)(p[0] + p[1] + p[2] + p[3]), summs);
+		const __m256i qh = _mm256_loadu_si256((const __m256i *)a[i].qh);
+		__m256i sumi = _mm256_setzero_si256();
+		for (int j = 0; j < 4; j++) {
+			__m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * j));
+			__m256i bl = _mm256_set1_epi8((char)(1 << (2 * j))), bh = _mm256_set1_epi8((char)(2 << (2 * j)));
+			__m256i hl = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), sixteen);
+			__m256i hh = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), sixteen);
+			__m256i x0 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j));
+			__m256i x1 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j + 32));
+			__m256i lo = lanes(_mm256_or_si256(_mm256_and_si256(q, m4), hl), x0, sc[2 * j]);
+			__m256i hi = lanes(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hh), x1,
+					   sc[2 * j + 1]);
+			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	return reduce8(acc) + summs;
+}
+
+static float dot_q6_K(size_t n, const void *w, const void *xq)
+{
+	const struct nf_block_q6_K *a = w;
+	const struct nf_block_q8_K *b = xq;
+	const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
+	const __m256i m32 = _mm256_set1_epi8(32);
+	__m256 acc = _mm256_setzero_ps();
+	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		const float d = b[i].d * _cvtsh_ss(a[i].d);
+		__m256i sumi = _mm256_setzero_si256();
+		for (int h = 0; h < 2; h++) {
+			__m256i l0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
+			__m256i l1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
+			__m256i qh = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
+			__m256i q[4] = {
+				_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+				_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+				_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+			};
+			for (int k = 0; k < 4; k++) {
+				__m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+				__m256i v = _mm256_or_si256(q[k], _mm256_slli_epi16(hb, 4));
+				__m256i x = _mm256_loadu_si256((const __m256i *)(b[i].qs + 128 * h + 32 * k));
+				/* (q - 32) * x in int16 pairs: exact */
+				__m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(v, x), _mm256_maddubs_epi16(m32, x));
+				int s0 = a[i].scales[8 * h + 2 * k], s1 = a[i].scales[8 * h + 2 * k + 1];
+				__m256i sv = _mm256_setr_m128i(_mm_set1_epi16((int16_t)s0), _mm_set1_epi16((int16_t)s1));
+				sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv));
+			}
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	return reduce8(acc);
+}
+
+typedef float (*kdot_fn)(size_t n, const void *w, const void *xq);
+
+static inline void gemv_with(kdot_fn dot, size_t n, size_t nrows, const void *w, size_t row_bytes,
+			     const void *xq, float *y)
+{
+	for (size_t r = 0; r < nrows; r++)
+		y[r] = dot(n, (const char *)w + r * row_bytes, xq);
+}
+
+/* Tokens inner: each weight row stays in L1 while every token passes it. */
+static inline void gemm_with(kdot_fn dot, size_t n, size_t nrows, const void *w, size_t row_bytes,
+			     size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	for (size_t r = 0; r < nrows; r++)
+		for (size_t t = 0; t < nb; t++)
+			y[t * ldy + r] = dot(n, (const char *)w + r * row_bytes, (const char *)xq + t * xq_stride);
+}
+
+#define AVX2_K(T)                                                                               \
+	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			       const void *xq, float *y)                                        \
+	{                                                                                       \
+		gemv_with(dot_##T, n, nrows, w, row_bytes, xq, y);                              \
+	}                                                                                       \
+	void nf_kavx2_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
+			       size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy) \
+	{                                                                                       \
+		gemm_with(dot_##T, n, nrows, w, row_bytes, nb, xq, xq_stride, y, ldy);          \
+	}                                                                                       \
+	void nf_kavx2_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,           \
+				    const void *xq, float *y)                                   \
+	{                                                                                       \
+		for (size_t r = 0; r < nrows; r++)                                              \
+			y[r] = dot_##T(n, rows[r], xq);                                         \
+	}
+
+AVX2_K(q4_K)
+AVX2_K(q5_K)
+AVX2_K(q6_K)

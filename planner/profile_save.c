@@ -1,0 +1,141 @@
+/*
+ * profile_save.c - the end of a calibration run (`--profile`): the cache's
+ * firing counts and the co-activation layout planned from its record,
+ * written into the store (nf_coact_profile_save, nflash/coact.h).
+ *
+ * Invariants: the store is updated crash-safely as a new generation
+ * (nf_store_update_profile) or not at all; every order stored is a
+ * permutation (nf_coact_order).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nflash/coact.h"
+#include "nflash/engine.h"
+#include "nflash/store.h"
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void progress(const struct nf_coact_progress *pr, uint64_t done, uint64_t total)
+{
+	if (pr && pr->fn)
+		pr->fn(pr->arg, "planning the layout", done, total);
+}
+
+/* Plan every FFN's co-activation layout from the cache's record into
+ * p->order. The head is the share of neurons the cache keeps hot under this
+ * budget. Writes what the layout saves on the calibration tokens
+ * themselves to log. Returns 0 or -ENOMEM (no order then). */
+static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const struct nf_coact_progress *pr,
+		       FILE *log)
+{
+	struct nf_cache *cache = nf_engine_cache(e);
+	struct nf_store *store = nf_engine_store(e);
+	struct nf_engine_info info;
+	struct nf_cache_layout cl;
+	struct nf_cache_geom g;
+	nf_engine_info(e, &info);
+	nf_cache_layout_get(cache, &cl);
+	nf_cache_geometry(cache, &g);
+	int rg = nf_engine_opts(e)->read_gap;
+	uint32_t n_ffn = 0, gap = rg >= 0 ? (uint32_t)rg : 4;
+	for (uint32_t i = 0; i < p->n_objects; i++)
+		n_ffn += p->counts[i] != NULL;
+	if (!n_ffn || !(p->order = calloc(p->n_objects, sizeof(*p->order))))
+		return -ENOMEM;
+	/* the head of each FFN: its share of the hot set a run under this
+	 * budget will load (nf_cache_hot_quota), counting what only this
+	 * calibration run holds (KV cache, record) as hot */
+	uint32_t *quota = calloc((size_t)g.n_layer * g.n_expert, sizeof(uint32_t));
+	if (!quota)
+		return -ENOMEM;
+	nf_cache_hot_quota(cache, cl.hot_slots + info.profile_extra / g.stride, quota);
+	double t0 = now_s();
+	double by_count = 0, coact = 0;
+	uint32_t tokens_max = 0, head_sum = 0, done = 0;
+	progress(pr, 0, n_ffn);
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(store, i);
+		if (!p->counts[i])
+			continue;
+		uint32_t n = p->lens[i], tokens, words;
+		uint32_t head = quota[ob->layer * g.n_expert + ob->expert];
+		const uint64_t *sig = nf_cache_signatures(cache, ob->layer, ob->expert, &tokens, &words);
+		bool ok = (p->order[i] = malloc((size_t)n * sizeof(uint32_t))) &&
+			  nf_coact_order(p->counts[i], NULL, 0, n, head, p->order[i]) == 0;
+		if (ok && sig && tokens)
+			by_count += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
+		if (!ok || nf_coact_order(p->counts[i], sig, words, n, head, p->order[i]) < 0) {
+			progress(pr, n_ffn, n_ffn);
+			free(quota);
+			return -ENOMEM;
+		}
+		if (sig && tokens)
+			coact += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
+		tokens_max = tokens > tokens_max ? tokens : tokens_max;
+		head_sum += head < n ? head : n;
+		progress(pr, ++done, n_ffn);
+	}
+	if (log)
+		fprintf(log,
+			"nflash: co-activation layout of %u FFNs planned in %.1f s from %u calibration tokens: after "
+			"the %u most frequent neurons per FFN (mean), a calibration token's reads (gap %u) %.0f by count "
+			"-> %.0f co-activated\n",
+			n_ffn, now_s() - t0, tokens_max, head_sum / n_ffn, gap, by_count, coact);
+	free(quota);
+	return 0;
+}
+
+int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_coact_progress *pr,
+			  struct nf_diag *d)
+{
+	const struct nf_engine_opts *o = nf_engine_opts(e);
+	struct nf_cache *cache = nf_engine_cache(e);
+	struct nf_store *store = nf_engine_store(e);
+	const char *path = nf_engine_store_path(e);
+	if (!o->profile || !cache || !store)
+		return nf_diag_fail(d, NF_EUSAGE, "--profile: the engine was not opened for a calibration run");
+	struct nf_store_profile *p = NULL;
+	int rc = nf_store_profile_alloc(store, &p);
+	if (rc < 0)
+		return nf_diag_fail(d, rc, "--profile: %s", nf_strerror(rc));
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(store, i);
+		const uint32_t *cnt =
+			ob->kind == NF_STORE_KIND_FFN ? nf_cache_counts(cache, ob->layer, ob->expert) : NULL;
+		if (cnt && p->counts[i])
+			memcpy(p->counts[i], cnt, (size_t)p->lens[i] * sizeof(uint32_t));
+	}
+	enum nf_sparse_mode m = nf_sparse_mode_of(nf_engine_sparse(e));
+	p->source = m == NF_SPARSE_PREDICTOR ? NF_STORE_PROFILE_PREDICTOR
+		    : m == NF_SPARSE_EXACT   ? NF_STORE_PROFILE_EXACT
+					     : NF_STORE_PROFILE_DENSE;
+	p->tokens = tokens;
+	if (plan_orders(e, p, pr, o->log) < 0) {
+		if (o->log)
+			fprintf(o->log, "nflash: warning: --profile: no memory to plan the co-activation layout; "
+					"storing counts only\n");
+		for (uint32_t i = 0; p->order && i < p->n_objects; i++)
+			free(p->order[i]);
+		free(p->order);
+		p->order = NULL;
+	}
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	p->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	rc = nf_store_update_profile(path, NULL, p, d);
+	nf_store_profile_free(p);
+	if (rc < 0)
+		return nf_diag_prefix(d, rc, "--profile");
+	if (o->log)
+		fprintf(o->log, "nflash: profile of %llu tokens (%s mode) stored in %s\n", (unsigned long long)tokens,
+			nf_sparse_mode_name(m), path);
+	return 0;
+}

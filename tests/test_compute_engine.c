@@ -1,0 +1,230 @@
+/*
+ * test_compute_engine.c - the library entry point (nflash/engine.h): a
+ * budget is a limit, not a reservation; the context is fitted to it when
+ * none is given; the stated minimum is exact; the KV cache is f16 by
+ * default; planned and unplanned engines give the same bits.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nflash/engine.h"
+#include "nflash/store.h"
+#include "util_pipeline.h"
+
+#define MODELS "../shared/testdata/models/"
+
+static char gguf[256], store[256];
+
+static void make_model(uint32_t n_ctx)
+{
+	pl_make_wide_model("engine", n_ctx, gguf, store, sizeof(gguf));
+}
+
+static void drop_model(void)
+{
+	unlink(gguf);
+	unlink(store);
+}
+
+static uint64_t store_ffn_bytes(const char *path)
+{
+	struct nf_store *s;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_store_open(path, NULL, &s, &d), 0, "%s", d.msg);
+	uint64_t all = 0;
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
+		const struct nf_store_object *ob = nf_store_object_get(s, i);
+		if (ob->kind == NF_STORE_KIND_FFN)
+			all += (uint64_t)ob->n_bundles * ob->stride;
+	}
+	nf_store_close(s);
+	return all;
+}
+
+static int open_engine(const char *path, uint64_t budget, uint32_t n_ctx, struct nf_engine **e,
+		       struct nf_diag *d)
+{
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.path = path;
+	o.budget = budget;
+	o.n_ctx = n_ctx;
+	o.n_threads = 2;
+	memset(d, 0, sizeof(*d));
+	return nf_engine_open(&o, e, d);
+}
+
+/* The "at least X MiB" of a budget error, in bytes (rounded up to whole
+ * KiB as printed with one decimal of MiB: the caller adds a margin). */
+static double stated_min_mib(const char *msg)
+{
+	const char *p = strstr(msg, "at least ");
+	cr_assert(p, "no minimum in: %s", msg);
+	return strtod(p + 9, NULL);
+}
+
+Test(engine, kv_cache_is_f16_by_default_and_the_context_is_the_models)
+{
+	struct nf_engine *e;
+	struct nf_diag d;
+	int rc = open_engine(MODELS "tiny-llama-q8_0.gguf", 0, 0, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	const struct nf_model_hparams *hp = nf_model_hparams(nf_engine_model(e));
+	cr_expect_eq(info.n_ctx, hp->n_ctx_train);
+	cr_expect(!info.n_ctx_fitted);
+	cr_expect_eq(nf_engine_opts(e)->kv_type, NF_KV_F16);
+	/* 2 (K and V) x layers x ctx x kv dim x 2 bytes */
+	uint64_t kv = 2ull * hp->n_layer * info.n_ctx * (hp->n_embd / hp->n_head * hp->n_head_kv) * 2;
+	cr_expect_eq(nf_ctx_bytes_kv(nf_engine_ctx(e)), kv);
+	nf_engine_close(e);
+}
+
+Test(engine, budget_is_a_limit_not_a_reservation, .fini = drop_model)
+{
+	make_model(256);
+	uint64_t ffn = store_ffn_bytes(store);
+	struct nf_engine *e;
+	struct nf_diag d;
+	/* far more than the model: the arena holds the FFN bundles, not 1T */
+	int rc = open_engine(store, 1ull << 40, 0, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	cr_expect(info.arena <= ffn + (64ull << 20), "arena %llu for %llu bytes of FFN bundles",
+		  (unsigned long long)info.arena, (unsigned long long)ffn);
+	cr_expect(nf_engine_vm_hwm() < (2ull << 30), "VmHWM %llu", (unsigned long long)nf_engine_vm_hwm());
+	nf_engine_close(e);
+	/* no budget: the same, not twice the FFN */
+	rc = open_engine(store, 0, 0, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	nf_engine_info(e, &info);
+	cr_expect(info.arena <= ffn + (64ull << 20), "arena %llu for %llu bytes of FFN bundles",
+		  (unsigned long long)info.arena, (unsigned long long)ffn);
+	nf_engine_close(e);
+}
+
+Test(engine, context_fitted_to_the_budget_when_not_given, .fini = drop_model)
+{
+	/* a long training context: its KV cache alone would take the budget */
+	make_model(32768);
+	struct nf_engine *e;
+	struct nf_diag d;
+	int rc = open_engine(store, 160ull << 20, 0, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	cr_expect(info.n_ctx_fitted);
+	cr_expect(info.n_ctx >= NF_ENGINE_MIN_CTX && info.n_ctx < 32768, "n_ctx %u", info.n_ctx);
+	cr_expect((info.n_ctx & (info.n_ctx - 1)) == 0, "n_ctx %u is not a power of two", info.n_ctx);
+	cr_expect(info.weights + info.arena + info.attn_buffers + info.reserved + info.overhead <= info.budget);
+	/* the fitted engine runs */
+	int32_t ids[] = { 1, 278, 263, 13 };
+	cr_expect_eq(nf_ctx_eval(nf_engine_ctx(e), ids, 4), 0);
+	nf_engine_close(e);
+	/* a -c given is kept, and a budget it does not fit is refused naming -c */
+	rc = open_engine(store, 160ull << 20, 32768, &e, &d);
+	cr_expect_eq(rc, NF_EBUDGET, "%s", nf_diag_msg(&d, rc));
+	cr_expect(strstr(d.msg, "-c 32768") != NULL, "%s", d.msg);
+}
+
+/* The minimum, as a user meets it: fresh processes, so the fixed overhead
+ * (the resident set at open) is the same in each. */
+Test(engine, stated_minimum_runs_and_a_mebibyte_less_is_refused, .fini = drop_model)
+{
+	if (access(PL_NFLASH, X_OK) != 0)
+		cr_skip_test("%s is not built", PL_NFLASH);
+	make_model(256);
+	static char out[1 << 16], err[1 << 16];
+	char args[1024];
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13 -c 128 -t 2 --memory-budget 4M --json", store);
+	cr_assert_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 1, "%s", err);
+	double min_mib = stated_min_mib(err);
+	/* the message rounds to 0.1 MiB: 0.1 MiB more runs, and stays within */
+	unsigned long long min = (unsigned long long)((min_mib + 0.1) * 1048576.0);
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13 -c 128 -t 2 --memory-budget %llu --json", store,
+		 min);
+	cr_assert_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 0, "%.1f MiB stated, refused: %s",
+		     min_mib, err);
+	unsigned long long hwm = pl_json_u64(out, "vm_hwm_bytes");
+	cr_expect(hwm <= min, "VmHWM %llu > budget %llu", hwm, min);
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13 -c 128 -t 2 --memory-budget %llu --json", store,
+		 min - (1ull << 20));
+	cr_expect_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 1, "1 MiB below the minimum ran: %s",
+		     err);
+	cr_expect(strstr(err, "at least") != NULL, "%s", err);
+}
+
+Test(engine, bad_options_name_the_flag)
+{
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	struct nf_engine *e;
+	struct nf_diag d = { 0 };
+	cr_expect_eq(nf_engine_open(&o, &e, &d), NF_EUSAGE);
+	cr_expect(strstr(d.msg, "-m") != NULL, "%s", d.msg);
+	o.path = MODELS "tiny-llama-q8_0.gguf";
+	o.stream_attn = true;
+	memset(&d, 0, sizeof(d));
+	cr_expect_eq(nf_engine_open(&o, &e, &d), NF_EUSAGE);
+	cr_expect(strstr(d.msg, "--stream-attn") != NULL, "%s", d.msg);
+	o.stream_attn = false;
+	o.path = "/nonexistent/model.gguf";
+	memset(&d, 0, sizeof(d));
+	cr_expect_lt(nf_engine_open(&o, &e, &d), 0);
+	cr_expect(strstr(d.msg, "/nonexistent/model.gguf") != NULL, "%s", d.msg);
+}
+
+/* Any budget at or above the true minimum runs, in every mode: the cold
+ * segment shrinks by itself (as --cold-slots does by hand), with the same
+ * output. */
+Test(engine, cold_segment_shrinks_to_fit_the_budget_in_exact_mode, .fini = drop_model)
+{
+	make_model(256);
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.path = store;
+	o.n_ctx = 64;
+	o.n_threads = 2;
+	o.sparse_mode = NF_SPARSE_EXACT;
+	o.overhead = 24ull << 20; /* a fresh process's, not this test's */
+	o.budget = 4ull << 20;
+	struct nf_engine *e;
+	struct nf_diag d = { 0 };
+	int rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, NF_EBUDGET, "%s", nf_diag_msg(&d, rc));
+	double min_mib = stated_min_mib(d.msg);
+	cr_expect(strstr(d.msg, "smallest cold segment") != NULL, "%s", d.msg);
+	o.budget = (uint64_t)((min_mib + 0.1) * 1048576.0);
+	memset(&d, 0, sizeof(d));
+	rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, 0, "%.1f MiB stated, refused: %s", min_mib, nf_diag_msg(&d, rc));
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	const struct nf_model_hparams *hp = nf_model_hparams(nf_engine_model(e));
+	cr_expect(info.cold_slots < hp->n_ff, "cold %u slots: not shrunk", info.cold_slots);
+	cr_expect(info.weights + info.arena + info.attn_buffers + info.reserved + info.overhead <= o.budget);
+	uint32_t nv = hp->n_vocab;
+	float *a = malloc(nv * sizeof(float)), *b = malloc(nv * sizeof(float));
+	int32_t ga[4], gb[4];
+	pl_run(nf_engine_ctx(e), pl_prompt, 8, a, ga, 4);
+	nf_engine_close(e);
+	/* the same engine without a budget: a whole layer cold */
+	o.budget = 0;
+	rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	pl_run(nf_engine_ctx(e), pl_prompt, 8, b, gb, 4);
+	nf_engine_close(e);
+	cr_expect(!memcmp(a, b, nv * sizeof(float)), "a shrunk cold segment changed the logits");
+	cr_expect(!memcmp(ga, gb, sizeof(ga)));
+	free(a);
+	free(b);
+	/* 1 MiB below the minimum is refused */
+	o.budget = (uint64_t)((min_mib + 0.1) * 1048576.0) - (1ull << 20);
+	memset(&d, 0, sizeof(d));
+	cr_expect_eq(nf_engine_open(&o, &e, &d), NF_EBUDGET);
+}
