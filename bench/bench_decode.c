@@ -22,7 +22,7 @@
  * Environment: NFLASH_BENCH_THREADS (default 2), NFLASH_BENCH_DECODE
  * (tokens per decode run, default 32), NFLASH_BENCH_PREFILL (default 512;
  * 0: no prefill rows),
- * NFLASH_ISA (kernel table), NFLASH_BENCH_REPACK=0 (keep Q4_0 rows plain
+ * NFLASH_ISA (kernel table), NFLASH_BENCH_REPACK=0 (keep Q4_0/Q8_0 rows plain
  * instead of nf_model_repack's 8-row groups, for A/B runs),
  * NFLASH_BENCH_MODEL (an existing file is used if it has the 7B shape,
  * Q4_0 or Q8_0, e.g. `nflash synth --shape 7b --dtype q4_0
@@ -316,7 +316,7 @@ int main(void)
 		fprintf(stderr, "bench_decode: loaded in %.1f s\n", now() - t0);
 	}
 
-	/* in memory with the built-in FFN: every Q4_0 matrix into 8-row
+	/* in memory with the built-in FFN: every Q4_0/Q8_0 matrix into 8-row
 	 * groups where the kernels have them, as `nflash generate` does */
 	int n_packed = 0;
 	double t_pack = now();

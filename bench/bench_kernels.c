@@ -13,6 +13,11 @@
  * time: on a machine shared with other work they show what the kernel does
  * while it runs, and the wall-clock columns what the caller waited.
  *
+ * With LLAMA_BENCH (llama.cpp's llama-bench) and LLAMA_BENCH_MODELS
+ * (GGUF files separated by ':'), a row per file gives llama.cpp's decode
+ * weight traffic (file bytes x tokens/s of `-t 2 -p 0 -n 16`, median of
+ * REPS runs) beside a memory read by 2 threads before each run.
+ *
  *	make bench BENCH=bench_kernels   # or: build/bench/bench_kernels [avx512|avx2|scalar...]
  */
 #include <immintrin.h>
@@ -21,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 #include "../tools/cli.h"
 #include "bench_common.h"
@@ -43,7 +50,7 @@ struct gemv_job {
 	float *y;
 	/* gemm */
 	size_t nb, xq_stride;
-	int packed; /* Q4_0 in 8-row groups: gemv_q4_0x8 / gemm_q4_0x8 */
+	int packed; /* in 8-row groups: gemv_x8 / gemm_x8 */
 	double cpu[8]; /* per-thread CPU seconds of the last job */
 };
 
@@ -68,7 +75,7 @@ static void gemv_fn(void *arg, int ith, int nth)
 	size_t g = j->rows / 8, r0 = g * (size_t)ith / (size_t)nth * 8, r1 = g * (size_t)(ith + 1) / (size_t)nth * 8;
 	double t0 = thread_cpu();
 	if (j->packed)
-		j->k->gemv_q4_0x8(j->n, r1 - r0, j->w + r0 * j->row_bytes, j->xq, j->y + r0);
+		j->k->gemv_x8[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->xq, j->y + r0);
 	else
 		j->k->gemv[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->xq, j->y + r0);
 	j->cpu[ith] = thread_cpu() - t0;
@@ -80,7 +87,7 @@ static void gemm_fn(void *arg, int ith, int nth)
 	size_t g = j->rows / 8, r0 = g * (size_t)ith / (size_t)nth * 8, r1 = g * (size_t)(ith + 1) / (size_t)nth * 8;
 	double t0 = thread_cpu();
 	if (j->packed)
-		j->k->gemm_q4_0x8(j->n, r1 - r0, j->w + r0 * j->row_bytes, j->nb, j->xq, j->xq_stride,
+		j->k->gemm_x8[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->nb, j->xq, j->xq_stride,
 				  j->y + r0, j->rows);
 	else
 		j->k->gemm[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->nb, j->xq,
@@ -241,18 +248,20 @@ int main(int argc, char **argv)
 		size_t nmat = (SET_BYTES + mat - 1) / mat;
 		char *w = alloc_huge(nmat * mat), *wp = NULL;
 		fill_weights(kt, w, nmat * N_ROWS, rb, 7 + ti);
-		/* Q4_0 also in 8-row groups (the form nf_model_repack gives
-		 * matrices in memory), for the tables that have its kernels */
-		if (kt == NF_KT_Q4_0) {
+		/* Q4_0 and Q8_0 also in 8-row groups (the form nf_model_repack
+		 * gives matrices in memory), for the tables that have kernels */
+		if (kt == NF_KT_Q4_0 || kt == NF_KT_Q8_0) {
 			wp = alloc_huge(nmat * mat);
-			nf_repack_q4_0x8(wp, w, N_COLS, nmat * N_ROWS);
+			nf_repack_x8(kt, wp, w, N_COLS, nmat * N_ROWS);
 		}
 		for (int vi = 0; vi < 2 * nisa; vi++) {
 			const struct nf_kernels *k = nf_kernels_isa(isas[vi / 2]);
 			int pk = vi % 2;
-			if (!k || (pk && (!wp || !k->gemv_q4_0x8)))
+			if (!k || (pk && (!wp || !k->gemv_x8[kt])))
 				continue;
-			const char *tname = pk ? "q4_0x8" : type_names[ti], *wv = pk ? wp : w;
+			char tname[16];
+			snprintf(tname, sizeof(tname), "%s%s", type_names[ti], pk ? "x8" : "");
+			const char *wv = pk ? wp : w;
 			k->act_prepare[kt](x, xq, N_COLS);
 			for (int nt = 1; nt <= 2; nt++) {
 				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = N_ROWS,
@@ -305,6 +314,35 @@ int main(int argc, char **argv)
 		}
 		free(w);
 		free(wp);
+	}
+	/* the peer: llama.cpp's decode on a whole model, its weight traffic
+	 * (file bytes x tokens/s) beside a memory read of the same threads just
+	 * before each run: what its gemv kernels reach inside a forward pass */
+	const char *llama = getenv("LLAMA_BENCH"), *lmodels = getenv("LLAMA_BENCH_MODELS");
+	if (llama && lmodels) {
+		char list[4096];
+		snprintf(list, sizeof(list), "%s", lmodels);
+		char *save = NULL;
+		for (char *f = strtok_r(list, ":", &save); f; f = strtok_r(NULL, ":", &save)) {
+			struct stat st;
+			if (stat(f, &st) < 0) {
+				fprintf(stderr, "bench_kernels: LLAMA_BENCH_MODELS: %s: %s\n", f, strerror(errno));
+				continue;
+			}
+			double t[REPS], mt[REPS], d1;
+			int ok = 0;
+			for (int r = 0; r < REPS; r++) {
+				memread_pass(pools[2], &rj, &mt[ok], &d1);
+				if (nf_bench_llama(llama, f, 2, 0, 16, &t[ok]) == 0)
+					ok++;
+			}
+			if (!ok)
+				continue;
+			double tps = nf_bench_median(t, (size_t)ok), mgbps = (double)SET_BYTES / nf_bench_median(mt, (size_t)ok) / 1e9;
+			double gbps = tps * (double)st.st_size / 1e9;
+			printf("decode\tllama.cpp\t%s\t2\t%.2f\t%.2f\t%.2f\t-\t-\t-\t-\t-\n", f, gbps, mgbps, gbps / mgbps);
+			fflush(stdout);
+		}
 	}
 	nf_pool_close(pools[1]);
 	nf_pool_close(pools[2]);

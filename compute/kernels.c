@@ -11,7 +11,6 @@
  *    falls back to the best table it can, with one line on stderr.
  */
 #include <math.h>
-#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,39 +125,42 @@ void nf_rope(float *x, size_t n_head, size_t head_dim, int64_t pos, float freq_b
 	}
 }
 
-/* ---- Q4_0 in 8-row groups (kernels.h) -------------------------------------- */
+/* ---- Q4_0 and Q8_0 in 8-row groups (kernels.h) ----------------------------- */
 
-/* One group: 8 plain rows <-> nb blocks of struct nf_block_q4_0x8. */
-static void q4_0x8_group(unsigned char *plain, unsigned char *grp, size_t nb, size_t row_bytes, int pack)
+/* One group: 8 plain rows <-> nb grouped blocks; bs the plain block's size
+ * (the fp16 scale, then bs - 2 quant bytes). */
+static void x8_group(unsigned char *plain, unsigned char *grp, size_t nb, size_t bs, size_t row_bytes,
+		     int pack)
 {
+	size_t q = bs - 2;
 	for (size_t i = 0; i < nb; i++) {
-		unsigned char *g = grp + i * sizeof(struct nf_block_q4_0x8);
+		unsigned char *g = grp + i * 8 * bs;
 		for (int r = 0; r < 8; r++) {
-			unsigned char *b = plain + (size_t)r * row_bytes + i * sizeof(struct nf_block_q4_0);
-			unsigned char *gd = g + offsetof(struct nf_block_q4_0x8, d) + 2 * r;
-			unsigned char *bd = b + offsetof(struct nf_block_q4_0, d);
-			memcpy(pack ? gd : bd, pack ? bd : gd, 2);
-			for (int m = 0; m < 4; m++) {
-				unsigned char *gq = g + offsetof(struct nf_block_q4_0x8, qs) + 32 * m + 4 * r;
-				unsigned char *bq = b + offsetof(struct nf_block_q4_0, qs) + 4 * m;
+			unsigned char *b = plain + (size_t)r * row_bytes + i * bs;
+			memcpy(pack ? g + 2 * r : b, pack ? b : g + 2 * r, 2);
+			for (size_t m = 0; m < q / 4; m++) {
+				unsigned char *gq = g + 16 + 32 * m + 4 * (size_t)r, *bq = b + 2 + 4 * m;
 				memcpy(pack ? gq : bq, pack ? bq : gq, 4);
 			}
 		}
 	}
 }
 
-void nf_repack_q4_0x8(void *dst, const void *src, size_t n, size_t nrows)
+static void x8_convert(enum nf_ktype kt, unsigned char *plain, unsigned char *grp, size_t n, size_t nrows,
+		       int pack)
 {
-	size_t nb = n / NF_QK, row_bytes = nb * sizeof(struct nf_block_q4_0);
+	size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
+	size_t nb = n / NF_QK, row_bytes = nb * bs;
 	for (size_t g = 0; g < nrows / 8; g++)
-		q4_0x8_group((unsigned char *)src + g * 8 * row_bytes, (unsigned char *)dst + g * 8 * row_bytes,
-			     nb, row_bytes, 1);
+		x8_group(plain + g * 8 * row_bytes, grp + g * 8 * row_bytes, nb, bs, row_bytes, pack);
 }
 
-void nf_unpack_q4_0x8(void *dst, const void *src, size_t n, size_t nrows)
+void nf_repack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows)
 {
-	size_t nb = n / NF_QK, row_bytes = nb * sizeof(struct nf_block_q4_0);
-	for (size_t g = 0; g < nrows / 8; g++)
-		q4_0x8_group((unsigned char *)dst + g * 8 * row_bytes, (unsigned char *)src + g * 8 * row_bytes,
-			     nb, row_bytes, 0);
+	x8_convert(kt, (unsigned char *)src, dst, n, nrows, 1);
+}
+
+void nf_unpack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows)
+{
+	x8_convert(kt, dst, (unsigned char *)src, n, nrows, 0);
 }

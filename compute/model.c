@@ -470,11 +470,14 @@ fail:
 	return rc;
 }
 
-/* A matrix nf_model_repack can put into 8-row groups. */
-static bool repackable(const struct nf_weight *w)
+/* A matrix nf_model_repack can put into 8-row groups for table k. */
+static bool repackable(const struct nf_weight *w, const struct nf_kernels *k)
 {
-	return w->data && !w->packed && w->kt == NF_KT_Q4_0 && w->n_expert == 1 && w->nrows % 8 == 0 &&
-	       w->row_bytes == (size_t)w->n / NF_QK * sizeof(struct nf_block_q4_0);
+	if (!w->data || w->packed || (w->kt != NF_KT_Q4_0 && w->kt != NF_KT_Q8_0) || !k->gemv_x8[w->kt] ||
+	    !k->gemm_x8[w->kt])
+		return false;
+	size_t bs = w->kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
+	return w->n_expert == 1 && w->nrows % 8 == 0 && w->row_bytes == (size_t)w->n / NF_QK * bs;
 }
 
 struct repack_item {
@@ -497,7 +500,8 @@ static void *repack_worker(void *arg)
 		const struct nf_weight *w = j->it[i].w;
 		size_t g = w->nrows / 8, g0 = g * (size_t)j->ith / (size_t)j->nth;
 		size_t g1 = g * (size_t)(j->ith + 1) / (size_t)j->nth, off = g0 * 8 * w->row_bytes;
-		nf_repack_q4_0x8(j->it[i].dst + off, (const unsigned char *)w->data + off, w->n, (g1 - g0) * 8);
+		nf_repack_x8((enum nf_ktype)w->kt, j->it[i].dst + off, (const unsigned char *)w->data + off, w->n,
+			     (g1 - g0) * 8);
 	}
 	return NULL;
 }
@@ -505,7 +509,7 @@ static void *repack_worker(void *arg)
 int nf_model_repack(struct nf_model *m, unsigned what)
 {
 	const struct nf_kernels *k = nf_kernels_get();
-	if (!k->gemv_q4_0x8 || !k->gemm_q4_0x8 || m->store || !m->g)
+	if (m->store || !m->g)
 		return 0;
 	/* the matrices, in a list, and the bytes they take */
 	size_t cap = (size_t)m->hp.n_layer * 7 + 1, n = 0, bytes = 0;
@@ -516,10 +520,10 @@ int nf_model_repack(struct nf_model *m, unsigned what)
 		struct nf_layer_weights *L = &m->layers[il];
 		struct nf_weight *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
 		for (int i = 0; i < 7; i++)
-			if ((what & (i < 4 ? NF_REPACK_ATTN : NF_REPACK_FFN)) && repackable(ws[i]))
+			if ((what & (i < 4 ? NF_REPACK_ATTN : NF_REPACK_FFN)) && repackable(ws[i], k))
 				it[n++].w = ws[i];
 	}
-	if ((what & NF_REPACK_OUTPUT) && m->output.data != m->tok_embd.data && repackable(&m->output))
+	if ((what & NF_REPACK_OUTPUT) && m->output.data != m->tok_embd.data && repackable(&m->output, k))
 		it[n++].w = &m->output;
 	int rc = 0;
 	if (!n)

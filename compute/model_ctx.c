@@ -106,11 +106,11 @@ static void mm_worker(void *arg, int ith, int nth)
 		const char *wr = (const char *)w->data + r0 * w->row_bytes;
 		if (w->packed) {
 			/* packed by nf_model_repack for the best table */
-			const struct nf_kernels *k = j->k->gemv_q4_0x8 ? j->k : nf_kernels_get();
+			const struct nf_kernels *k = j->k->gemv_x8[w->kt] ? j->k : nf_kernels_get();
 			if (j->nb == 1)
-				k->gemv_q4_0x8(w->n, r1 - r0, wr, j->xq, m->y + r0);
+				k->gemv_x8[w->kt](w->n, r1 - r0, wr, j->xq, m->y + r0);
 			else
-				k->gemm_q4_0x8(w->n, r1 - r0, wr, j->nb, j->xq, j->xq_stride, m->y + r0, m->ldy);
+				k->gemm_x8[w->kt](w->n, r1 - r0, wr, j->nb, j->xq, j->xq_stride, m->y + r0, m->ldy);
 		} else if (j->nb == 1)
 			j->k->gemv[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->xq, m->y + r0);
 		else

@@ -185,28 +185,31 @@ Test(model, fidelity_kquant_testdata_models, .timeout = 120)
 }
 
 /*
- * Q4_0 matrices repacked into 8-row groups (nf_model_repack): the same
- * logits, bit for bit, as the plain rows, batched and token by token, on 1
- * and 2 threads, with every table (a table without the grouped kernels
- * uses the best one's for packed matrices), and the reference's greedy
- * tokens.
+ * Q4_0 and Q8_0 matrices repacked into 8-row groups (nf_model_repack): the
+ * same logits, bit for bit, as the plain rows, batched and token by token,
+ * on 1 and 2 threads, with every table (a table without the grouped
+ * kernels uses the best one's for packed matrices), and the reference's
+ * greedy tokens.
  */
-Test(model, repacked_q4_0_same_bits, .timeout = 60)
+static void check_repacked(const char *name)
 {
 	struct nf_ref r;
-	const char *path = MODELS_DIR "/tiny-llama-q4_0.gguf";
+	char path[256], refp[256];
+	snprintf(path, sizeof(path), MODELS_DIR "/%s.gguf", name);
+	snprintf(refp, sizeof(refp), MODELS_DIR "/%s.ref.txt", name);
 	if (access(path, R_OK) != 0)
 		cr_skip_test("%s is absent", path);
-	cr_assert_eq(nf_ref_load(MODELS_DIR "/tiny-llama-q4_0.ref.txt", &r, NULL), 0);
+	cr_assert_eq(nf_ref_load(refp, &r, NULL), 0);
 	struct nf_model *plain = load(path), *packed = load(path);
 	int n = nf_model_repack(packed, NF_REPACK_ATTN | NF_REPACK_FFN | NF_REPACK_OUTPUT);
 	cr_assert_geq(n, 0, "nf_model_repack: %d", n);
-	if (!nf_kernels_get()->gemv_q4_0x8) {
+	int kt = nf_model_layer(packed, 0)->wq.kt;
+	if (!nf_kernels_get()->gemv_x8[kt]) {
 		cr_assert_eq(n, 0, "repacked without kernels for it");
-		cr_skip_test("the %s table has no Q4_0 8-row kernels", nf_kernels_get()->isa);
+		cr_skip_test("the %s table has no 8-row kernels for %s", nf_kernels_get()->isa, name);
 	}
 	const struct nf_model_hparams *hp = nf_model_hparams(packed);
-	cr_assert_eq(n, (int)hp->n_layer * 7 + 1, "repacked %d matrices", n);
+	cr_assert_eq(n, (int)hp->n_layer * 7 + 1, "%s: repacked %d matrices", name, n);
 	cr_assert(nf_model_layer(packed, 0)->wq.packed && !nf_model_layer(plain, 0)->wq.packed);
 	cr_assert_eq(nf_model_repack(packed, NF_REPACK_ATTN), 0, "a second repack must be a no-op");
 	uint32_t nv = hp->n_vocab;
@@ -227,11 +230,11 @@ Test(model, repacked_q4_0_same_bits, .timeout = 60)
 				nf_ctx_close(c);
 				for (uint32_t i = 0; i < nv; i++)
 					cr_assert(!memcmp(&la[i], &lb[i], sizeof(float)),
-						  "[%s, %d threads, %s] logit %u: packed %.9g, plain %.9g", k->isa,
-						  threads, batched ? "batched" : "token by token", i, lb[i], la[i]);
+						  "%s [%s, %d threads, %s] logit %u: packed %.9g, plain %.9g", name,
+						  k->isa, threads, batched ? "batched" : "token by token", i, lb[i], la[i]);
 				for (size_t i = 0; i < r.n_greedy; i++)
-					cr_expect_eq(gb[i], r.greedy[i], "[%s] greedy token %zu: %d, reference %d",
-						     k->isa, i, gb[i], r.greedy[i]);
+					cr_expect_eq(gb[i], r.greedy[i], "%s [%s] greedy token %zu: %d, reference %d",
+						     name, k->isa, i, gb[i], r.greedy[i]);
 			}
 	}
 	free(la);
@@ -242,6 +245,9 @@ Test(model, repacked_q4_0_same_bits, .timeout = 60)
 	nf_model_free(packed);
 	nf_ref_free(&r);
 }
+
+Test(model, repacked_q4_0_same_bits, .timeout = 60) { check_repacked("tiny-llama-q4_0"); }
+Test(model, repacked_q8_0_same_bits, .timeout = 60) { check_repacked("tiny-llama-q8_0"); }
 
 Test(model, f16_kv_cache_close_to_f32)
 {
