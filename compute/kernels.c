@@ -161,3 +161,43 @@ void nf_rope(float *x, size_t n_head, size_t head_dim, int64_t pos, float freq_b
 		theta *= theta_scale;
 	}
 }
+
+/* ---- Q4_0 and Q8_0 in 8-row groups (kernels.h) ----------------------------- */
+
+/* One group: 8 plain rows <-> nb grouped blocks; bs the plain block's size
+ * (the fp16 scale, then bs - 2 quant bytes). */
+static void x8_group(unsigned char *plain, unsigned char *grp, size_t nb, size_t bs, size_t row_bytes,
+		     int pack)
+{
+	size_t q = bs - 2;
+	for (size_t i = 0; i < nb; i++) {
+		unsigned char *g = grp + i * 8 * bs;
+		for (int r = 0; r < 8; r++) {
+			unsigned char *b = plain + (size_t)r * row_bytes + i * bs;
+			memcpy(pack ? g + 2 * r : b, pack ? b : g + 2 * r, 2);
+			for (size_t m = 0; m < q / 4; m++) {
+				unsigned char *gq = g + 16 + 32 * m + 4 * (size_t)r, *bq = b + 2 + 4 * m;
+				memcpy(pack ? gq : bq, pack ? bq : gq, 4);
+			}
+		}
+	}
+}
+
+static void x8_convert(enum nf_ktype kt, unsigned char *plain, unsigned char *grp, size_t n, size_t nrows,
+		       int pack)
+{
+	size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
+	size_t nb = n / NF_QK, row_bytes = nb * bs;
+	for (size_t g = 0; g < nrows / 8; g++)
+		x8_group(plain + g * 8 * row_bytes, grp + g * 8 * row_bytes, nb, bs, row_bytes, pack);
+}
+
+void nf_repack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows)
+{
+	x8_convert(kt, (unsigned char *)src, dst, n, nrows, 1);
+}
+
+void nf_unpack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows)
+{
+	x8_convert(kt, dst, (unsigned char *)src, n, nrows, 0);
+}
