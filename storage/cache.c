@@ -1059,6 +1059,11 @@ const uint64_t *nf_cache_signatures(const struct nf_cache *c, uint32_t layer, ui
 	return f->sig;
 }
 
+const char *nf_cache_error_detail(const struct nf_cache *c)
+{
+	return c && c->io ? nf_io_ctx_error_detail(c->io) : "";
+}
+
 void nf_cache_stats_get(const struct nf_cache *c, struct nf_cache_stats *out)
 {
 	*out = c->st;

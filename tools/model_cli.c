@@ -449,6 +449,12 @@ int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens)
 	return NF_EXIT_OK;
 }
 
+const char *nf_model_cli_strerror(const struct nf_model_cli *mc, int rc)
+{
+	const char *why = nf_cache_error_detail(mc->cache);
+	return why[0] ? why : nf_strerror(rc);
+}
+
 void nf_model_cli_close(struct nf_model_cli *mc)
 {
 	nf_engine_close(mc->engine);
