@@ -52,6 +52,8 @@ endif
 CFLAGS  ?=
 CFLAGS  += $(CFLAGS_BASE)
 LDLIBS  := -laio -luring -lnuma -lm -lpthread
+# The command (tools/) alone: JSON reports and the server's HTTP.
+TOOL_LDLIBS := -ljansson -lmicrohttpd
 
 # Kernels for one ISA live in files named *_avx2.c / *_avx512.c and are
 # chosen at start-up by cpuid; only those files get the ISA flags.
@@ -103,7 +105,7 @@ $(B)/libnflash.so: $(LIB_OBJ)
 
 $(B)/nflash: $(TOOL_OBJ) $(B)/libnflash.a
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TOOL_OBJ) $(B)/libnflash.a $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TOOL_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS)
 
 $(B)/nflash.pc: Makefile
 	$(Q)mkdir -p $(@D)
@@ -117,13 +119,20 @@ $(B)/nflash.pc: Makefile
 # ---- tests --------------------------------------------------------------
 $(B)/tests/nflash-tests: $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(LDLIBS) -lcriterion
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS) -lcriterion -lcurl
 
 # TEST_FILTER='storage/*' runs one suite; TEST_JOBS sets Criterion's workers.
 TEST_JOBS ?= 2
 test: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
 	$(Q)$(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
+
+# ---- nflash serve with real clients: curl's view of SSE, the OpenAI Node SDK
+# (installed from npm into $(B)/openai-sdk; skipped with a reason without node)
+.PHONY: test-server
+test-server: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+	$(Q)sh tests/server/run.sh $(B)
 
 # ---- thread pool under ThreadSanitizer ----------------------------------
 # Criterion cannot start under TSan (Snaipe/Criterion#274), so the pool's
@@ -140,7 +149,7 @@ tsan-pool:
 $(B)/bench/%: bench/%.c $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,CCLD,$@)
 	$(Q)mkdir -p $(@D)
-	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(B)/libnflash.a $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS)
 
 bench: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(BENCH_BIN)
@@ -164,7 +173,7 @@ bench-decode: deps
 # committed); the grown corpus, log and any crash-* stay in build-fuzz/.
 FUZZ_B    := build-fuzz
 FUZZ_TIME ?= 600
-FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/error.c storage/io_sys.c storage/io_file.c
+FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/dtype_kquant.c storage/error.c storage/io_sys.c storage/io_file.c
 $(FUZZ_B)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) include/nflash/gguf.h
 	$(call msg,FUZZ,$@)
 	$(Q)mkdir -p $(@D)

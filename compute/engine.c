@@ -73,6 +73,13 @@ uint64_t nf_engine_vm_hwm(void)
 	return proc_status_bytes("VmHWM");
 }
 
+uint64_t nf_engine_overhead_now(void)
+{
+	/* rounded up to whole MiB, so the minimum a message states does not
+	 * move with a few pages between runs */
+	return ((proc_status_bytes("VmRSS") + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1)) + NF_ENGINE_SLACK;
+}
+
 static double mib(uint64_t b)
 {
 	return (double)b / (1024.0 * 1024.0);
@@ -160,52 +167,28 @@ struct fit {
 	uint64_t arena;        /* what the cache gets */
 };
 
-static void fit_plan(const struct nf_engine *e, struct nf_store *store, const struct nf_cache_geom *g,
-		     struct fit *f)
+/* The smallest cold segment the sparse engine works with: a chunk of up
+ * to 95 neurons must fit (the --cold-slots floor). */
+#define MIN_COLD_SLOTS 128u
+
+/* f for attention streamed or not and a cold segment of cold_slots (0: one
+ * layer): what it fixes, needs, and the arena the budget leaves. */
+static void fit_eval(const struct nf_engine *e, struct nf_store *store, uint64_t base, uint32_t sig, bool stream,
+		     uint32_t cold_slots, struct fit *f)
 {
 	const struct nf_engine_opts *o = &e->o;
-	const struct nf_model_hparams *hp = nf_model_hparams(e->model);
-	memset(f, 0, sizeof(*f));
-	f->dense = nf_model_weight_bytes(e->model) - ffn_weight_bytes(e->model);
-	f->attn = nf_model_attn_in_memory(e->model) ? 0 : nf_model_attn_bytes(e->model);
-	f->engine = nf_sparse_bytes_for(e->ctx, g);
-	if (o->profile)
-		f->rec = store_ffn_neurons(store) * ((o->profile_sig_tokens + 63) / 64) * 8;
-	/* The cold segment: one layer's bundles by default, what a prefill
-	 * batch or a dense FFN reads at once. A predictor-mode decode needs
-	 * only a token's misses; with a smaller cold segment the engine halves
-	 * batches and splits a token's chunks into windows (same output,
-	 * slower prefill: docs/PIPELINE.md "Cold segment"). By default
-	 * predictor mode takes a quarter layer when a whole one would leave no
-	 * room to pin attention, or when the budget is below a whole layer's
-	 * minimum. */
-	f->cold_slots = o->cold_slots > 0 ? (uint32_t)o->cold_slots : 0;
-	f->cold_what = f->cold_slots ? "the --cold-slots bundles" : "one layer's neurons";
-	f->min_cold = nf_cache_min_bytes_for(store, f->cold_slots);
-	uint64_t base = f->dense + nf_ctx_bytes(e->ctx) + f->engine + f->rec + e->info.overhead;
-	uint32_t sig = o->profile ? o->profile_sig_tokens : 0;
+	uint32_t L = nf_model_hparams(e->model)->n_layer;
+	f->cold_slots = cold_slots;
+	f->min_cold = nf_cache_min_bytes_for(store, cold_slots);
 	/* the cache's tables grow with its slots: the minimum counts those of
 	 * the smallest arena, and the arena below leaves room for its own */
 	f->meta = nf_cache_meta_bytes_for(store, f->min_cold, sig);
-	base += f->meta;
-	struct nf_stream_opts so;
-	nf_stream_opts_default(&so);
-	f->sbytes = nf_model_attn_stream_bytes(e->model, so.n_slots);
-	uint32_t small_cold = hp->n_ff / 4 > 256 ? hp->n_ff / 4 : 256;
-	if (o->cold_slots < 0 && predictor_mode(e) && o->budget && o->budget < base + f->attn + f->min_cold) {
-		f->cold_slots = small_cold;
-		f->min_cold = nf_cache_min_bytes_for(store, f->cold_slots);
-		f->cold_what = "a quarter of a layer's neurons (predictor mode, tight budget)";
-		uint64_t m = nf_cache_meta_bytes_for(store, f->min_cold, sig);
-		base = base - f->meta + m;
-		f->meta = m;
-	}
-	f->stream = f->attn && (o->stream_attn || (o->budget && o->budget < base + f->attn + f->min_cold));
-	f->pin = f->stream ? (o->attn_pin < hp->n_layer ? o->attn_pin : hp->n_layer) : hp->n_layer;
-	f->pin_bytes = f->attn / hp->n_layer * f->pin;
-	if (f->pin == hp->n_layer)
+	f->stream = f->attn && stream;
+	f->pin = f->stream ? (o->attn_pin < L ? o->attn_pin : L) : L;
+	f->pin_bytes = f->attn / L * f->pin;
+	if (f->pin == L)
 		f->stream = false;
-	f->fixed = base + (f->stream ? f->sbytes + f->pin_bytes : f->attn);
+	f->fixed = base + f->meta + (f->stream ? f->sbytes + f->pin_bytes : f->attn);
 	f->need = f->fixed + f->min_cold;
 	uint64_t all = store_ffn_bytes(store) + f->min_cold;
 	if (o->budget) {
@@ -222,6 +205,83 @@ static void fit_plan(const struct nf_engine *e, struct nf_store *store, const st
 	}
 	if (f->arena > all)
 		f->arena = all;
+}
+
+/*
+ * How the budget is spent. The cold segment: one layer's bundles by
+ * default, what a prefill batch or a dense FFN reads at once; with a
+ * smaller one the engine halves batches and splits a token's chunks into
+ * windows (same output, slower prefill: docs/PIPELINE.md "Cold segment").
+ * Attention: pinned, unless it does not fit. The first of these that fits
+ * the budget is taken: attention pinned with a layer of cold slots; pinned
+ * with a quarter layer (predictor mode, whose decode needs only a token's
+ * misses); pinned with the cold segment shrunk to what the budget leaves
+ * (at least MIN_COLD_SLOTS); then the same three with attention streamed.
+ * --cold-slots N and --stream-attn narrow the choice. When none fits, f
+ * holds the last: the true minimum.
+ */
+static void fit_plan(const struct nf_engine *e, struct nf_store *store, const struct nf_cache_geom *g,
+		     struct fit *f)
+{
+	const struct nf_engine_opts *o = &e->o;
+	const struct nf_model_hparams *hp = nf_model_hparams(e->model);
+	memset(f, 0, sizeof(*f));
+	f->dense = nf_model_weight_bytes(e->model) - ffn_weight_bytes(e->model);
+	f->attn = nf_model_attn_in_memory(e->model) ? 0 : nf_model_attn_bytes(e->model);
+	f->engine = nf_sparse_bytes_for(e->ctx, g);
+	if (o->profile)
+		f->rec = store_ffn_neurons(store) * ((o->profile_sig_tokens + 63) / 64) * 8;
+	struct nf_stream_opts so;
+	nf_stream_opts_default(&so);
+	f->sbytes = nf_model_attn_stream_bytes(e->model, so.n_slots);
+	uint64_t base = f->dense + nf_ctx_bytes(e->ctx) + f->engine + f->rec + e->info.overhead;
+	uint32_t sig = o->profile ? o->profile_sig_tokens : 0;
+	bool cold_auto = o->cold_slots < 0;
+	uint32_t quarter = hp->n_ff / 4 > 256 ? hp->n_ff / 4 : 256;
+	uint32_t floor = g->n_neurons < MIN_COLD_SLOTS ? g->n_neurons : MIN_COLD_SLOTS;
+	uint32_t upper = predictor_mode(e) && quarter < g->n_neurons ? quarter : g->n_neurons;
+	bool evaluated = false;
+	for (int streamed = 0; streamed < 2; streamed++) {
+		if ((o->stream_attn && !streamed) || (streamed && !f->attn))
+			continue;
+		/* a layer (or --cold-slots N) */
+		fit_eval(e, store, base, sig, streamed, o->cold_slots > 0 ? (uint32_t)o->cold_slots : 0, f);
+		f->cold_what = o->cold_slots > 0 ? "the --cold-slots bundles" : "one layer's neurons";
+		evaluated = true;
+		if (!o->budget || f->need <= o->budget)
+			return;
+		if (!cold_auto)
+			continue;
+		if (predictor_mode(e) && quarter < g->n_neurons) {
+			fit_eval(e, store, base, sig, streamed, quarter, f);
+			f->cold_what = "a quarter of a layer's neurons (predictor mode, tight budget)";
+			if (f->need <= o->budget)
+				return;
+		}
+		/* what the budget leaves, down to the floor */
+		fit_eval(e, store, base, sig, streamed, floor, f);
+		f->cold_what = "the smallest cold segment (the budget leaves no more)";
+		if (f->need <= o->budget) {
+			uint64_t room = (o->budget - (f->fixed - f->meta)) / g->stride;
+			uint32_t c = room > upper ? upper : (uint32_t)room;
+			/* the tables of c slots come out of the same room */
+			while (c > floor) {
+				struct fit t = *f;
+				fit_eval(e, store, base, sig, streamed, c, &t);
+				if (t.need <= o->budget) {
+					*f = t;
+					break;
+				}
+				c -= (c - floor + 15) / 16;
+			}
+			f->cold_what = "a cold segment shrunk to what the budget leaves";
+			return;
+		}
+	}
+	if (!evaluated) { /* --stream-attn with no attention to stream */
+		fit_eval(e, store, base, sig, false, o->cold_slots > 0 ? (uint32_t)o->cold_slots : 0, f);
+		f->cold_what = o->cold_slots > 0 ? "the --cold-slots bundles" : "one layer's neurons";
+	}
 }
 
 static int budget_error(const struct nf_engine *e, const struct fit *f, struct nf_diag *d)
@@ -399,6 +459,7 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 			return budget_error(e, &f, d);
 		e->info.stride = g.stride;
 		e->info.attn_pinned_layers = f.pin;
+		e->info.cold_min_slots = f.cold_slots;
 		if (o->size_only) {
 			struct nf_cache_opts co;
 			cache_opts(e, &f, &co);
@@ -590,10 +651,7 @@ int nf_engine_open(const struct nf_engine_opts *opts, struct nf_engine **out, st
 	/* what the process holds before the engine allocates (program,
 	 * libraries, the caller's own memory), measured, and slack for thread
 	 * stacks, I/O rings and allocator headers */
-	/* (rounded up to whole MiB, so the minimum a message states does not
-	 * move with a few pages between runs) */
-	e->info.overhead = ((proc_status_bytes("VmRSS") + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1)) +
-			   NF_ENGINE_SLACK;
+	e->info.overhead = o->overhead ? o->overhead : nf_engine_overhead_now();
 	e->store_path = o->ffn_store ? o->ffn_store : o->path;
 	if (o->io_mmap && (rc = mmap_check(o, d)) < 0)
 		goto fail;

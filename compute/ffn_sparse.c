@@ -38,6 +38,12 @@
  *     a batch equals its tokens one by one, bit for bit.
  *  6. Mixture-of-experts layers (from a cache only) route as the built-in
  *     FFN and run each routed expert as a dense FFN of (layer, expert).
+ *  7. K-quant down matrices (QCOL of Q2_K..Q6_K, types may differ per
+ *     layer): the activations of a 256-neuron super-block are quantized
+ *     together to Q8_K (ggml's rule), so chunks close only at super-block
+ *     boundaries (kgroups) and a chunk holds whole super-blocks; per row
+ *     the block's integer sum of sc * q_w * q_x over the active neurons
+ *     and the min term from the Q8_K sums give the block's contribution.
  */
 #include <errno.h>
 #include <math.h>
@@ -47,6 +53,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "nflash/bundle.h"
 #include "nflash/cache.h"
 #include "nflash/dtype.h"
 #include "nflash/kernels.h"
@@ -61,7 +68,8 @@
 #ifndef CHUNK_NEURONS
 #define CHUNK_NEURONS 64u
 #endif
-#define CHUNK_MAX (CHUNK_NEURONS + GROUP - 1u)
+/* a chunk closes at a group boundary (K-quant downs: a 256-neuron one) */
+#define CHUNK_MAX (CHUNK_NEURONS + NF_QK_K - 1u)
 
 enum down_form { DOWN_ROW, DOWN_QCOL };
 
@@ -70,7 +78,9 @@ struct layer_tab {
 	bool sparse;                 /* false: built-in FFN (MoE) */
 	const char *gate, *up, *down;
 	size_t gate_stride, up_stride, down_stride;
-	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16 */
+	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16; K: block heads */
+	uint32_t dt_down;            /* this layer's down type (K-quants vary per layer) */
+	int kt_down;
 	const uint16_t **xscales;    /* MoE from a cache: scales per expert */
 	void *owned;                 /* transposed / repacked down (ours) */
 	const struct nf_weight *fc1, *fc2;
@@ -103,6 +113,10 @@ struct nf_sparse {
 	uint32_t dt_gu, dt_down;     /* dtypes */
 	int kt_gu, kt_down;
 	enum down_form form;
+	uint32_t kgroups;            /* groups per chunk boundary: 8 with K-quant downs, else 1 */
+	float *kact;                 /* K-quant downs: the layer's activations (n_ff) */
+	struct nf_block_q8_K *kx;    /* and as Q8_K blocks (n_ff / 256) */
+	float *kacc;                 /* per row: the dense product's accumulators (n_embd x KACC) */
 	uint32_t down_off_bundle;    /* cache bundles: byte offset of the down row */
 	uint32_t up_off_bundle;
 	struct layer_tab *tabs;
@@ -257,6 +271,107 @@ static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, co
 		out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc[r];
 }
 
+/*
+ * K-quant QCOL down, in ggml's dense order (kernels_ref.c, dot_kquant), so
+ * that store-backed and in-memory runs equal llama.cpp's dense product
+ * bit for bit where every neuron is computed: the layer's activations
+ * (s->kact, inactive neurons 0) are quantized to Q8_K per super-block
+ * (s->kx); per row r, super-blocks in ascending order continue the row's
+ * lane accumulators (s->kacc: 8 lanes, 4 Q4_K min lanes, the Q5_K min
+ * sum), each lane the exact integer sum over the neurons with a nonzero
+ * q_x (the others contribute 0, as in the dense sum).
+ */
+#define KACC 13
+
+static void kdown_rows(const struct nf_sparse *s, uint32_t dt, uint32_t kb0, uint32_t kb1,
+		       uint32_t r0, uint32_t r1)
+{
+	uint32_t E = s->E, layer = s->cur_layer, bits = nf_kquant_bits(dt);
+	int32_t off = nf_kquant_offset(dt);
+	size_t bs = nf_dtype_block_size(dt), hb = nf_bundle_head_bytes(dt), qoff, qlen;
+	nf_kquant_quant_span(dt, &qoff, &qlen);
+	uint8_t blk[256];
+	memset(blk, 0, sizeof(blk));
+	for (uint32_t kb = kb0; kb < kb1; kb++) {
+		const struct nf_block_q8_K *x = &s->kx[kb];
+		if (x->d == 0.0f)
+			continue; /* no neuron of the block is active: adds exact zeros */
+		uint32_t nz = 0, lane[NF_QK_K], sub[NF_QK_K];
+		int32_t qx[NF_QK_K];
+		const uint8_t *col[NF_QK_K];
+		for (uint32_t i = 0; i < NF_QK_K; i++) {
+			if (!x->qs[i])
+				continue;
+			const char *g, *u, *d;
+			neuron_addr(s, layer, kb * NF_QK_K + i, &g, &u, &d);
+			lane[nz] = (i % 32) / 4;
+			sub[nz] = i / 16;
+			qx[nz] = x->qs[i];
+			col[nz++] = (const uint8_t *)d;
+		}
+		const uint8_t *heads = (const uint8_t *)s->cur_scales + (size_t)kb * E * hb;
+		for (uint32_t r = r0; r < r1; r++) {
+			const uint8_t *h = heads + (size_t)r * hb;
+			struct nf_kblock k;
+			float *acc = s->kacc + (size_t)r * KACC;
+			memcpy(blk, h, qoff);
+			memcpy(blk + qoff + qlen, h + qoff, bs - qoff - qlen);
+			nf_kblock_unpack_scales(dt, blk, &k);
+			const float dd = x->d * k.d, dmin = -x->d * k.dmin;
+			if (dt == NF_DTYPE_Q2_K) {
+				for (int m = 0; m < 8; m++)
+					acc[m] = fmaf(dmin, (float)(k.mn[2 * m] * x->bsums[2 * m] +
+								    k.mn[2 * m + 1] * x->bsums[2 * m + 1]), acc[m]);
+			} else if (dt == NF_DTYPE_Q4_K || dt == NF_DTYPE_Q5_K) {
+				int32_t tot = 0;
+				for (int q = 0; q < 4; q++) {
+					int32_t p = k.mn[4 * q] * (x->bsums[4 * q] + x->bsums[4 * q + 1]) +
+						    k.mn[4 * q + 2] * (x->bsums[4 * q + 2] + x->bsums[4 * q + 3]);
+					tot += p;
+					if (dt == NF_DTYPE_Q4_K)
+						acc[8 + q] = fmaf(dmin, (float)p, acc[8 + q]);
+				}
+				if (dt == NF_DTYPE_Q5_K)
+					acc[12] = fmaf(dmin, (float)tot, acc[12]);
+			}
+			int32_t li[8] = { 0 };
+			for (uint32_t j = 0; j < nz; j++)
+				li[lane[j]] += k.sc[sub[j]] *
+					       (((int32_t)nf_bundle_kcol_get(col[j], r, bits) - off) * qx[j]);
+			for (int m = 0; m < 8; m++)
+				acc[m] = fmaf(dd, (float)li[m], acc[m]);
+		}
+	}
+}
+
+struct kdown_job {
+	struct nf_sparse *s;
+	uint32_t dt, kb0, kb1;
+	float *out;                  /* final pass: the layer's output */
+};
+
+static void kdown_worker(void *arg, int ith, int nth)
+{
+	struct kdown_job *j = arg;
+	uint32_t E = j->s->E, r0 = (uint32_t)((uint64_t)E * ith / nth), r1 = (uint32_t)((uint64_t)E * (ith + 1) / nth);
+	if (!j->out) {
+		kdown_rows(j->s, j->dt, j->kb0, j->kb1, r0, r1);
+		return;
+	}
+	for (uint32_t r = r0; r < r1; r++) {
+		const float *a = j->s->kacc + (size_t)r * KACC;
+		float t[4];
+		for (int i = 0; i < 4; i++)
+			t[i] = a[i] + a[i + 4];
+		float v = (t[0] + t[2]) + (t[1] + t[3]);
+		if (j->dt == NF_DTYPE_Q4_K)
+			v += (a[8] + a[10]) + (a[9] + a[11]);
+		else if (j->dt == NF_DTYPE_Q5_K)
+			v += a[12];
+		j->out[r] = v;
+	}
+}
+
 /* Computes the neurons of groups [g0, g1) of the current layer that mask
  * (indexed by group) selects, for the token whose prepared input is xq,
  * into out (E floats). */
@@ -312,23 +427,33 @@ static void chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const u
 			k->gemv_list[s->kt_gu](E, n, up, xq, uv);
 	}
 
-	/* per group: activations, rounded or quantized as one block, then the
-	 * group's (coefficient, down part) pairs in neuron order */
+	/* per group (K-quant QCOL: per super-block): activations, rounded or
+	 * quantized as one block, then the group's (coefficient, down part)
+	 * pairs in neuron order */
+	const struct layer_tab *tab = &s->tabs[layer];
+	uint32_t dt_down = tab->dt_down;
+	bool kcol = s->form == DOWN_QCOL && nf_dtype_is_kquant(dt_down);
+	uint32_t unit = kcol ? NF_QK_K : GROUP;
 	uint32_t ncols = 0;
 	for (uint32_t j0 = 0; j0 < n;) {
-		uint32_t gi = ids[j0] / GROUP, j1 = j0;
-		float a[GROUP];
-		memset(a, 0, sizeof(a));
-		for (; j1 < n && ids[j1] / GROUP == gi; j1++) {
+		uint32_t gi = ids[j0] / unit, j1 = j0;
+		float a[NF_QK_K];
+		memset(a, 0, unit * sizeof(float));
+		for (; j1 < n && ids[j1] / unit == gi; j1++) {
 			if (s->mode == NF_SPARSE_EXACT && s->act == NF_FFN_DRELU && !(uv[j1] > 0.0f)) {
 				dp[j1] = NULL;
 				continue;
 			}
-			a[ids[j1] % GROUP] = act1(s->act, gv[j1], uv[j1], s->has_gate);
+			a[ids[j1] % unit] = act1(s->act, gv[j1], uv[j1], s->has_gate);
 		}
-		if (s->form == DOWN_QCOL) {
+		if (kcol) {
+			/* the down product waits for the layer's activations (kdown_rows) */
+			for (uint32_t j = j0; j < j1; j++)
+				if (dp[j])
+					s->kact[ids[j]] = a[ids[j] % unit];
+		} else if (s->form == DOWN_QCOL) {
 			qcol_down(s, gi, a, ids + j0, dp + j0, j1 - j0, out, scratch);
-		} else if (s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0) {
+		} else if (nf_dtype_block_len(dt_down) > 1) {
 			/* PowerInfer: the activation vector quantized to Q8_0;
 			 * neuron i contributes d * q[i] times its dequantized down row */
 			struct nf_block_q8_0 blk;
@@ -344,8 +469,8 @@ static void chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const u
 		} else {
 			/* float down rows: the activations rounded to the row's dot type */
 			float ar[GROUP];
-			k->act_prepare[s->kt_down](a, scratch, GROUP);
-			nf_dequantize_row(nf_ktype_dot_dtype(s->kt_down), scratch, ar, GROUP);
+			k->act_prepare[tab->kt_down](a, scratch, GROUP);
+			nf_dequantize_row(nf_ktype_dot_dtype(tab->kt_down), scratch, ar, GROUP);
 			for (uint32_t j = j0; j < j1; j++) {
 				float v = ar[ids[j] % GROUP];
 				if (dp[j] && v != 0.0f) {
@@ -357,7 +482,7 @@ static void chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const u
 		j0 = j1;
 	}
 	if (ncols)
-		k->axpy_list[s->kt_down](E, ncols, coef, cols, out);
+		k->axpy_list[tab->kt_down](E, ncols, coef, cols, out);
 }
 
 /* ---- the ready list ------------------------------------------------------------ */
@@ -445,6 +570,25 @@ static void run_workers(struct nf_sparse *s, const struct nf_ffn_env *env, nf_po
 		fn(s, 0, 1);
 }
 
+static void run_job(const struct nf_ffn_env *env, nf_pool_fn fn, void *arg)
+{
+	if (env->pool)
+		nf_pool_run(env->pool, fn, arg);
+	else
+		fn(arg, 0, 1);
+}
+
+/* K-quant down of the super-blocks holding groups [g0, g1): their Q8_K
+ * activations, then every row's accumulators, rows split over threads. */
+static void kdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t dt, uint32_t g0,
+			 uint32_t g1)
+{
+	struct kdown_job j = { .s = s, .dt = dt, .kb0 = g0 / s->kgroups,
+			       .kb1 = (g1 + s->kgroups - 1) / s->kgroups };
+	nf_quantize_row_q8_K(s->kact + (size_t)j.kb0 * NF_QK_K, s->kx + j.kb0, (size_t)(j.kb1 - j.kb0) * NF_QK_K);
+	run_job(env, kdown_worker, &j);
+}
+
 /* out = sum of the chunks' contributions in chunk order, each thread a
  * slice of the rows: the same sums whatever the thread count or the order
  * in which chunks became ready. */
@@ -517,6 +661,11 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
 	if (s->mode == NF_SPARSE_PREDICTOR)
 		predict(s, t, resid);
+	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(t->dt_down);
+	if (kq) {
+		memset(s->kact, 0, s->F * sizeof(float));
+		memset(s->kacc, 0, (size_t)s->E * KACC * sizeof(float));
+	}
 
 	uint64_t active = 0;
 	atomic_store(&s->n_ready, 0);
@@ -541,7 +690,7 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 		c->n_groups++;
 		s->groups[gi].chunk = nc;
 		in_chunk += pc;
-		if (in_chunk >= CHUNK_NEURONS) {
+		if (in_chunk >= CHUNK_NEURONS && (gi + 1) % s->kgroups == 0) {
 			atomic_store(&c->pending, in_chunk + 1u);
 			nc++;
 			in_chunk = 0;
@@ -561,6 +710,8 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 			s->st.groups_ready_now += s->chunks[ci].n_groups;
 		}
 		run_workers(s, env, worker);
+		if (kq && nc)
+			kdown_blocks(s, env, t->dt_down, s->chunks[0].g0, s->chunks[nc - 1].g1);
 	} else {
 		/* one request for the layer; when its misses could outnumber the
 		 * cold slots, windows of whole chunks, each requested, computed
@@ -619,6 +770,8 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 				return rc;
 			}
 			run_workers(s, env, worker);
+			if (kq && !atomic_load(&s->err))
+				kdown_blocks(s, env, t->dt_down, s->chunks[c0].g0, s->chunks[c1 - 1].g1);
 			/* every read must have landed before its slots are reused */
 			rc = nf_cache_release(s->cache);
 			int err = atomic_load(&s->err);
@@ -637,7 +790,12 @@ static int token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint
 	if (!s->cache && atomic_load(&s->err) < 0)
 		return atomic_load(&s->err);
 	s->cur_out = out;
-	run_workers(s, env, reduce_worker);
+	if (kq) {
+		struct kdown_job kj = { .s = s, .dt = t->dt_down, .out = out };
+		run_job(env, kdown_worker, &kj);
+	} else {
+		run_workers(s, env, reduce_worker);
+	}
 	s->st.ffn_calls++;
 	s->st.neurons_total += s->F;
 	s->st.neurons_active += active;
@@ -682,7 +840,7 @@ static void batch_worker(void *arg, int ith, int nth)
 				if (!open[1])
 					open[0] = gi;
 				open[1] += (uint32_t)__builtin_popcount(bm[gi]);
-				if (open[1] < CHUNK_NEURONS)
+				if (open[1] < CHUNK_NEURONS || (gi + 1) % s->kgroups)
 					continue;
 			} else if (!open[1]) {
 				continue;
@@ -818,7 +976,9 @@ static int moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const 
  * so any split gives the same output), else one at a time. */
 static int tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
-	if (s->cache && io->nb > 1 && io->nb <= s->n_batch) {
+	/* K-quant downs: token by token (their exact down needs a layer's
+	 * activations per token; the batch path keeps none) */
+	if (s->cache && io->nb > 1 && io->nb <= s->n_batch && s->kgroups == 1) {
 		int rc = batch_forward(s, env, io);
 		if (rc != BATCH_TOO_BIG)
 			return rc;
@@ -915,6 +1075,11 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
 	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))))
 		return -ENOMEM;
+	if (s->kgroups > 1 &&
+	    (!(s->kact = zalloc(s, s->F * sizeof(float))) ||
+	     !(s->kx = zalloc(s, (size_t)(s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
+	     !(s->kacc = zalloc(s, (size_t)s->E * KACC * sizeof(float)))))
+		return -ENOMEM;
 	if (s->n_batch > 1 &&
 	    (!(s->bxq = zalloc(s, (size_t)s->n_batch * s->xq_size)) ||
 	     !(s->bmask = zalloc(s, (size_t)s->n_batch * s->n_groups * sizeof(uint32_t))) ||
@@ -941,6 +1106,30 @@ static int tab_down_regular(struct nf_sparse *s, struct layer_tab *t, const stru
 		t->owned = o;
 		t->down = o;
 		t->down_stride = (size_t)E * esz;
+		return 0;
+	}
+	if (nf_dtype_is_kquant(w->dtype)) {
+		/* K-quant QCOL: bit-packed columns and the blocks' heads, as a
+		 * store holds them (nflash/bundle.h) */
+		struct nf_bundle_src src = { .down = w->data, .dtype_down = w->dtype, .n_embd = E, .n_ff = F };
+		uint64_t shape[2];
+		struct nf_bundle_layout L = { .dtype = w->dtype, .dim = E, .n_neurons = F,
+					      .down_form = NF_DOWN_QCOL, .down_dtype = w->dtype };
+		L.down_bytes = (uint32_t)((uint64_t)E * nf_kquant_bits(w->dtype) / 8);
+		L.bundle_bytes = L.stride = L.down_bytes;
+		nf_bundle_scales_shape(&L, shape);
+		size_t colb = (size_t)F * L.down_bytes;
+		char *o = zalloc(s, colb + (size_t)(shape[0] * shape[1]) * sizeof(uint16_t));
+		if (!o)
+			return -ENOMEM;
+		if (!s->count_only) {
+			nf_bundle_pack_down_columns(&src, &L, 0, F, o);
+			nf_bundle_pack_scales(&src, (uint16_t *)(o + colb));
+		}
+		t->owned = o;
+		t->down = o;
+		t->down_stride = L.down_bytes;
+		t->scales = (const uint16_t *)(o + colb);
 		return 0;
 	}
 	/* quantized: QCOL columns and fp16 scales d[b][r] */
@@ -1088,7 +1277,7 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		s->dt_gu = L0->up.dtype;
 		const struct nf_weight *dw = L0->down_t.data ? &L0->down_t : &L0->down;
 		s->dt_down = dw->dtype;
-		bool q = s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0;
+		bool q = nf_dtype_block_len(s->dt_down) > 1;
 		s->form = (!L0->down_t.data && q) ? DOWN_QCOL : DOWN_ROW;
 		if (!L0->up.data) {
 			rc = nf_diag_fail(diag, NF_EUSAGE,
@@ -1096,10 +1285,18 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 			goto fail;
 		}
 	}
-	quant_down = s->dt_down == NF_DTYPE_Q8_0 || s->dt_down == NF_DTYPE_Q4_0;
-	if (quant_down && s->F % GROUP) {
-		rc = nf_diag_fail(diag, NF_EFORMAT, "sparse FFN: quantized down with n_ff %u not a multiple of 32",
-				  s->F);
+	quant_down = nf_dtype_block_len(s->dt_down) > 1;
+	s->kgroups = s->form == DOWN_QCOL && nf_dtype_is_kquant(s->dt_down) ? NF_QK_K / GROUP : 1;
+	if (quant_down && s->F % (GROUP * s->kgroups)) {
+		rc = nf_diag_fail(diag, NF_EFORMAT, "sparse FFN: %s down with n_ff %u not a multiple of %u",
+				  nf_dtype_name(s->dt_down), s->F, GROUP * s->kgroups);
+		goto fail;
+	}
+	if (s->cache && s->kgroups > 1 && s->cap < CHUNK_MAX) {
+		rc = nf_diag_fail(diag, NF_EBUDGET,
+				  "sparse FFN: a %s down needs a cold segment of at least %u bundles (one chunk of "
+				  "whole 256-neuron super-blocks); the cache has %u (--cold-slots)",
+				  nf_dtype_name(s->dt_down), CHUNK_MAX, s->cap);
 		goto fail;
 	}
 	s->kt_gu = nf_ktype_of(s->dt_gu);
@@ -1124,6 +1321,24 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		}
 		if (t->fc1)
 			s->rank = t->fc1->nrows > s->rank ? t->fc1->nrows : s->rank;
+		/* K-quant downs may change type from layer to layer (llama-quantize's
+		 * _M recipes); any other type is the same in every layer */
+		t->dt_down = s->dt_down;
+		struct nf_bundle_layout bl;
+		if (s->cache && nf_model_ffn_layout(m, il, 0, NULL, &bl, NULL, NULL) == 0)
+			t->dt_down = bl.down_dtype;
+		else if (!s->cache)
+			t->dt_down = L->down_t.data ? L->down_t.dtype : L->down.dtype;
+		t->kt_down = nf_ktype_of(t->dt_down);
+		if (t->dt_down != s->dt_down &&
+		    (!nf_dtype_is_kquant(t->dt_down) || !nf_dtype_is_kquant(s->dt_down) || s->form != DOWN_QCOL ||
+		     t->kt_down < 0)) {
+			rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
+					  "sparse FFN: layer %u's down matrix is %s, layer 0's %s (only K-quant down "
+					  "matrices may differ per layer)", il, nf_dtype_name(t->dt_down),
+					  nf_dtype_name(s->dt_down));
+			goto fail;
+		}
 		if (s->cache) {
 			if (s->form != DOWN_QCOL)
 				continue;
@@ -1149,7 +1364,7 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		t->gate_stride = L->gate.row_bytes;
 		t->up = L->up.data;
 		t->up_stride = L->up.row_bytes;
-		if (L->up.dtype != s->dt_gu || (L->down_t.data ? L->down_t.dtype : L->down.dtype) != s->dt_down) {
+		if (L->up.dtype != s->dt_gu) {
 			rc = nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: layer %u has other weight types than layer 0", il);
 			goto fail;
 		}
@@ -1189,6 +1404,7 @@ uint64_t nf_sparse_bytes_for(const struct nf_ctx *ctx, const struct nf_cache_geo
 	s.n_expert_used = hp->n_expert_used;
 	s.nth = nf_ctx_n_threads(ctx) > 0 ? nf_ctx_n_threads(ctx) : 1;
 	s.n_groups = (s.F + GROUP - 1) / GROUP;
+	s.kgroups = g->down_form == NF_CACHE_DOWN_QCOL && nf_dtype_is_kquant(g->down_dtype) ? NF_QK_K / GROUP : 1;
 	s.kt_gu = nf_ktype_of(g->dtype);
 	if (s.kt_gu < 0)
 		return 0;
@@ -1227,6 +1443,9 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->req);
 	free(s->gout);
 	free(s->tscratch);
+	free(s->kact);
+	free(s->kx);
+	free(s->kacc);
 	free(s->gmask);
 	free(s->bxq);
 	free(s->bmask);

@@ -529,3 +529,14 @@ uint64_t nf_model_attn_bytes(const struct nf_model *m)
 	}
 	return b;
 }
+
+uint64_t nf_model_step_dense_bytes(const struct nf_model *m)
+{
+	uint64_t b = nf_model_attn_bytes(m) + (uint64_t)m->output.row_bytes * m->output.nrows;
+	for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+		const struct nf_layer_weights *L = &m->layers[il];
+		b += (uint64_t)L->fc1.row_bytes * L->fc1.nrows + (uint64_t)L->fc2.row_bytes * L->fc2.nrows +
+		     (uint64_t)L->router.row_bytes * L->router.nrows + 2ull * m->hp.n_embd * sizeof(float);
+	}
+	return b + (m->tok_embd.row_bytes ? m->tok_embd.row_bytes : (uint64_t)m->hp.n_embd * sizeof(float));
+}

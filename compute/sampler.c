@@ -32,6 +32,7 @@ struct nf_sampler {
 	struct nf_cand *cand;   /* n_vocab */
 	float *pen;             /* n_vocab: penalised logits */
 	uint32_t *stamp;        /* n_vocab: window membership marks */
+	uint32_t *count;        /* n_vocab: occurrences in the window (valid where stamped) */
 	uint32_t stamp_now;
 	int32_t *win;           /* repeat_last_n ring of accepted ids */
 	uint32_t win_len, win_pos;
@@ -91,7 +92,8 @@ int nf_sampler_open(const struct nf_sampler_params *p, uint32_t n_vocab, struct 
 {
 	if (!p || n_vocab == 0 || isnan(p->temp) || isnan(p->top_p) || p->top_p < 0 ||
 	    isnan(p->min_p) || p->min_p < 0 || p->min_p > 1 || !(p->repeat_penalty > 0) ||
-	    !isfinite(p->repeat_penalty) || p->repeat_last_n < 0)
+	    !isfinite(p->repeat_penalty) || p->repeat_last_n < 0 || !isfinite(p->freq_penalty) ||
+	    !isfinite(p->presence_penalty))
 		return NF_EUSAGE;
 	int rc = -ENOMEM;
 	struct nf_sampler *s = calloc(1, sizeof(*s));
@@ -102,8 +104,9 @@ int nf_sampler_open(const struct nf_sampler_params *p, uint32_t n_vocab, struct 
 	s->cand = malloc((size_t)n_vocab * sizeof(*s->cand));
 	s->pen = malloc((size_t)n_vocab * sizeof(*s->pen));
 	s->stamp = calloc(n_vocab, sizeof(*s->stamp));
+	s->count = calloc(n_vocab, sizeof(*s->count));
 	s->win = malloc(((size_t)p->repeat_last_n + 1) * sizeof(*s->win));
-	if (!s->cand || !s->pen || !s->stamp || !s->win)
+	if (!s->cand || !s->pen || !s->stamp || !s->count || !s->win)
 		goto fail_free;
 	nf_sampler_reset(s, p->seed);
 	*out = s;
@@ -120,6 +123,7 @@ void nf_sampler_close(struct nf_sampler *s)
 	free(s->cand);
 	free(s->pen);
 	free(s->stamp);
+	free(s->count);
 	free(s->win);
 	free(s);
 }
@@ -167,8 +171,8 @@ static int cand_cmp(const void *a, const void *b)
  * positive logits are divided by the penalty, negative ones multiplied. */
 static void apply_penalty(struct nf_sampler *s)
 {
-	float r = s->prm.repeat_penalty;
-	if (r == 1.0f || s->win_len == 0)
+	float r = s->prm.repeat_penalty, fr = s->prm.freq_penalty, pr = s->prm.presence_penalty;
+	if ((r == 1.0f && fr == 0.0f && pr == 0.0f) || s->win_len == 0)
 		return;
 	if (++s->stamp_now == 0) {
 		memset(s->stamp, 0, (size_t)s->n_vocab * sizeof(*s->stamp));
@@ -176,12 +180,46 @@ static void apply_penalty(struct nf_sampler *s)
 	}
 	for (uint32_t i = 0; i < s->win_len; i++) {
 		int32_t id = s->win[i];
-		if (s->stamp[id] == s->stamp_now)
-			continue;
-		s->stamp[id] = s->stamp_now;
-		float v = s->pen[id];
-		s->pen[id] = v > 0 ? v / r : v * r;
+		if (s->stamp[id] != s->stamp_now) {
+			s->stamp[id] = s->stamp_now;
+			s->count[id] = 0;
+		}
+		s->count[id]++;
 	}
+	/* then each distinct token once (its count zeroed when done) */
+	for (uint32_t i = 0; i < s->win_len; i++) {
+		int32_t id = s->win[i];
+		uint32_t c = s->count[id];
+		if (c == 0)
+			continue;
+		s->count[id] = 0;
+		float v = s->pen[id];
+		v = v > 0 ? v / r : v * r;
+		s->pen[id] = v - (float)c * fr - pr;
+	}
+}
+
+size_t nf_sampler_stop_scan(const char *text, size_t len, const char *const *stops, size_t n, size_t *hold)
+{
+	size_t first = len, tail = 0;
+	for (size_t k = 0; k < n; k++) {
+		size_t sl = stops[k] ? strlen(stops[k]) : 0;
+		if (sl == 0)
+			continue;
+		const char *at = sl <= len ? memmem(text, len, stops[k], sl) : NULL;
+		if (at && (size_t)(at - text) < first)
+			first = (size_t)(at - text);
+		/* longest tail of text that is a proper prefix of this stop string */
+		for (size_t t = sl - 1 < len ? sl - 1 : len; t > tail; t--) {
+			if (!memcmp(text + len - t, stops[k], t)) {
+				tail = t;
+				break;
+			}
+		}
+	}
+	if (hold)
+		*hold = tail;
+	return first;
 }
 
 /* Probabilities of cand[0..n) at temperature t (cand sorted, cand[0] max). */

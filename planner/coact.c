@@ -133,11 +133,22 @@ done:
 double nf_coact_runs(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
 		     uint32_t head, uint32_t max_gap)
 {
+	double runs = 0;
+	nf_coact_cost(sig, words, tokens, n, order, head, max_gap, &runs, NULL);
+	return runs;
+}
+
+void nf_coact_cost(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
+		   uint32_t head, uint32_t max_gap, double *runs_out, double *bundles_out)
+{
+	*runs_out = 0;
+	if (bundles_out)
+		*bundles_out = 0;
 	if (!tokens || !n)
-		return 0;
+		return;
 	if (tokens > words * 64u)
 		tokens = words * 64u;
-	uint64_t runs = 0;
+	uint64_t runs = 0, bundles = 0;
 	for (uint32_t t = 0; t < tokens; t++) {
 		uint32_t last = 0;
 		bool open = false;
@@ -145,11 +156,17 @@ double nf_coact_runs(const uint64_t *sig, uint32_t words, uint32_t tokens, uint3
 			uint32_t j = order[s];
 			if (!(sig[(size_t)j * words + t / 64] >> (t % 64) & 1))
 				continue;
-			if (!open || s - last > max_gap + 1)
+			if (!open || s - last > max_gap + 1) {
 				runs++;
+				bundles++;
+			} else {
+				bundles += s - last; /* the bundles bridged, and this one */
+			}
 			open = true;
 			last = s;
 		}
 	}
-	return (double)runs / tokens;
+	*runs_out = (double)runs / tokens;
+	if (bundles_out)
+		*bundles_out = (double)bundles / tokens;
 }

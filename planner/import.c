@@ -286,6 +286,14 @@ static int plan(struct import *im)
 	for (uint32_t l = 0; l < im->n_layer; l++)
 		if ((rc = plan_layer(im, l)) < 0)
 			return rc;
+	/* Files mix down types per layer (a Q4_K_M file's down matrices are
+	 * Q4_K or Q6_K): every FFN gets the largest stride, so that one cache
+	 * slot size serves every layer (docs/FORMAT.md item 23). */
+	uint32_t stride = 0;
+	for (uint32_t i = 0; i < im->n_ffn; i++)
+		stride = im->ffns[i].L.stride > stride ? im->ffns[i].L.stride : stride;
+	for (uint32_t i = 0; i < im->n_ffn; i++)
+		im->ffns[i].L.stride = stride;
 	im->rep.n_layer = im->n_layer;
 	return 0;
 }
@@ -402,7 +410,8 @@ static int declare(struct import *im, struct nf_store_writer *w)
 		if (f->L.down_form != NF_DOWN_QCOL)
 			continue;
 		char nm[80];
-		uint64_t shape[2] = { f->L.dim, f->L.n_neurons / NF_QK };
+		uint64_t shape[2];
+		nf_bundle_scales_shape(&f->L, shape);
 		scales_name(f, nm, sizeof(nm));
 		if ((rc = nf_store_writer_add_dense(w, nm, NF_DTYPE_F16, 2, shape, d)) < 0)
 			return rc;
@@ -481,7 +490,9 @@ static int write_all(struct import *im, struct nf_store_writer *w)
 		const struct ffn *f = &im->ffns[i];
 		if (f->L.down_form != NF_DOWN_QCOL)
 			continue;
-		size_t n = (size_t)f->L.n_neurons / NF_QK * f->L.dim;
+		uint64_t shape[2];
+		nf_bundle_scales_shape(&f->L, shape);
+		size_t n = (size_t)(shape[0] * shape[1]);
 		uint16_t *p = realloc(scales, n * sizeof(*p));
 		if (!p) {
 			rc = nf_diag_fail(im->d, -ENOMEM, "%s: out of memory", im->out);

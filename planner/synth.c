@@ -94,8 +94,12 @@ uint32_t nf_synth_n_tok(uint32_t n_embd)
 int nf_synth_validate(const struct nf_synth_params *p, struct nf_diag *d)
 {
 	size_t blk = nf_dtype_block_len(p->dtype);
-	if (!blk || p->dtype == NF_DTYPE_BF16)
-		return nf_diag_fail(d, NF_EUSAGE, "--dtype: expected q4_0, q8_0, f16 or f32");
+	if (!blk || p->dtype == NF_DTYPE_BF16 || p->dtype == NF_DTYPE_Q8_K)
+		return nf_diag_fail(d, NF_EUSAGE, "--dtype: expected q4_0, q8_0, q2_k..q6_k, f16 or f32");
+	if (nf_dtype_is_kquant(p->dtype) && (p->n_embd % NF_QK_K || p->n_ff % NF_QK_K))
+		return nf_diag_fail(d, NF_EUSAGE,
+				    "--dtype %s: --dim %u and --ffn %u must be multiples of its super-block (256)",
+				    nf_dtype_name(p->dtype), p->n_embd, p->n_ff);
 	if (p->n_embd < 128 || p->n_embd % 32)
 		return nf_diag_fail(d, NF_EUSAGE,
 				    "--dim: %u is not a multiple of the quant block (32) of at "

@@ -6,7 +6,10 @@
  *  1. Packing is lossless: gate/up rows are byte copies of the source rows;
  *     a ROW down part is a byte copy of column i (float types, element by
  *     element) or of ffn_down_t row i; a QCOL down part holds exactly the
- *     quants of column i, and nf_bundle_pack_scales() exactly their scales.
+ *     quants of column i, and nf_bundle_pack_scales() exactly their scales
+ *     (K-quants: the raw quants bit-packed, and each block's head bytes).
+ *  4. A QCOL down part of a K-quant type is written whole (zeroed, then
+ *     its bits set), so bytes between values never carry stale data.
  *  2. Every byte of a bundle past bundle_bytes up to stride is zero.
  *  3. nf_bundle_layout_make() validates everything nf_bundle_pack() relies
  *     on, so pack never checks and never fails.
@@ -58,6 +61,13 @@ int nf_bundle_layout_make(const struct nf_bundle_src *src, uint32_t block_size,
 		L.down_form = NF_DOWN_ROW;
 		L.down_dtype = src->dtype_down;
 		down_bytes = nf_dtype_row_size(src->dtype_down, L.dim);
+	} else if (nf_dtype_is_kquant(src->dtype_down)) {
+		/* Super-blocks run along n_ff: column i's raw quants, bit-packed. */
+		if (src->n_ff % NF_QK_K || (uint64_t)L.dim * nf_kquant_bits(src->dtype_down) % 8)
+			return NF_EFORMAT;
+		L.down_form = NF_DOWN_QCOL;
+		L.down_dtype = src->dtype_down;
+		down_bytes = (uint64_t)L.dim * nf_kquant_bits(src->dtype_down) / 8;
 	} else if (src->dtype_down == NF_DTYPE_Q8_0 || src->dtype_down == NF_DTYPE_Q4_0) {
 		/* Blocks run along n_ff: the column's quants split from their scales. */
 		if (src->n_ff % NF_QK)
@@ -89,6 +99,44 @@ int nf_bundle_layout_make(const struct nf_bundle_src *src, uint32_t block_size,
 	return 0;
 }
 
+size_t nf_bundle_head_bytes(uint32_t down_dtype)
+{
+	size_t qoff, qlen;
+	if (!nf_dtype_is_kquant(down_dtype))
+		return sizeof(uint16_t);
+	nf_kquant_quant_span(down_dtype, &qoff, &qlen);
+	return nf_dtype_block_size(down_dtype) - qlen;
+}
+
+void nf_bundle_scales_shape(const struct nf_bundle_layout *L, uint64_t shape[2])
+{
+	shape[0] = (uint64_t)L->dim * nf_bundle_head_bytes(L->down_dtype) / sizeof(uint16_t);
+	shape[1] = L->n_neurons / nf_dtype_block_len(L->down_dtype);
+}
+
+/* b bits at bit offset r * b of a K column: read and write */
+static uint32_t kcol_get(const uint8_t *c, uint32_t r, uint32_t b)
+{
+	uint32_t at = r * b, o = at / 8, sh = at % 8;
+	uint32_t v = c[o];
+	if (sh + b > 8)
+		v |= (uint32_t)c[o + 1] << 8;
+	return (v >> sh) & ((1u << b) - 1);
+}
+
+static void kcol_put(uint8_t *c, uint32_t r, uint32_t b, uint32_t raw)
+{
+	uint32_t at = r * b, o = at / 8, sh = at % 8;
+	c[o] |= (uint8_t)(raw << sh);
+	if (sh + b > 8)
+		c[o + 1] |= (uint8_t)(raw >> (8 - sh));
+}
+
+uint32_t nf_bundle_kcol_get(const void *col, uint32_t r, uint32_t bits)
+{
+	return kcol_get(col, r, bits);
+}
+
 static uint8_t q4_nibble(const struct nf_block_q4_0 *b, uint32_t j)
 {
 	return j < NF_QK / 2 ? (b->qs[j] & 0x0f) : (b->qs[j - NF_QK / 2] >> 4);
@@ -100,9 +148,10 @@ static uint8_t q4_nibble(const struct nf_block_q4_0 *b, uint32_t j)
  * read once, sequentially, for the whole chunk (a neuron-outer gather would
  * touch one cache line per row per neuron).
  */
-static void pack_down_columns(const struct nf_bundle_src *src, const struct nf_bundle_layout *L,
-			      uint32_t first, uint32_t n, uint8_t *out)
+void nf_bundle_pack_down_columns(const struct nf_bundle_src *src, const struct nf_bundle_layout *L,
+				 uint32_t first, uint32_t n, void *outv)
 {
+	uint8_t *out = outv;
 	uint32_t dim = L->dim, n_ff = L->n_neurons;
 	uint8_t *base = out + L->down_off;
 	size_t stride = L->stride;
@@ -114,6 +163,20 @@ static void pack_down_columns(const struct nf_bundle_src *src, const struct nf_b
 			const uint8_t *row = m + ((size_t)r * n_ff + first) * esz;
 			for (uint32_t k = 0; k < n; k++)
 				memcpy(base + k * stride + (size_t)r * esz, row + (size_t)k * esz, esz);
+		}
+		return;
+	}
+	if (nf_dtype_is_kquant(L->down_dtype)) {
+		uint32_t t = L->down_dtype, b = nf_kquant_bits(t);
+		size_t bs = nf_dtype_block_size(t), nbk = n_ff / NF_QK_K;
+		for (uint32_t k = 0; k < n; k++)
+			memset(base + k * stride, 0, L->down_bytes);
+		for (uint32_t r = 0; r < dim; r++) {
+			const uint8_t *row = (const uint8_t *)src->down + (size_t)r * nbk * bs;
+			for (uint32_t k = 0; k < n; k++) {
+				uint32_t i = first + k;
+				kcol_put(base + k * stride, r, b, nf_kquant_get(t, row + (i / NF_QK_K) * bs, i % NF_QK_K));
+			}
 		}
 		return;
 	}
@@ -162,11 +225,26 @@ void nf_bundle_pack(const struct nf_bundle_src *src, const struct nf_bundle_layo
 		memset(o + L->bundle_bytes, 0, L->stride - L->bundle_bytes);
 	}
 	if (!src->down_t)
-		pack_down_columns(src, L, first, n, out);
+		nf_bundle_pack_down_columns(src, L, first, n, out);
 }
 
 void nf_bundle_pack_scales(const struct nf_bundle_src *src, uint16_t *out)
 {
+	if (nf_dtype_is_kquant(src->dtype_down)) {
+		/* head bytes of block (b, r) at (b * dim + r) * hb: the block
+		 * without its quant span */
+		uint32_t t = src->dtype_down, nbk = src->n_ff / NF_QK_K;
+		size_t bs = nf_dtype_block_size(t), hb = nf_bundle_head_bytes(t), qoff, qlen;
+		nf_kquant_quant_span(t, &qoff, &qlen);
+		for (uint32_t b = 0; b < nbk; b++)
+			for (uint32_t r = 0; r < src->n_embd; r++) {
+				const uint8_t *blk = (const uint8_t *)src->down + ((size_t)r * nbk + b) * bs;
+				uint8_t *h = (uint8_t *)out + ((size_t)b * src->n_embd + r) * hb;
+				memcpy(h, blk, qoff);
+				memcpy(h + qoff, blk + qoff + qlen, bs - qoff - qlen);
+			}
+		return;
+	}
 	uint32_t nb = src->n_ff / NF_QK;
 	const uint8_t *down = src->down;
 	size_t bsz = nf_dtype_block_size(src->dtype_down);
@@ -186,6 +264,17 @@ void nf_bundle_pack_scales(const struct nf_bundle_src *src, uint16_t *out)
 static void put_qcol(const struct nf_bundle_layout *L, void *down, const uint16_t *scales,
 		     uint32_t r, uint32_t i, const uint8_t *p)
 {
+	if (nf_dtype_is_kquant(L->down_dtype)) {
+		uint32_t t = L->down_dtype, nbk = L->n_neurons / NF_QK_K;
+		size_t bs = nf_dtype_block_size(t), hb = nf_bundle_head_bytes(t), qoff, qlen;
+		nf_kquant_quant_span(t, &qoff, &qlen);
+		uint8_t *blk = (uint8_t *)down + ((size_t)r * nbk + i / NF_QK_K) * bs;
+		const uint8_t *h = (const uint8_t *)scales + ((size_t)(i / NF_QK_K) * L->dim + r) * hb;
+		memcpy(blk, h, qoff);
+		memcpy(blk + qoff + qlen, h + qoff, bs - qoff - qlen);
+		nf_kquant_set(t, blk, i % NF_QK_K, kcol_get(p, r, nf_kquant_bits(t)));
+		return;
+	}
 	size_t blk_i = (size_t)r * (L->n_neurons / NF_QK) + i / NF_QK;
 	uint32_t j = i % NF_QK;
 	uint16_t d = scales[(size_t)(i / NF_QK) * L->dim + r];

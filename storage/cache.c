@@ -178,7 +178,9 @@ static int scan_ffns(struct nf_store *s, struct nf_cache_geom *g, struct nf_diag
 			any = true;
 		} else if (h.dim != g->dim || h.n_neurons != g->n_neurons || h.dtype != g->dtype ||
 			   h.has_gate != g->has_gate || h.stride != g->stride || h.down_form != g->down_form ||
-			   h.down_dtype != g->down_dtype || h.down_off != g->down_off) {
+			   h.down_off != g->down_off ||
+			   (nf_dtype_is_kquant(h.down_dtype) != nf_dtype_is_kquant(g->down_dtype)) ||
+			   (!nf_dtype_is_kquant(h.down_dtype) && h.down_dtype != g->down_dtype)) {
 			return nf_diag_fail(d, NF_EUSAGE, "%s: FFN object %s has another geometry than the first",
 					    nf_store_path(s), o->name);
 		}
@@ -407,6 +409,7 @@ void nf_cache_close(struct nf_cache *c)
 	free(c->reads);
 	free(c->run_neurons);
 	free(c->run_slots);
+	free(c->span_slots);
 	free(c->order);
 	free(c->sortbuf);
 	free(c->pinned_list);

@@ -17,6 +17,7 @@
  *    valid blocks for synthetic models and tests, not ggml's searched ones.
  */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "nflash/dtype.h"
@@ -73,13 +74,7 @@ static void scales_k3_put(uint8_t *s, const int16_t *sc16)
 	}
 }
 
-/* 2-bit fields of q2_K/q3_K: value 128h+32k+l is (qs[32h+l] >> 2k) & 3 */
-static int q2_get(const uint8_t *qs, int i)
-{
-	return (qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
-}
-
-void nf_kblock_unpack(uint32_t t, const void *blk, struct nf_kblock *o)
+void nf_kblock_unpack_scales(uint32_t t, const void *blk, struct nf_kblock *o)
 {
 	memset(o->mn, 0, sizeof(o->mn));
 	o->dmin = 0.0f;
@@ -92,8 +87,6 @@ void nf_kblock_unpack(uint32_t t, const void *blk, struct nf_kblock *o)
 			o->sc[j] = b->scales[j] & 0xf;
 			o->mn[j] = b->scales[j] >> 4;
 		}
-		for (int i = 0; i < NF_QK_K; i++)
-			o->q[i] = (int8_t)q2_get(b->qs, i);
 		break;
 	}
 	case NF_DTYPE_Q3_K: {
@@ -101,18 +94,11 @@ void nf_kblock_unpack(uint32_t t, const void *blk, struct nf_kblock *o)
 		o->d = nf_fp16_to_fp32(b->d);
 		for (int j = 0; j < 16; j++)
 			o->sc[j] = (int16_t)scale_k3_get(b->scales, j);
-		for (int i = 0; i < NF_QK_K; i++) {
-			int hbit = (b->hmask[i % 32] >> (i / 32)) & 1;
-			o->q[i] = (int8_t)(q2_get(b->qs, i) - (hbit ? 0 : 4));
-		}
 		break;
 	}
 	case NF_DTYPE_Q4_K:
 	case NF_DTYPE_Q5_K: {
-		/* q4_K and q5_K share d, dmin, scales and the nibbles' layout */
 		const struct nf_block_q4_K *b4 = blk;
-		const struct nf_block_q5_K *b5 = blk;
-		const uint8_t *qs = t == NF_DTYPE_Q4_K ? b4->qs : b5->qs;
 		o->d = nf_fp16_to_fp32(b4->d);
 		o->dmin = nf_fp16_to_fp32(b4->dmin);
 		for (int j = 0; j < 8; j++) {
@@ -121,13 +107,6 @@ void nf_kblock_unpack(uint32_t t, const void *blk, struct nf_kblock *o)
 			o->sc[2 * j] = o->sc[2 * j + 1] = (int16_t)sc;
 			o->mn[2 * j] = o->mn[2 * j + 1] = (int16_t)m;
 		}
-		for (int i = 0; i < NF_QK_K; i++) {
-			int c = i / 64, l = i % 32, hi = (i % 64) >= 32;
-			int v = hi ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 0xf;
-			if (t == NF_DTYPE_Q5_K)
-				v |= ((b5->qh[l] >> (2 * c + hi)) & 1) << 4;
-			o->q[i] = (int8_t)v;
-		}
 		break;
 	}
 	case NF_DTYPE_Q6_K: {
@@ -135,18 +114,22 @@ void nf_kblock_unpack(uint32_t t, const void *blk, struct nf_kblock *o)
 		o->d = nf_fp16_to_fp32(b->d);
 		for (int j = 0; j < 16; j++)
 			o->sc[j] = b->scales[j];
-		for (int i = 0; i < NF_QK_K; i++) {
-			int h = i / 128, k = (i % 128) / 32, l = i % 32;
-			uint8_t lo = b->ql[64 * h + 32 * (k & 1) + l];
-			int v = (k < 2 ? lo & 0xf : lo >> 4) | (((b->qh[32 * h + l] >> (2 * k)) & 3) << 4);
-			o->q[i] = (int8_t)(v - 32);
-		}
 		break;
 	}
 	default:
 		memset(o, 0, sizeof(*o));
 		break;
 	}
+}
+
+void nf_kblock_unpack(uint32_t t, const void *blk, struct nf_kblock *o)
+{
+	nf_kblock_unpack_scales(t, blk, o);
+	if (!nf_dtype_is_kquant(t))
+		return;
+	int off = nf_kquant_offset(t);
+	for (uint32_t i = 0; i < NF_QK_K; i++)
+		o->q[i] = (int8_t)((int)nf_kquant_get(t, blk, i) - off);
 }
 
 int nf_kblock_pack(uint32_t t, const struct nf_kblock *in, void *blk)
@@ -231,6 +214,92 @@ int nf_kblock_pack(uint32_t t, const struct nf_kblock *in, void *blk)
 	}
 	default:
 		return -1;
+	}
+}
+
+uint32_t nf_kquant_bits(uint32_t t)
+{
+	return nf_dtype_is_kquant(t) ? t - NF_DTYPE_Q2_K + 2 : 0;
+}
+
+int nf_kquant_offset(uint32_t t)
+{
+	return t == NF_DTYPE_Q3_K ? 4 : t == NF_DTYPE_Q6_K ? 32 : 0;
+}
+
+void nf_kquant_quant_span(uint32_t t, size_t *qoff, size_t *qlen)
+{
+	switch (t) {
+	case NF_DTYPE_Q2_K: *qoff = offsetof(struct nf_block_q2_K, qs); *qlen = NF_QK_K / 4; break;
+	case NF_DTYPE_Q3_K: *qoff = 0; *qlen = NF_QK_K / 8 + NF_QK_K / 4; break;
+	case NF_DTYPE_Q4_K: *qoff = offsetof(struct nf_block_q4_K, qs); *qlen = NF_QK_K / 2; break;
+	case NF_DTYPE_Q5_K: *qoff = offsetof(struct nf_block_q5_K, qh); *qlen = NF_QK_K / 8 + NF_QK_K / 2; break;
+	case NF_DTYPE_Q6_K: *qoff = 0; *qlen = NF_QK_K / 2 + NF_QK_K / 4; break;
+	default: *qoff = 0; *qlen = 0; break;
+	}
+}
+
+/* Where value i's bits live: up to two (byte, shift, width) fields, low
+ * bits first, as the layouts in nflash/dtype.h say. */
+struct qfield { uint32_t byte, shift, width; };
+
+static int kq_fields(uint32_t t, uint32_t i, struct qfield f[2])
+{
+	uint32_t l = i % 32;
+	switch (t) {
+	case NF_DTYPE_Q2_K:
+	case NF_DTYPE_Q3_K: {
+		uint32_t qs = t == NF_DTYPE_Q2_K ? offsetof(struct nf_block_q2_K, qs)
+						 : offsetof(struct nf_block_q3_K, qs);
+		f[0] = (struct qfield){ (uint32_t)qs + 32 * (i / 128) + l, 2 * ((i % 128) / 32), 2 };
+		if (t == NF_DTYPE_Q2_K)
+			return 1;
+		f[1] = (struct qfield){ (uint32_t)offsetof(struct nf_block_q3_K, hmask) + l, i / 32, 1 };
+		return 2;
+	}
+	case NF_DTYPE_Q4_K:
+	case NF_DTYPE_Q5_K: {
+		uint32_t c = i / 64, hi = (i % 64) >= 32;
+		uint32_t qs = t == NF_DTYPE_Q4_K ? offsetof(struct nf_block_q4_K, qs)
+						 : offsetof(struct nf_block_q5_K, qs);
+		f[0] = (struct qfield){ qs + 32 * c + l, 4 * hi, 4 };
+		if (t == NF_DTYPE_Q4_K)
+			return 1;
+		f[1] = (struct qfield){ (uint32_t)offsetof(struct nf_block_q5_K, qh) + l, 2 * c + hi, 1 };
+		return 2;
+	}
+	case NF_DTYPE_Q6_K: {
+		uint32_t h = i / 128, k = (i % 128) / 32;
+		f[0] = (struct qfield){ (uint32_t)offsetof(struct nf_block_q6_K, ql) + 64 * h + 32 * (k & 1) + l,
+					k < 2 ? 0 : 4, 4 };
+		f[1] = (struct qfield){ (uint32_t)offsetof(struct nf_block_q6_K, qh) + 32 * h + l, 2 * k, 2 };
+		return 2;
+	}
+	default:
+		return 0;
+	}
+}
+
+uint32_t nf_kquant_get(uint32_t t, const void *blk, uint32_t i)
+{
+	const uint8_t *b = blk;
+	struct qfield f[2];
+	uint32_t v = 0, at = 0;
+	for (int k = 0, n = kq_fields(t, i, f); k < n; k++) {
+		v |= ((uint32_t)(b[f[k].byte] >> f[k].shift) & ((1u << f[k].width) - 1)) << at;
+		at += f[k].width;
+	}
+	return v;
+}
+
+void nf_kquant_set(uint32_t t, void *blk, uint32_t i, uint32_t raw)
+{
+	uint8_t *b = blk;
+	struct qfield f[2];
+	for (int k = 0, n = kq_fields(t, i, f); k < n; k++) {
+		uint32_t mask = ((1u << f[k].width) - 1) << f[k].shift;
+		b[f[k].byte] = (uint8_t)((b[f[k].byte] & ~mask) | ((raw << f[k].shift) & mask));
+		raw >>= f[k].width;
 	}
 }
 

@@ -315,7 +315,7 @@ int nf_io_ctx_open(struct nf_store *s, const struct nf_io_opts *o, struct nf_io_
 		}
 		io->thr_started = true;
 	}
-	/* docs/FORMAT.md item 21: a store from before bundle checksums is
+	/* docs/FORMAT.md item 22: a store from before bundle checksums is
 	 * read, but said loudly: single-bundle reads cannot be verified. */
 	for (uint32_t i = 0; !io->opts.no_verify && !io->opts.quiet && i < nf_store_object_count(s); i++) {
 		const struct nf_store_object *ob = nf_store_object_get(s, i);
@@ -691,7 +691,7 @@ static void detail(struct nf_io_ctx *io, const struct nf_store_object *obj, cons
 
 /*
  * A segment of a bundle read: the whole extents inside it are checked by
- * their crc32c, every other bundle by its own (docs/FORMAT.md item 21), so
+ * their crc32c, every other bundle by its own (docs/FORMAT.md item 22), so
  * every byte handed to compute was verified. Runs in the completion path
  * (the completion thread, in that mode), not in the compute threads.
  */

@@ -97,6 +97,8 @@ static uint64_t down_part_bytes(uint32_t form, uint32_t down_dtype, uint32_t dim
 		return dim;
 	if (down_dtype == NF_DTYPE_Q4_0 && dim % 2 == 0)
 		return dim / 2;
+	if (nf_dtype_is_kquant(down_dtype) && (uint64_t)dim * nf_kquant_bits(down_dtype) % 8 == 0)
+		return (uint64_t)dim * nf_kquant_bits(down_dtype) / 8;
 	return 0;
 }
 
@@ -127,7 +129,7 @@ int nf_store_table_encode(const struct nf_store_object *const *objs, uint32_t n,
 			e.aux_offset = htole64(aux_off);
 			e.aux_length = htole64(4 * k);
 			aux_off += 4 * k;
-			if (o->bundle_crc) {     /* item 21: after the aux arrays */
+			if (o->bundle_crc) {     /* item 22: after the aux arrays */
 				uint32_t *b = (uint32_t *)(buf + aux_off);
 				for (uint32_t j = 0; j < o->n_bundles; j++)
 					b[j] = htole32(o->bundle_crc[j]);
@@ -418,7 +420,7 @@ static int obj_decode(struct nf_store *s, uint32_t i, const struct nf_store_sb_d
 	if (!nf_dtype_valid(o->down_dtype))
 		return OBJFAIL(NF_EUNSUPPORTED, "unknown down_dtype %u", o->down_dtype);
 	uint64_t down = down_part_bytes(o->down_form, o->down_dtype, o->dim);
-	if (down == 0 || (o->down_form == NF_DOWN_QCOL && o->n_bundles % NF_QK))
+	if (down == 0 || (o->down_form == NF_DOWN_QCOL && o->n_bundles % nf_dtype_block_len(o->down_dtype)))
 		return OBJFAIL(NF_EFORMAT, "no %s down part of %s for dim %u and %u bundles",
 			       o->down_form == NF_DOWN_QCOL ? "qcol" : "row",
 			       nf_dtype_name(o->down_dtype), o->dim, o->n_bundles);
@@ -457,7 +459,7 @@ static int obj_decode(struct nf_store *s, uint32_t i, const struct nf_store_sb_d
 	o->extent_crc = aux;
 	o->perm = aux + o->n_extents;
 	uint64_t bc_off = le64toh(e.bcrc_offset), bc_len = 4ull * o->n_bundles, bc_end;
-	if (bc_off) {      /* item 21; 0: a store written before bundle checksums */
+	if (bc_off) {      /* item 22; 0: a store written before bundle checksums */
 		if (bc_off % 4 || bc_off < tbl_entries || __builtin_add_overflow(bc_off, bc_len, &bc_end) ||
 		    bc_end > sb->table_length || (bc_off < aux_end && bc_end > aux_off))
 			return OBJFAIL(NF_EFORMAT, "bcrc_offset %llu outside the object table or over its aux arrays",
@@ -757,8 +759,12 @@ const struct nf_store_object *nf_store_ffn_scales(const struct nf_store *s,
 		return NULL;
 	snprintf(name, sizeof(name), "%s.down_scales", obj->name);
 	const struct nf_store_object *sc = nf_store_object_find(s, name);
+	struct nf_bundle_layout L;
+	uint64_t shape[2];
+	nf_store_ffn_layout(obj, &L);
+	nf_bundle_scales_shape(&L, shape);
 	if (!sc || sc->kind != NF_STORE_KIND_DENSE || sc->dtype != NF_DTYPE_F16 ||
-	    sc->n_dims != 2 || sc->shape[0] != obj->dim || sc->shape[1] != obj->n_bundles / NF_QK)
+	    sc->n_dims != 2 || sc->shape[0] != shape[0] || sc->shape[1] != shape[1])
 		return NULL;
 	return sc;
 }

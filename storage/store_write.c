@@ -329,9 +329,9 @@ int nf_store_writer_add_ffn_layout(struct nf_store_writer *w, const char *name, 
 	uint64_t row = nf_dtype_row_size(L->dtype, L->dim);
 	if (L->row_bytes != row || L->down_off != (L->has_gate ? 2 : 1) * row ||
 	    L->bundle_bytes != (uint64_t)L->down_off + L->down_bytes ||
-	    L->stride != align_up(L->bundle_bytes, w->block_size) ||
+	    L->stride < L->bundle_bytes || L->stride % w->block_size ||
 	    L->down_form > NF_DOWN_QCOL || !nf_dtype_valid(L->down_dtype) ||
-	    (L->down_form == NF_DOWN_QCOL && L->n_neurons % NF_QK))
+	    (L->down_form == NF_DOWN_QCOL && L->n_neurons % nf_dtype_block_len(L->down_dtype)))
 		return nf_diag_fail(d, NF_EUSAGE,
 				    "FFN '%s': bundle layout does not match the writer's block size %u",
 				    name, w->block_size);
@@ -716,7 +716,7 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
 		    (o->down_form != NF_DOWN_ROW || o->down_dtype != o->dtype))
 			in.incompat |= NF_STORE_INCOMPAT_DOWN_FORMS;
 	}
-	in.compat |= NF_STORE_COMPAT_BUNDLE_CRC;   /* every FFN written here has them (item 21) */
+	in.compat |= NF_STORE_COMPAT_BUNDLE_CRC;   /* every FFN written here has them (item 22) */
 	for (int slot = 0; slot < 2; slot++) {
 		struct nf_store_sb_disk sb;
 		in.generation = (uint64_t)slot;

@@ -178,3 +178,53 @@ Test(engine, bad_options_name_the_flag)
 	cr_expect_lt(nf_engine_open(&o, &e, &d), 0);
 	cr_expect(strstr(d.msg, "/nonexistent/model.gguf") != NULL, "%s", d.msg);
 }
+
+/* Any budget at or above the true minimum runs, in every mode: the cold
+ * segment shrinks by itself (as --cold-slots does by hand), with the same
+ * output. */
+Test(engine, cold_segment_shrinks_to_fit_the_budget_in_exact_mode, .fini = drop_model)
+{
+	make_model(256);
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.path = store;
+	o.n_ctx = 64;
+	o.n_threads = 2;
+	o.sparse_mode = NF_SPARSE_EXACT;
+	o.overhead = 24ull << 20; /* a fresh process's, not this test's */
+	o.budget = 4ull << 20;
+	struct nf_engine *e;
+	struct nf_diag d = { 0 };
+	int rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, NF_EBUDGET, "%s", nf_diag_msg(&d, rc));
+	double min_mib = stated_min_mib(d.msg);
+	cr_expect(strstr(d.msg, "smallest cold segment") != NULL, "%s", d.msg);
+	o.budget = (uint64_t)((min_mib + 0.1) * 1048576.0);
+	memset(&d, 0, sizeof(d));
+	rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, 0, "%.1f MiB stated, refused: %s", min_mib, nf_diag_msg(&d, rc));
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	const struct nf_model_hparams *hp = nf_model_hparams(nf_engine_model(e));
+	cr_expect(info.cold_slots < hp->n_ff, "cold %u slots: not shrunk", info.cold_slots);
+	cr_expect(info.weights + info.arena + info.attn_buffers + info.reserved + info.overhead <= o.budget);
+	uint32_t nv = hp->n_vocab;
+	float *a = malloc(nv * sizeof(float)), *b = malloc(nv * sizeof(float));
+	int32_t ga[4], gb[4];
+	pl_run(nf_engine_ctx(e), pl_prompt, 8, a, ga, 4);
+	nf_engine_close(e);
+	/* the same engine without a budget: a whole layer cold */
+	o.budget = 0;
+	rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	pl_run(nf_engine_ctx(e), pl_prompt, 8, b, gb, 4);
+	nf_engine_close(e);
+	cr_expect(!memcmp(a, b, nv * sizeof(float)), "a shrunk cold segment changed the logits");
+	cr_expect(!memcmp(ga, gb, sizeof(ga)));
+	free(a);
+	free(b);
+	/* 1 MiB below the minimum is refused */
+	o.budget = (uint64_t)((min_mib + 0.1) * 1048576.0) - (1ull << 20);
+	memset(&d, 0, sizeof(d));
+	cr_expect_eq(nf_engine_open(&o, &e, &d), NF_EBUDGET);
+}

@@ -1,10 +1,12 @@
 /*
  * test_compute_sampler.c - each stage of the sampler on small, hand-made
  * distributions: greedy ties, temperature, top-k, top-p, min-p, the
- * repetition penalty and its window, and seeding.
+ * repetition penalty and its window, frequency and presence penalties,
+ * stop strings, and seeding.
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <string.h>
 
 #include "nflash/error.h"
 #include "nflash/sampler.h"
@@ -192,4 +194,71 @@ Test(sampler, rejects_bad_params)
 	cr_assert_eq(nf_sampler_open(&p, 4, &s), NF_EUSAGE);
 	cr_assert_null(s);
 	nf_sampler_close(NULL);
+}
+
+/* OpenAI's definitions: logit -= count * frequency + (count > 0) * presence,
+ * over the accepted tokens in the window. */
+Test(sampler, frequency_and_presence_penalties)
+{
+	struct nf_sampler_params p = plain(0.0f);
+	p.freq_penalty = 0.5f;
+	p.repeat_last_n = 8;
+	float lg[3] = { 3.0f, 2.2f, 0.0f };
+	struct nf_sampler *s = mk(p, 3);
+	nf_sampler_accept(s, 0);
+	cr_assert_eq(nf_sampler_sample(s, lg), 0);        /* 2.5 > 2.2 */
+	nf_sampler_accept(s, 0);
+	cr_assert_eq(nf_sampler_sample(s, lg), 1);        /* 3 - 2 * 0.5 = 2.0 < 2.2 */
+	nf_sampler_close(s);
+
+	p.freq_penalty = 0.0f;
+	p.presence_penalty = 0.5f;
+	s = mk(p, 3);
+	nf_sampler_accept(s, 0);
+	nf_sampler_accept(s, 0);
+	nf_sampler_accept(s, 0);
+	cr_assert_eq(nf_sampler_sample(s, lg), 0);        /* once only: 2.5 > 2.2 */
+	p.presence_penalty = 0.9f;
+	nf_sampler_close(s);
+	s = mk(p, 3);
+	nf_sampler_accept(s, 0);
+	cr_assert_eq(nf_sampler_sample(s, lg), 1);        /* 2.1 < 2.2 */
+	nf_sampler_close(s);
+
+	/* negative penalties encourage repeats */
+	p.presence_penalty = -1.0f;
+	s = mk(p, 3);
+	nf_sampler_accept(s, 2);
+	float lg2[3] = { 0.5f, 0.2f, 0.0f };
+	cr_assert_eq(nf_sampler_sample(s, lg2), 2);
+	nf_sampler_close(s);
+
+	p.freq_penalty = INFINITY;
+	cr_assert_eq(nf_sampler_open(&p, 3, &s), NF_EUSAGE);
+	p.freq_penalty = 0.0f;
+	p.presence_penalty = NAN;
+	cr_assert_eq(nf_sampler_open(&p, 3, &s), NF_EUSAGE);
+}
+
+Test(sampler, stop_strings)
+{
+	const char *stops[] = { "\n\n", "END", "" };
+	size_t hold = 99;
+	const char *t = "one two";
+	cr_expect_eq(nf_sampler_stop_scan(t, strlen(t), stops, 3, &hold), strlen(t));
+	cr_expect_eq(hold, 0);
+	t = "one E";
+	cr_expect_eq(nf_sampler_stop_scan(t, strlen(t), stops, 3, &hold), strlen(t));
+	cr_expect_eq(hold, 1);                            /* "E" may start "END" */
+	t = "one EN";
+	nf_sampler_stop_scan(t, strlen(t), stops, 3, &hold);
+	cr_expect_eq(hold, 2);
+	t = "a\n\nb END c";
+	cr_expect_eq(nf_sampler_stop_scan(t, strlen(t), stops, 3, &hold), 1);   /* the earliest */
+	t = "xENDy\n";
+	cr_expect_eq(nf_sampler_stop_scan(t, strlen(t), stops, 2, &hold), 1);
+	cr_expect_eq(hold, 1);                            /* the "\n" */
+	cr_expect_eq(nf_sampler_stop_scan("", 0, stops, 3, NULL), 0);
+	cr_expect_eq(nf_sampler_stop_scan("EN", 2, stops, 0, &hold), 2);
+	cr_expect_eq(hold, 0);
 }

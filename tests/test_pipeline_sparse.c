@@ -249,6 +249,10 @@ Test(pipeline, predictor_equals_dense_restricted_to_predicted_set)
 	cr_assert_eq(pl_synth_tiny(p, "relu", NF_DTYPE_Q4_0, true), 0);
 	check_restricted(p, 1e-2);
 	unlink(p);
+	pl_tmp_path(p, sizeof(p), "synth-q5k");
+	cr_assert_eq(pl_synth_tiny(p, "relu", NF_DTYPE_Q5_K, true), 0);
+	check_restricted(p, 1e-2);
+	unlink(p);
 }
 
 /* ---- exact two-phase mode == dense ----------------------------------------------- */
@@ -288,6 +292,8 @@ Test(pipeline, exact_mode_equals_dense)
 	check_exact("relu", NF_DTYPE_F16);
 	check_exact("relu", NF_DTYPE_Q8_0); /* down in the QCOL form */
 	check_exact("drelu", NF_DTYPE_Q4_0);
+	check_exact("relu", NF_DTYPE_Q4_K); /* K-quant QCOL down: ggml's dense order */
+	check_exact("drelu", NF_DTYPE_Q6_K);
 }
 
 /* Chunk bounds come from the masks and chunks are summed in chunk order:

@@ -24,8 +24,11 @@
 
 #define TOL 1e-5
 
-/* Store-backed under two budgets vs the GGUF in memory (same engine mode). */
-static void check_model(const char *gguf, const struct nf_ref *ref)
+/* Store-backed under two budgets vs the GGUF in memory (same engine mode);
+ * with windows, a third whose cold segment (320 slots, a K-quant chunk's
+ * most) is smaller than a layer, so each token's chunks are read and
+ * computed in windows. */
+static void check_model_w(const char *gguf, const struct nf_ref *ref, bool windows)
 {
 	char sp[256];
 	struct nf_model *gm = pl_load(gguf, true, false);
@@ -59,12 +62,13 @@ static void check_model(const char *gguf, const struct nf_ref *ref)
 	cr_assert(!nf_model_ffn_in_memory(sm));
 	struct nf_store *store = nf_model_store(sm);
 	uint64_t min = nf_cache_min_bytes(store);
-	uint64_t budgets[2] = { 4 * min * hp->n_layer, min };
+	uint64_t budgets[3] = { 4 * min * hp->n_layer, min, min / hp->n_ff * 360 };
 	c = pl_open_ctx(sm, 2);
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < (windows ? 3 : 2); k++) {
 		struct nf_cache_opts o;
 		nf_cache_opts_default(&o);
 		o.arena_bytes = budgets[k];
+		o.min_cold_slots = k == 2 ? 320 : 0;
 		o.io.quiet = true;
 		struct nf_cache *cache = NULL;
 		int rc = nf_cache_open(store, &o, &cache, &d);
@@ -75,12 +79,19 @@ static void check_model(const char *gguf, const struct nf_ref *ref)
 		cr_expect_eq(nf_sparse_mode_of(s), mode);
 		pl_run(c, pl_prompt, 8, b, gb, ng);
 		double md = pl_max_diff(a, b, nv);
+		static const char *const bname[] = { "large", "one-layer", "small cold" };
 		cr_expect(md <= TOL, "%s (%s, %s budget): store %.3g off memory", gguf, nf_sparse_mode_name(mode),
-			  k ? "one-layer" : "large", md);
+			  bname[k], md);
+		if (k == 2) {
+			struct nf_sparse_stats ss;
+			nf_sparse_stats_get(s, &ss);
+			cr_expect(ss.windows > 0, "%s: a whole layer fit 320 slots", gguf);
+		}
 		cr_expect_arr_eq(ga, gb, ng * sizeof(int32_t), "%s: greedy differs", gguf);
 		if (ref) {
 			md = pl_max_diff(ref->logits, b, nv);
 			cr_expect(md <= 1e-3, "%s: store %.3g off the reference", gguf, md);
+			cr_log_info("%s (%s budget): store %.3g off the reference", gguf, bname[k], md);
 			cr_expect_arr_eq(ref->greedy, gb, ng * sizeof(int32_t), "%s: greedy differs from the reference",
 					 gguf);
 		}
@@ -112,6 +123,11 @@ static void check_model(const char *gguf, const struct nf_ref *ref)
 	free(gb);
 }
 
+static void check_model(const char *gguf, const struct nf_ref *ref)
+{
+	check_model_w(gguf, ref, false);
+}
+
 Test(pipeline, store_equals_gguf_for_every_testdata_model)
 {
 	glob_t gl;
@@ -124,22 +140,66 @@ Test(pipeline, store_equals_gguf_for_every_testdata_model)
 	cr_expect(n > 0, "no models in ../shared/testdata/models");
 }
 
-Test(pipeline, powerinfer_from_its_store_under_a_small_budget)
+/* The store's FFNs unpacked into memory give back the GGUF's matrices:
+ * the built-in dense FFN, the reference's logits and greedy ids. */
+static void check_unpacked(const char *gguf, const struct nf_ref *r)
+{
+	char sp[256];
+	pl_import(gguf, sp, sizeof(sp));
+	struct nf_model *um = pl_load(sp, true, true);
+	cr_assert(nf_model_ffn_in_memory(um));
+	uint32_t nv = nf_model_hparams(um)->n_vocab;
+	float *lg = malloc(nv * sizeof(float));
+	int32_t g[16];
+	size_t ng = r->n_greedy < 16 ? r->n_greedy : 16;
+	struct nf_ctx *c = pl_open_ctx(um, 2);
+	pl_run(c, r->input, r->n_input, lg, g, ng);
+	double md = pl_max_diff(r->logits, lg, nv);
+	cr_expect(md <= 1e-3, "%s: unpacked store %.3g off the reference", gguf, md);
+	cr_expect_arr_eq(g, r->greedy, ng * sizeof(int32_t), "%s: unpacked store's greedy ids", gguf);
+	nf_ctx_close(c);
+	nf_model_free(um);
+	unlink(sp);
+	free(lg);
+}
+
+/* check_model (and with unpacked, check_unpacked) on every file matching
+ * pattern that has a NAME.ref.txt; the number checked. */
+static int check_with_refs(const char *pattern, bool unpacked)
 {
 	glob_t gl;
 	int n = 0;
-	if (glob("../shared/testdata/powerinfer/*.gguf", 0, NULL, &gl) != 0)
-		cr_skip_test("no PowerInfer files in ../shared/testdata/powerinfer");
+	if (glob(pattern, 0, NULL, &gl) != 0)
+		return 0;
 	for (size_t i = 0; i < gl.gl_pathc; i++) {
 		char refp[512];
 		snprintf(refp, sizeof(refp), "%.*s.ref.txt", (int)(strlen(gl.gl_pathv[i]) - 5), gl.gl_pathv[i]);
 		struct nf_ref r;
 		if (nf_ref_load(refp, &r, NULL) < 0)
 			continue;
-		check_model(gl.gl_pathv[i], &r);
+		check_model_w(gl.gl_pathv[i], &r, unpacked);
+		if (unpacked)
+			check_unpacked(gl.gl_pathv[i], &r);
 		nf_ref_free(&r);
 		n++;
 	}
 	globfree(&gl);
-	cr_expect(n > 0);
+	return n;
+}
+
+Test(pipeline, powerinfer_from_its_store_under_a_small_budget)
+{
+	if (access("../shared/testdata/powerinfer", R_OK) != 0)
+		cr_skip_test("no PowerInfer files in ../shared/testdata/powerinfer");
+	cr_expect(check_with_refs("../shared/testdata/powerinfer/*.gguf", false) > 0);
+}
+
+/* K-quant files (llama-quantize's recipes mix Q4_K/Q5_K/Q6_K per layer):
+ * from the store under both budgets, and unpacked from it, llama.cpp's
+ * logits and greedy ids. */
+Test(pipeline, kquant_from_store_match_llama_cpp)
+{
+	if (access("../shared/testdata/kquant", R_OK) != 0)
+		cr_skip_test("no K-quant files in ../shared/testdata/kquant");
+	cr_expect(check_with_refs("../shared/testdata/kquant/*.gguf", true) >= 4);
 }

@@ -478,7 +478,7 @@ Test(planner_synth, cli_usage_errors, .init = cr_redirect_stderr)
 		"nflash: --shape: unknown shape 'huge' (expected tiny, 7b, 13b, mixtral-8x7b or custom)\n"
 		"nflash: --sparsity: 1.5 is outside (0,1)\n"
 		"nflash: --dim: 100 is not a multiple of the quant block (32) of at least 128 (the bias and token channels are block-aligned)\n"
-		"nflash: --dtype: unknown type 'q5_1' (expected q4_0, q8_0, f16 or f32)\n"
+		"nflash: --dtype: unknown type 'q5_1' (expected q4_0, q8_0, q2_k..q6_k, f16 or f32)\n"
 		"nflash: --activation: unknown activation 'gelu' (expected relu, drelu or silu)\n"
 		"nflash: synth: unknown option '--frobnicate' (try 'nflash synth --help')\n"
 		"nflash: synth: -o FILE.gguf is required (try 'nflash synth --help')\n");

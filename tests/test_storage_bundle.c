@@ -24,6 +24,10 @@ static const char *const files[] = {
 	"../shared/testdata/models/tiny-moe-f32.gguf",
 	"../shared/testdata/models/tiny-moe-q8_0.gguf",
 	"../shared/testdata/powerinfer/tiny-relullama-ff1024-f32.pwri.gguf",
+	"../shared/testdata/kquant/tiny-llama-q4_k_m.gguf",
+	"../shared/testdata/kquant/tiny-llama-q4_k_s.gguf",
+	"../shared/testdata/kquant/tiny-llama-q5_k_m.gguf",
+	"../shared/testdata/kquant/tiny-llama-q6_k.gguf",
 };
 
 static const struct nf_gguf_tensor *tensor(struct nf_gguf *g, int layer, const char *what)
@@ -57,7 +61,9 @@ static void check_ffn(const char *file, int layer, int expert, const struct nf_b
 
 	uint16_t *scales = NULL;
 	if (L.down_form == NF_DOWN_QCOL) {
-		scales = malloc((size_t)n / NF_QK * dim * sizeof(uint16_t));
+		uint64_t shape[2];
+		nf_bundle_scales_shape(&L, shape);
+		scales = malloc((size_t)(shape[0] * shape[1]) * sizeof(uint16_t));
 		nf_bundle_pack_scales(src, scales);
 	}
 	/* The dequantized source down matrix (regular layout), dim x n. */
@@ -91,6 +97,26 @@ static void check_ffn(const char *file, int layer, int expert, const struct nf_b
 			for (uint32_t r = 0; r < dim; r++)
 				cr_assert(memcmp(&col[r], &down[(size_t)r * n + i], 4) == 0,
 					  "%s L%d E%d down[%u][%u]", file, layer, expert, r, i);
+		} else if (nf_dtype_is_kquant(L.down_dtype)) {
+			/* K: the head of block (i / 256, r) and the column's raw
+			 * quant give ggml's dequantized value */
+			uint32_t t = L.down_dtype;
+			size_t hb = nf_bundle_head_bytes(t), bs = nf_dtype_block_size(t), qoff, qlen;
+			nf_kquant_quant_span(t, &qoff, &qlen);
+			for (uint32_t r = 0; r < dim; r++) {
+				uint8_t blk[256] = { 0 };
+				const uint8_t *h = (const uint8_t *)scales + ((size_t)(i / 256) * dim + r) * hb;
+				memcpy(blk, h, qoff);
+				memcpy(blk + qoff + qlen, h + qoff, bs - qoff - qlen);
+				struct nf_kblock kb;
+				nf_kblock_unpack_scales(t, blk, &kb);
+				int q = (int)nf_bundle_kcol_get(p, r, nf_kquant_bits(t)) - nf_kquant_offset(t);
+				uint32_t j = (i % 256) / 16;
+				float v = (kb.d * (float)kb.sc[j]) * (float)q - kb.dmin * (float)kb.mn[j];
+				cr_assert(memcmp(&v, &down[(size_t)r * n + i], 4) == 0,
+					  "%s L%d kcol down[%u][%u]: %g vs %g", file, layer, r, i, v,
+					  down[(size_t)r * n + i]);
+			}
 		} else {
 			for (uint32_t r = 0; r < dim; r++) {
 				int q = L.down_dtype == NF_DTYPE_Q8_0 ? ((const int8_t *)p)[r]
@@ -259,7 +285,14 @@ Test(bundle, layout_errors)
 	cr_assert_eq(nf_bundle_layout_make(&s, 4096, &L), NF_EFORMAT);
 	s.dtype_down = NF_DTYPE_F16; /* a float down is fine with any n_ff */
 	cr_assert_eq(nf_bundle_layout_make(&s, 4096, &L), 0);
-	s.dtype_down = 12; /* q4_K: no exact bundle form */
+	s.dtype_down = NF_DTYPE_Q4_K; /* K-quant QCOL needs whole super-blocks along n_ff */
+	cr_assert_eq(nf_bundle_layout_make(&s, 4096, &L), NF_EFORMAT);
+	s.n_ff = 512;
+	cr_assert_eq(nf_bundle_layout_make(&s, 4096, &L), 0);
+	cr_assert_eq(L.down_form, NF_DOWN_QCOL);
+	cr_assert_eq(L.down_bytes, 64 * 4 / 8);
+	s.n_ff = 96;
+	s.dtype_down = 3; /* q4_1: no exact bundle form */
 	cr_assert_eq(nf_bundle_layout_make(&s, 4096, &L), NF_EUNSUPPORTED);
 	s.dtype_down = NF_DTYPE_F32;
 	s.dtype_gate_up = NF_DTYPE_Q8_0;

@@ -89,6 +89,19 @@ Test(dtype, kquant_unpack_pack_round_trip)
 			nf_kblock_unpack(t, blk, &kb);
 			cr_assert_eq(nf_kblock_pack(t, &kb, back), 0, "%s", nf_dtype_name(t));
 			cr_assert_eq(memcmp(blk, back, bs), 0, "%s rep %d", nf_dtype_name(t), rep);
+			/* the per-value accessors agree with the unpacked form */
+			memset(back, 0, bs);
+			size_t qoff, qlen;
+			nf_kquant_quant_span(t, &qoff, &qlen);
+			memcpy(back, blk, qoff);
+			memcpy(back + qoff + qlen, blk + qoff + qlen, bs - qoff - qlen);
+			for (uint32_t i = 0; i < 256; i++) {
+				uint32_t raw = nf_kquant_get(t, blk, i);
+				cr_assert_eq((int)raw - nf_kquant_offset(t), kb.q[i]);
+				cr_assert_lt(raw, 1u << nf_kquant_bits(t));
+				nf_kquant_set(t, back, i, raw);
+			}
+			cr_assert_eq(memcmp(blk, back, bs), 0, "%s set/get rep %d", nf_dtype_name(t), rep);
 			float y[256], z[256];
 			nf_dequantize_row(t, blk, y, 256);
 			nf_kblock_dequantize(&kb, z);

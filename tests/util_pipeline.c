@@ -114,6 +114,8 @@ int pl_synth_tiny(const char *path, const char *act, uint32_t dtype, bool predic
 		return rc;
 	p.act = (enum nf_synth_act)nf_synth_act_parse(act);
 	p.dtype = dtype;
+	if (nf_dtype_is_kquant(dtype))
+		p.n_embd = 256; /* K-quant rows: whole super-blocks */
 	p.predictor = predictor;
 	p.n_threads = 1;
 	if ((rc = nf_synth_validate(&p, &d)) < 0)

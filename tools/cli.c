@@ -2,8 +2,8 @@
  * cli.c - flag parsing, progress bars and JSON output for the subcommands.
  *
  * Invariants: a parse error always names the flag and the bad value; the
- * progress bar never writes to a non-terminal; JSON output is valid UTF-8
- * passthrough with control characters escaped.
+ * progress bar never writes to a non-terminal; JSON output is written by
+ * jansson and is valid UTF-8 (invalid input bytes become U+FFFD).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "nflash/error.h"
 #include "nflash/io.h"
@@ -248,7 +250,81 @@ void nf_progress_end(struct nf_progress *p)
 	fprintf(stderr, " %.1fs\n", nf_cli_now() - p->t0);
 }
 
-/* ---- JSON -------------------------------------------------------------- */
+/* ---- JSON (jansson) ------------------------------------------------------ */
+
+/*
+ * The writer builds a jansson tree and dumps it when the top-level value
+ * closes, so every report goes through one JSON library and its escaping.
+ * Keys are the program's own ASCII literals (no UTF-8 check); string values
+ * are checked and invalid bytes become U+FFFD.
+ */
+
+json_t *nf_json_string_lossy(const char *s, size_t n)
+{
+	json_t *v = json_stringn(s, n);
+	if (v)
+		return v;
+	/* invalid UTF-8: copy the valid sequences, U+FFFD for each bad byte */
+	char *buf = malloc(n * 3 + 1);
+	if (!buf)
+		return NULL;
+	size_t o = 0;
+	const unsigned char *p = (const unsigned char *)s;
+	for (size_t i = 0; i < n;) {
+		size_t len = nf_utf8_valid_prefix((const char *)p + i, n - i, true);
+		if (len == 0) {
+			memcpy(buf + o, "\xef\xbf\xbd", 3);
+			o += 3;
+			i++;
+			continue;
+		}
+		memcpy(buf + o, p + i, len);
+		o += len;
+		i += len;
+	}
+	v = json_stringn(buf, o);
+	free(buf);
+	return v;
+}
+
+/* Length of the leading complete, valid UTF-8 sequence of s (one code
+ * point) when one_char, else of the longest valid prefix made of whole
+ * code points. Embedded NULs count as valid. */
+size_t nf_utf8_valid_prefix(const char *s, size_t n, bool one_char)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	size_t i = 0;
+	while (i < n) {
+		unsigned c = p[i];
+		size_t len;
+		uint32_t cp, min;
+		if (c < 0x80) {
+			len = 1, cp = c, min = 0;
+		} else if ((c & 0xe0) == 0xc0) {
+			len = 2, cp = c & 0x1f, min = 0x80;
+		} else if ((c & 0xf0) == 0xe0) {
+			len = 3, cp = c & 0x0f, min = 0x800;
+		} else if ((c & 0xf8) == 0xf0) {
+			len = 4, cp = c & 0x07, min = 0x10000;
+		} else {
+			break;
+		}
+		if (i + len > n)
+			break;
+		size_t k;
+		for (k = 1; k < len; k++) {
+			if ((p[i + k] & 0xc0) != 0x80)
+				break;
+			cp = (cp << 6) | (p[i + k] & 0x3f);
+		}
+		if (k < len || cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			break;
+		i += len;
+		if (one_char)
+			return i;
+	}
+	return i;
+}
 
 void nf_json_init(struct nf_json *j, FILE *f, bool pretty)
 {
@@ -257,107 +333,91 @@ void nf_json_init(struct nf_json *j, FILE *f, bool pretty)
 	j->pretty = pretty;
 }
 
-static void json_escape(FILE *f, const char *s)
+static void json_dump_root(struct nf_json *j, json_t *v)
 {
-	fputc('"', f);
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		switch (*p) {
-		case '"': fputs("\\\"", f); break;
-		case '\\': fputs("\\\\", f); break;
-		case '\n': fputs("\\n", f); break;
-		case '\r': fputs("\\r", f); break;
-		case '\t': fputs("\\t", f); break;
-		default:
-			if (*p < 0x20)
-				fprintf(f, "\\u%04x", *p);
-			else
-				fputc(*p, f);
-		}
-	}
-	fputc('"', f);
+	size_t flags = (j->pretty ? JSON_INDENT(2) : JSON_COMPACT) | JSON_REAL_PRECISION(6) |
+		       JSON_ENCODE_ANY;
+	if (json_dumpf(v, j->f, flags) < 0)
+		j->failed = true;
 }
 
-static void json_key(struct nf_json *j, const char *key)
+/* Attach v (a new reference, may be NULL after an allocation failure) to
+ * the value being built, or write it when it is the top-level value. */
+static void json_put(struct nf_json *j, const char *key, json_t *v)
 {
-	if (j->need_comma[j->depth])
-		fputc(',', j->f);
-	if (j->pretty && j->depth > 0) {
-		fputc('\n', j->f);
-		for (int i = 0; i < j->depth; i++)
-			fputs("  ", j->f);
+	if (!v) {
+		j->failed = true;
+		return;
 	}
-	j->need_comma[j->depth] = true;
-	if (key) {
-		json_escape(j->f, key);
-		fputs(j->pretty ? ": " : ":", j->f);
+	if (j->depth == 0) {
+		json_dump_root(j, v);
+		json_decref(v);
+		return;
 	}
+	json_t *parent = j->stack[j->depth - 1];
+	int rc = json_is_object(parent) ? json_object_set_new_nocheck(parent, key ? key : "", v)
+					: json_array_append_new(parent, v);
+	if (rc < 0)
+		j->failed = true;
 }
 
-static void json_open(struct nf_json *j, const char *key, char c)
+static void json_open(struct nf_json *j, const char *key, json_t *v)
 {
-	json_key(j, key);
-	fputc(c, j->f);
-	if (j->depth < 63)
-		j->depth++;
-	j->need_comma[j->depth] = false;
-}
-
-static void json_close(struct nf_json *j, char c)
-{
-	bool had = j->need_comma[j->depth];
+	if (!v || j->depth >= NF_JSON_MAX_DEPTH) {
+		json_decref(v);
+		j->failed = true;
+		return;
+	}
 	if (j->depth > 0)
-		j->depth--;
-	if (j->pretty && had) {
-		fputc('\n', j->f);
-		for (int i = 0; i < j->depth; i++)
-			fputs("  ", j->f);
-	}
-	fputc(c, j->f);
+		json_put(j, key, json_incref(v));
+	j->stack[j->depth++] = v;
 }
 
-void nf_json_obj_begin(struct nf_json *j, const char *key) { json_open(j, key, '{'); }
-void nf_json_obj_end(struct nf_json *j) { json_close(j, '}'); }
-void nf_json_arr_begin(struct nf_json *j, const char *key) { json_open(j, key, '['); }
-void nf_json_arr_end(struct nf_json *j) { json_close(j, ']'); }
+static void json_close(struct nf_json *j)
+{
+	if (j->depth == 0)
+		return;
+	json_t *v = j->stack[--j->depth];
+	if (j->depth == 0)
+		json_dump_root(j, v);
+	json_decref(v);
+}
+
+void nf_json_obj_begin(struct nf_json *j, const char *key) { json_open(j, key, json_object()); }
+void nf_json_obj_end(struct nf_json *j) { json_close(j); }
+void nf_json_arr_begin(struct nf_json *j, const char *key) { json_open(j, key, json_array()); }
+void nf_json_arr_end(struct nf_json *j) { json_close(j); }
 
 void nf_json_str(struct nf_json *j, const char *key, const char *v)
 {
-	json_key(j, key);
-	if (v)
-		json_escape(j->f, v);
-	else
-		fputs("null", j->f);
+	json_put(j, key, v ? nf_json_string_lossy(v, strlen(v)) : json_null());
 }
 
 void nf_json_u64(struct nf_json *j, const char *key, uint64_t v)
 {
-	json_key(j, key);
-	fprintf(j->f, "%llu", (unsigned long long)v);
+	/* jansson's integers are signed 64-bit; larger values go as reals */
+	json_put(j, key, v <= (uint64_t)INT64_MAX ? json_integer((json_int_t)v) : json_real((double)v));
 }
 
 void nf_json_i64(struct nf_json *j, const char *key, int64_t v)
 {
-	json_key(j, key);
-	fprintf(j->f, "%lld", (long long)v);
+	json_put(j, key, json_integer((json_int_t)v));
 }
 
 void nf_json_dbl(struct nf_json *j, const char *key, double v)
 {
-	json_key(j, key);
-	if (isfinite(v))
-		fprintf(j->f, "%.6g", v);
-	else
-		fputs("null", j->f);
+	json_put(j, key, isfinite(v) ? json_real(v) : json_null());
 }
 
 void nf_json_bool(struct nf_json *j, const char *key, bool v)
 {
-	json_key(j, key);
-	fputs(v ? "true" : "false", j->f);
+	json_put(j, key, json_boolean(v));
 }
 
 void nf_json_finish(struct nf_json *j)
 {
+	while (j->depth > 0)
+		json_close(j);
 	fputc('\n', j->f);
 	fflush(j->f);
 }

@@ -1,7 +1,7 @@
 /*
  * tools/cli.h - helpers every `nflash` subcommand shares: flag parsing with
- * errors that name the flag, a progress bar for long work, a small JSON
- * writer for --json reports, and the meaning of exit codes.
+ * errors that name the flag, a progress bar for long work, JSON output
+ * for --json reports (jansson), and the meaning of exit codes.
  *
  * Exit codes (documented in README.md):
  *   0  success
@@ -79,14 +79,20 @@ void nf_progress_update(struct nf_progress *p, uint64_t done);
 void nf_progress_end(struct nf_progress *p);
 
 /*
- * Minimal streaming JSON writer. key is NULL inside arrays. Strings are
- * escaped. Non-finite doubles are written as null.
+ * JSON for --json reports, through jansson: the calls build a tree that is
+ * written (compact, or indented by 2 when pretty) when the top-level value
+ * closes. key is NULL inside arrays. Strings that are not valid UTF-8 get
+ * U+FFFD for each bad byte. Non-finite doubles are written as null, doubles
+ * with 6 significant digits. An allocation or write failure sets failed.
  */
+#define NF_JSON_MAX_DEPTH 64
+struct json_t;
 struct nf_json {
 	FILE *f;
 	int depth;
-	bool need_comma[64];
+	struct json_t *stack[NF_JSON_MAX_DEPTH];
 	bool pretty;
+	bool failed;
 };
 void nf_json_init(struct nf_json *j, FILE *f, bool pretty);
 void nf_json_obj_begin(struct nf_json *j, const char *key);
@@ -98,7 +104,14 @@ void nf_json_u64(struct nf_json *j, const char *key, uint64_t v);
 void nf_json_i64(struct nf_json *j, const char *key, int64_t v);
 void nf_json_dbl(struct nf_json *j, const char *key, double v);
 void nf_json_bool(struct nf_json *j, const char *key, bool v);
-/* Ends the top-level value with a newline. */
+/* Closes what is still open (writing it) and ends the output with a newline. */
 void nf_json_finish(struct nf_json *j);
+
+/* A jansson string of n bytes of s, invalid UTF-8 bytes replaced by
+ * U+FFFD; NULL only when out of memory. New reference. */
+struct json_t *nf_json_string_lossy(const char *s, size_t n);
+/* Bytes of s[0..n) that form whole, valid UTF-8 code points from the start
+ * (just the first code point when one_char; 0 if it is invalid or cut). */
+size_t nf_utf8_valid_prefix(const char *s, size_t n, bool one_char);
 
 #endif

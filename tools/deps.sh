@@ -3,7 +3,8 @@
 # Run by `make deps`, which `make`, `make test`, `make demo` and `make bench`
 # depend on, so a fresh Debian 12 machine needs nothing else.
 PKGS="build-essential libaio-dev liburing-dev libnuma-dev libbpf-dev libelf-dev \
-zlib1g-dev libcriterion-dev bpftool clang llvm pkg-config fio gnuplot-nox"
+zlib1g-dev libcriterion-dev bpftool clang llvm pkg-config fio gnuplot-nox \
+libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev curl"
 
 missing=""
 for p in $PKGS; do

@@ -195,39 +195,6 @@ static int gen_parse(int argc, char **argv, struct nf_model_cli *mc, struct gen_
 	return 0;
 }
 
-/*
- * Copy n bytes of src to dst (3 * n + 1 bytes) with every byte that is not
- * part of a well-formed UTF-8 sequence replaced by U+FFFD, so --json stays
- * valid when a model emits partial or random bytes.
- */
-static void utf8_clean(char *dst, const char *src, size_t n)
-{
-	const unsigned char *s = (const unsigned char *)src;
-	size_t i = 0;
-	while (i < n) {
-		unsigned c = s[i];
-		size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 :
-			     (c & 0xf8) == 0xf0 ? 4 : 0;
-		bool ok = len > 0 && i + len <= n && !(c == 0xc0 || c == 0xc1 || c > 0xf4);
-		for (size_t k = 1; ok && k < len; k++)
-			ok = (s[i + k] & 0xc0) == 0x80;
-		if (ok && len == 3)
-			ok = !(c == 0xe0 && s[i + 1] < 0xa0) && !(c == 0xed && s[i + 1] >= 0xa0);
-		if (ok && len == 4)
-			ok = !(c == 0xf0 && s[i + 1] < 0x90) && !(c == 0xf4 && s[i + 1] >= 0x90);
-		if (ok) {
-			memcpy(dst, s + i, len);
-			dst += len;
-			i += len;
-		} else {
-			memcpy(dst, "\xef\xbf\xbd", 3);
-			dst += 3;
-			i++;
-		}
-	}
-	*dst = 0;
-}
-
 enum gen_stop { STOP_LENGTH, STOP_EOS, STOP_CONTEXT };
 static const char *const stop_names[] = { "length", "eos", "context" };
 
@@ -390,13 +357,8 @@ int nf_cmd_generate(int argc, char **argv)
 		for (size_t i = 0; i < n_gen; i++)
 			nf_json_i64(&j, NULL, out_ids[i]);
 		nf_json_arr_end(&j);
-		if (as_text) {
-			char *clean = malloc(3 * text_len + 1);
-			if (clean)
-				utf8_clean(clean, text ? text : "", text_len);
-			nf_json_str(&j, "text", clean ? clean : "");
-			free(clean);
-		}
+		if (as_text)   /* invalid UTF-8 becomes U+FFFD (nf_json_str) */
+			nf_json_str(&j, "text", text ? text : "");
 		nf_json_u64(&j, "prompt_tokens", o.n_ids);
 		nf_json_u64(&j, "gen_tokens", n_gen);
 		nf_json_str(&j, "stop", stop_names[stop]);

@@ -12,6 +12,8 @@
 int nf_cmd_eval(int argc, char **argv);
 int nf_cmd_generate(int argc, char **argv);
 int nf_cmd_import(int argc, char **argv);
+int nf_cmd_plan(int argc, char **argv);
+int nf_cmd_serve(int argc, char **argv);
 int nf_cmd_store(int argc, char **argv);
 int nf_cmd_synth(int argc, char **argv);
 int nf_cmd_tokenize(int argc, char **argv);
@@ -22,6 +24,8 @@ static const struct nf_cmd nf_cmds[] = {
 	{ "eval", nf_cmd_eval, "run a prompt of token ids, print the last position's logits" },
 	{ "generate", nf_cmd_generate, "generate text after a prompt, with llama.cpp-style timings" },
 	{ "import", nf_cmd_import, "build a store from a GGUF (llama.cpp or PowerInfer)" },
+	{ "plan", nf_cmd_plan, "measure device and model, lay out a store, plan settings for a memory budget" },
+	{ "serve", nf_cmd_serve, "OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)" },
 	{ "store", nf_cmd_store, "make, inspect, verify and benchmark stores" },
 	{ "synth", nf_cmd_synth, "write a synthetic sparse model (GGUF); --report measures one" },
 	{ "tokenize", nf_cmd_tokenize, "token ids of a text with a GGUF vocabulary" },

@@ -18,6 +18,7 @@
 #include "nflash/io.h"
 #include "nflash/store.h"
 #include "cli.h"
+#include "plan_cli.h"
 #include "store_profile.h"
 #include "trace.h"
 
@@ -163,7 +164,7 @@ static int cmd_mkfake(int argc, char **argv)
 static const char inspect_usage[] =
 	"usage: nflash store inspect STORE [--json]\n"
 	"\n"
-	"Prints a store's superblock, geometry, profile and object table.\n";
+	"Prints a store's superblock, geometry, profile, plans and object table.\n";
 
 static int open_store(const char *path, struct nf_store **s)
 {
@@ -254,6 +255,7 @@ static int cmd_inspect(int argc, char **argv)
 		nf_json_u64(&j, "ffn_stride", ffn0 ? ffn0->stride : 0);
 		nf_json_u64(&j, "ffn_extent_bytes", ffn0 ? (uint64_t)ffn0->extent_bundles * ffn0->stride : 0);
 		nf_store_profile_print(s, &j);
+		nf_plan_print(s, &j);
 		nf_json_arr_begin(&j, "objects");
 		for (uint32_t i = 0; i < in->n_objects; i++) {
 			const struct nf_store_object *o = nf_store_object_get(s, i);
@@ -297,6 +299,7 @@ static int cmd_inspect(int argc, char **argv)
 		       in->n_objects, in->n_ffn, dense_bytes / 1048576.0, ffn_bytes / 1048576.0,
 		       (unsigned long long)extents, (unsigned long long)bundles);
 		nf_store_profile_print(s, NULL);
+		nf_plan_print(s, NULL);
 		printf("\n%-32s %-5s %-5s %-20s %12s %12s  %s\n", "name", "kind", "type", "shape",
 		       "offset", "length", "bundles/stride/extent");
 		for (uint32_t i = 0; i < in->n_objects; i++) {

@@ -43,7 +43,8 @@ static void usage(FILE *f)
 		"  --sparsity S         share of FFN neurons that do not fire per token, in (0,1)\n"
 		"                       (default 0.90)\n"
 		"  --skew S             power-law exponent of firing probability by rank (default 1)\n"
-		"  --dtype T            q4_0, q8_0, f16, f32 (default f32)\n"
+		"  --dtype T            q4_0, q8_0, q2_k..q6_k (simple K-quant fits; dims multiples\n"
+		"                       of 256), f16, f32 (default f32)\n"
 		"  --seed N             (default 1); same arguments give the same bytes\n"
 		"  --no-predictor       plain llama GGUF for llama.cpp (magic GGUF, ffn_down, no\n"
 		"                       fc1/fc2); default is PowerInfer's flavour (PWRI,\n"
@@ -143,8 +144,8 @@ int nf_cmd_synth(int argc, char **argv)
 		} else if (!strcmp(a, "--dtype")) {
 			int t = nf_dtype_parse(v);
 			if (t < 0 || t == NF_DTYPE_BF16) {
-				nf_cli_err("--dtype: unknown type '%s' (expected q4_0, q8_0, f16 "
-					   "or f32)", v);
+				nf_cli_err("--dtype: unknown type '%s' (expected q4_0, q8_0, "
+					   "q2_k..q6_k, f16 or f32)", v);
 				return NF_EXIT_USAGE;
 			}
 			p.dtype = (uint32_t)t;

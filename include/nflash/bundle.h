@@ -23,6 +23,13 @@
  *    with the activation vector quantized to Q8_0 along n_ff (dx, qx).
  *    Consequence: the down contribution of block b needs the activations of
  *    every active neuron of that block (a data dependency, not a barrier).
+ *    For a K-quant ffn_down (Q2_K..Q6_K, super-blocks of 256 neurons) the
+ *    column holds the raw quants of column i bit-packed (nf_kquant_bits
+ *    bits each, row r at bit r * bits, low bits first), and the scales
+ *    object holds each block's head (the block's bytes outside its quant
+ *    span: d, dmin, sub-block scales and mins, in block order,
+ *    nf_bundle_head_bytes each) for block b = neuron / 256 and row r at
+ *    (b * dim + r); the activations are quantized to Q8_K per 256 neurons.
  *
  * Thread-safety: the functions are pure.
  */
@@ -49,9 +56,10 @@ struct nf_bundle_layout {
 	bool has_gate;
 	uint32_t row_bytes;    /* nf_dtype_row_size(dtype, dim) */
 	uint32_t down_form;    /* enum nf_down_form */
-	uint32_t down_dtype;   /* ROW: dtype of the down row; QCOL: NF_DTYPE_Q8_0 or NF_DTYPE_Q4_0 */
+	uint32_t down_dtype;   /* ROW: dtype of the down row; QCOL: Q8_0, Q4_0 or a K-quant */
 	uint32_t down_off;     /* byte offset of the down part in a bundle */
-	uint32_t down_bytes;   /* ROW: nf_dtype_row_size(down_dtype, dim); QCOL: dim or dim/2 */
+	uint32_t down_bytes;   /* ROW: nf_dtype_row_size(down_dtype, dim); QCOL: dim, dim/2, or
+				* dim * nf_kquant_bits / 8 */
 	uint32_t bundle_bytes; /* down_off + down_bytes */
 	uint32_t stride;       /* bundle_bytes rounded up to the block size */
 };
@@ -86,10 +94,27 @@ void nf_bundle_pack(const struct nf_bundle_src *src, const struct nf_bundle_layo
 		    uint32_t first, uint32_t n, void *out);
 
 /*
+ * nf_bundle_pack_down_columns - only the down parts of nf_bundle_pack, for
+ * a regular (not transposed) down matrix: part k at out + k * L->stride +
+ * L->down_off. For engines that keep columns without gate/up rows.
+ */
+void nf_bundle_pack_down_columns(const struct nf_bundle_src *src, const struct nf_bundle_layout *L,
+				 uint32_t first, uint32_t n, void *out);
+
+/*
  * nf_bundle_pack_scales - for NF_DOWN_QCOL: the fp16 scales d[b][r], b in
- * [0, n_ff/32), r in [0, n_embd), into out (n_ff/32 * n_embd uint16_t).
+ * [0, n_ff/32), r in [0, n_embd), into out (n_ff/32 * n_embd uint16_t);
+ * for a K-quant down the heads (n_ff/256 * n_embd * head bytes).
  */
 void nf_bundle_pack_scales(const struct nf_bundle_src *src, uint16_t *out);
+/* Bytes of one block's scales entry for a QCOL down of down_dtype: 2 (the
+ * fp16 d of Q4_0/Q8_0), or a K-quant block's head bytes (an even number). */
+size_t nf_bundle_head_bytes(uint32_t down_dtype);
+/* The scales object of a QCOL layout as a 2-D array of uint16 words:
+ * shape[0] = dim * head bytes / 2, shape[1] = n_neurons / block length. */
+void nf_bundle_scales_shape(const struct nf_bundle_layout *L, uint64_t shape[2]);
+/* Raw quant of row r in a K-quant QCOL column of `bits` bits per value. */
+uint32_t nf_bundle_kcol_get(const void *col, uint32_t r, uint32_t bits);
 
 /*
  * The inverse of packing, for engines that want the GGUF layout back (a
@@ -108,8 +133,9 @@ struct nf_bundle_dst {
  * (nf_bundle_pack_scales) and down receives whole Q8_0/Q4_0 blocks once
  * every neuron of a block was unpacked; other neurons' bytes are kept.
  * Unpacking every neuron gives back the packed source byte for byte. Pure;
- * never allocates; distinct neurons of different 32-blocks may be unpacked
- * concurrently (Q4_0 nibbles of one block share bytes).
+ * never allocates; distinct neurons of different blocks (32 neurons; 256
+ * for K-quant downs) may be unpacked concurrently (their quants share
+ * bytes).
  */
 void nf_bundle_unpack(const struct nf_bundle_layout *L, const void *bundle, uint32_t neuron,
 		      const uint16_t *scales, const struct nf_bundle_dst *dst);

@@ -96,7 +96,8 @@ enum nf_cache_down_form { NF_CACHE_DOWN_ROW = 0, NF_CACHE_DOWN_QCOL = 1 };
 struct nf_cache_geom {
 	uint32_t n_layer, n_expert;
 	uint32_t dim, n_neurons;
-	uint32_t dtype, down_dtype;
+	uint32_t dtype, down_dtype; /* down_dtype: the first FFN's; K-quant downs may differ per
+				     * FFN (nf_model_ffn_layout has each one's) */
 	uint32_t down_form;        /* enum nf_cache_down_form */
 	bool has_gate;
 	uint32_t row_bytes, down_off, stride;

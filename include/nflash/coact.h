@@ -54,6 +54,12 @@ int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, 
 double nf_coact_runs(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
 		     uint32_t head, uint32_t max_gap);
 
+/* As nf_coact_runs, with the bundles those reads fetch per token: the
+ * misses and the slots a gap of up to max_gap bridges between two of them
+ * (bundles_out may be NULL). */
+void nf_coact_cost(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
+		   uint32_t head, uint32_t max_gap, double *runs_out, double *bundles_out);
+
 /* Progress of a long step: fn(arg, done, total) as work advances, then
  * once with done == total. */
 struct nf_coact_progress {

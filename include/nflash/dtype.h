@@ -125,10 +125,24 @@ struct nf_kblock {
 bool nf_dtype_is_kquant(uint32_t t);
 /* Unpack super-block blk of K-quant type t (nf_dtype_is_kquant). */
 void nf_kblock_unpack(uint32_t t, const void *blk, struct nf_kblock *out);
+/* Only d, dmin, sc and mn of blk (q untouched): for code that reads the
+ * quants elsewhere. */
+void nf_kblock_unpack_scales(uint32_t t, const void *blk, struct nf_kblock *out);
 /* Pack kb into a block of type t; -1 (blk unspecified) if a field is out of
  * the type's range or per-32 scales differ within a pair. d and dmin are
  * stored as fp16. */
 int nf_kblock_pack(uint32_t t, const struct nf_kblock *kb, void *blk);
+/* Bits of one stored quant of K-quant type t (2..6), and the quant's
+ * offset (value = raw - offset: 4 for q3_K, 32 for q6_K, else 0). */
+uint32_t nf_kquant_bits(uint32_t t);
+int nf_kquant_offset(uint32_t t);
+/* The byte range [*qoff, *qoff + *qlen) of a t block that holds quants;
+ * the rest of the block (scales, mins, d, dmin) is its "head". */
+void nf_kquant_quant_span(uint32_t t, size_t *qoff, size_t *qlen);
+/* Raw quant (0 .. 2^bits - 1) of value i of block blk; set writes it. */
+uint32_t nf_kquant_get(uint32_t t, const void *blk, uint32_t i);
+void nf_kquant_set(uint32_t t, void *blk, uint32_t i, uint32_t raw);
+
 /* The 256 f32 values of an unpacked super-block, as ggml dequantizes. */
 void nf_kblock_dequantize(const struct nf_kblock *kb, float *y);
 /* Encode f32 values as K-quant type t (simple fit; n a multiple of 256). */

@@ -80,6 +80,10 @@ struct nf_engine_opts {
 	 * context: nf_engine_info tells what a real open would take (the
 	 * planner's dry run). The engine cannot evaluate. */
 	bool size_only;
+	/* The fixed overhead to count (0: measure it, the resident set at open
+	 * plus NF_ENGINE_SLACK): a dry run in a process that holds more than
+	 * the real run will passes the real run's. */
+	uint64_t overhead;
 	bool profile;           /* calibration run: count firings, record co-activation */
 	uint32_t profile_sig_tokens; /* requests per FFN the co-activation record keeps */
 	bool measure_recall;    /* the sparse engine measures predictor recall (in memory) */
@@ -104,6 +108,7 @@ struct nf_engine_info {
 	bool attn_streamed;      /* attention read per layer per step */
 	uint32_t attn_pinned_layers; /* layers whose attention is in memory */
 	uint32_t hot_slots, cold_slots; /* the cache's segments, in bundles */
+	uint32_t cold_min_slots; /* the smallest cold segment decided (0: one layer) */
 	uint32_t stride;         /* bytes per bundle slot */
 	uint32_t qd, read_gap;   /* in use */
 	/* the plan followed: its budget (0: none), or why none was */
@@ -138,6 +143,9 @@ const struct nf_engine_opts *nf_engine_opts(const struct nf_engine *e);
 void nf_engine_info(const struct nf_engine *e, struct nf_engine_info *out);
 /* Peak resident set (VmHWM) of this process in bytes, 0 if unknown. */
 uint64_t nf_engine_vm_hwm(void);
+/* The fixed overhead nf_engine_open would count now: the resident set
+ * (VmRSS) rounded up to a MiB, plus NF_ENGINE_SLACK. */
+uint64_t nf_engine_overhead_now(void);
 
 #ifdef __cplusplus
 }

@@ -170,6 +170,11 @@ uint64_t nf_model_weight_bytes(const struct nf_model *m);
  * context runs or streams.
  */
 uint64_t nf_model_attn_bytes(const struct nf_model *m);
+/* Bytes of dense weights one decode step reads: every layer's attention,
+ * predictors, routers and norms, the output matrix and one embedding row
+ * (not the FFN; not the whole embedding table). For the planner's cost
+ * model. */
+uint64_t nf_model_step_dense_bytes(const struct nf_model *m);
 bool nf_model_attn_in_memory(const struct nf_model *m);
 uint32_t nf_model_attn_layers_in_memory(const struct nf_model *m);
 int nf_model_attn_load(struct nf_model *m, uint32_t n_layers, struct nf_diag *diag);

@@ -91,7 +91,7 @@ struct nf_store_object {
 	const uint32_t *extent_crc;/* [n_extents]: crc32c of each extent's bytes */
 	const uint32_t *perm;      /* [n_bundles]: neuron id -> bundle slot */
 	const uint32_t *bundle_crc;/* [n_bundles] by slot: crc32c of the bundle's bundle_bytes,
-				    * or NULL (a store from before docs/FORMAT.md item 21) */
+				    * or NULL (a store from before docs/FORMAT.md item 22) */
 	/* The down part of a bundle (nflash/bundle.h): ROW (a row of dim values
 	 * in down_dtype, which is dtype unless the store says otherwise) or QCOL
 	 * (quants only; scales in the dense object nf_store_ffn_scales()). */

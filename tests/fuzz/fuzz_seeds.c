@@ -7,7 +7,9 @@
  * every key kept, arrays cut to 8 elements, every tensor kept with its type
  * and rank but one block per dimension, so the seed keeps the structure
  * of a real model in a few KiB; and (2) the input's first 4 KiB. Seeds are
- * generated at `make fuzz` time and never committed.
+ * generated at `make fuzz` time and never committed. The inputs are every
+ * testdata GGUF, the K-quant files of ../shared/testdata/kquant included
+ * (Q4_K/Q5_K/Q6_K tensors with 256-value blocks).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +48,7 @@ static int shrink(const char *in, const char *out)
 		uint64_t ne[NF_GGUF_MAX_DIMS] = { nf_dtype_block_len(t->type), 1, 1, 1 };
 		rc = nf_gguf_writer_tensor(w, t->name, t->type, t->n_dims, ne);
 	}
-	static const uint8_t zeros[64];
+	static const uint8_t zeros[512]; /* the largest block: q8_K, 292 bytes */
 	for (size_t i = 0; rc == 0 && i < nf_gguf_n_tensors(g); i++)
 		rc = nf_gguf_writer_write(w, zeros, nf_dtype_block_size(nf_gguf_tensor_at(g, i)->type));
 	if (rc == 0)

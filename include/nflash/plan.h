@@ -1,0 +1,146 @@
+/*
+ * nflash/plan.h - the offline planner: measure the device and the model,
+ * lay out the store, choose every setting for a memory budget and predict
+ * what it will do (`nflash plan`, docs/PLAN.md).
+ *
+ * A plan is plain data stored in the store (nflash/store.h, struct
+ * nf_store_plan; docs/FORMAT.md item 20). nf_engine_open follows the entry
+ * for its budget (the nearest at or below); a setting given explicitly
+ * overrides it.
+ *
+ *	struct nf_plan_opts o;
+ *	nf_plan_opts_default(&o);
+ *	o.store = "7b.nfl";
+ *	uint64_t budgets[] = { 2ull << 30 };
+ *	o.budgets = budgets;
+ *	o.n_budgets = 1;
+ *	struct nf_store_plan *p;
+ *	if (nf_plan_run(&o, &p, &diag) < 0) ...   // p is also in the store now
+ *	nf_store_plan_free(p);
+ *
+ * Thread-safety: one planner per store at a time; it uses the machine's
+ * CPUs and the store's device while it measures.
+ */
+#ifndef NFLASH_PLAN_H
+#define NFLASH_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "nflash/error.h"
+#include "nflash/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct nf_plan_progress {
+	/* label names the step; called with done 0 first and done == total last */
+	void (*fn)(void *arg, const char *label, uint64_t done, uint64_t total);
+	void *arg;
+};
+
+/* ---- measuring the device and the kernels ------------------------------------- */
+
+struct nf_plan_device_opts {
+	int io_backend;            /* enum nf_io_backend, -1: auto */
+	double seconds;            /* for the whole read curve (default 12) */
+	int n_threads;             /* kernels: up to this many threads (0: all CPUs) */
+	const struct nf_plan_progress *progress;
+};
+void nf_plan_device_opts_default(struct nf_plan_device_opts *o);
+
+/*
+ * nf_plan_measure_device - random O_DIRECT reads of the store's FFN span
+ * through the engine's own I/O backend, by request size (4 KiB to 1 MiB)
+ * and queue depth (1 to 256): MB/s, CPU time per request, latency; the
+ * gemv GB/s of the store's weight types on 1..n threads, and the memory-read
+ * bandwidth. Fills p's points, rates and mem_read_gb_s (allocated; free
+ * with nf_store_plan_free). Returns 0 or a negative error (d says which).
+ */
+int nf_plan_measure_device(struct nf_store *s, const struct nf_plan_device_opts *o, struct nf_store_plan *p,
+			   struct nf_diag *d);
+
+/* The device's MB/s for reads of req_bytes at qd: interpolated between the
+ * measured points (log of size and depth); 0 without points. */
+double nf_plan_device_mb_s(const struct nf_store_plan *p, double req_bytes, uint32_t qd);
+/* CPU microseconds per request and mean latency (microseconds), likewise. */
+double nf_plan_device_cpu_us(const struct nf_store_plan *p, double req_bytes, uint32_t qd);
+double nf_plan_device_lat_us(const struct nf_store_plan *p, double req_bytes, uint32_t qd);
+/* gemv GB/s of dtype on threads (the nearest measured thread count; the
+ * fastest type measured if dtype was not); 0 without rates. */
+double nf_plan_kernel_gb_s(const struct nf_store_plan *p, uint32_t dtype, uint32_t threads);
+
+/* ---- the cost model ----------------------------------------------------------------- */
+
+/* What the cost model needs of a model under one budget and read gap. */
+struct nf_plan_model {
+	uint32_t n_layer;
+	uint32_t stride;            /* bytes per bundle slot read */
+	uint32_t threads;           /* compute threads */
+	uint32_t ffn_dtype, dense_dtype;
+	double dense_bytes;         /* dense weights one decode step reads (nf_model_step_dense_bytes) */
+	double attn_stream_bytes;   /* attention read from the store per step (streamed layers) */
+	double compute_bytes_per_neuron; /* bundle bytes the kernels read per computed neuron */
+	const double *active;       /* [n_layer] neurons computed per token */
+	const double *runs;         /* [n_layer] read requests per token (the misses' runs) */
+	const double *bundles;      /* [n_layer] bundles those requests read */
+};
+
+/*
+ * nf_plan_predict - the predicted cost of one decode token with model m
+ * read at queue depth qd, from dev's device points and kernel rates (an
+ * nf_store_plan as measured). Per layer, clusters compute as their reads
+ * land, so a layer takes the longer of its compute (the active neurons'
+ * bytes at the FFN kernel's GB/s, plus the reads' CPU time shared over the
+ * threads) and its reads (bytes at the device's MB/s for that request size
+ * and depth, plus one latency); dense compute (and streamed attention's
+ * reads, overlapped with it) comes on top. Fills e's predictions
+ * (tok_per_s, io_wait_share, bytes_per_token, reads_per_token, t_*).
+ */
+void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model *m, uint32_t qd,
+		     struct nf_store_plan_entry *e);
+
+/* ---- the whole planner ----------------------------------------------------------- */
+
+struct nf_plan_opts {
+	const char *store;          /* the store to plan; required */
+	const uint64_t *budgets;    /* memory budgets to plan for; required */
+	uint32_t n_budgets;
+	const char *calibration;    /* text file; NULL: the built-in text */
+	uint32_t calib_tokens;      /* calibration tokens (default 256) */
+	bool relayout;              /* lay the store out in the co-activation order (default true) */
+	bool keep_copy;             /* keep the store as it was beside, as STORE.orig (default false) */
+	bool remeasure;             /* measure the device again even if the store has it */
+	int n_threads;              /* 0: all CPUs */
+	struct nf_plan_device_opts device;
+	FILE *log;                  /* what it does, step by step; NULL: nothing */
+	const struct nf_plan_progress *progress;
+};
+void nf_plan_opts_default(struct nf_plan_opts *o);
+
+/*
+ * nf_plan_run - plan o->store for each of o->budgets:
+ *  1. measure the device and kernels (reused from the store's plan unless
+ *     o->remeasure);
+ *  2. run the calibration text with the profile's recording (activation
+ *     counts and co-activation per FFN) and store the profile;
+ *  3. lay the store out in the co-activation order, crash-safely in place
+ *     (a copy is written beside it and renamed over it; nothing is left
+ *     behind but with o->keep_copy);
+ *  4. for each budget choose the settings that minimise the predicted
+ *     token time (read gap, queue depth, cold segment, context, attention
+ *     pinned or streamed), and predict tokens/s, the I/O wait share and the
+ *     bytes read per token;
+ *  5. store the plans (with any earlier ones for other budgets).
+ * Returns 0 and *out (the plans stored; free with nf_store_plan_free), or a
+ * negative error with d naming the cause; the store is then as it was or
+ * has the new profile (a valid store either way).
+ */
+int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct nf_diag *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NFLASH_PLAN_H */

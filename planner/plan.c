@@ -1,0 +1,782 @@
+/*
+ * plan.c - the offline planner (nflash/plan.h, docs/PLAN.md): measure the
+ * device and the model, lay the store out, choose the settings for each
+ * memory budget by minimising the predicted token time, store the plans.
+ *
+ * Invariants:
+ *  1. The settings a plan records are those the engine decides itself for
+ *     that budget (its dry run, nf_engine_opts.size_only) plus what the
+ *     cost model chose (queue depth, read gap): a planned run computes
+ *     exactly what an unplanned run with the same flags computes.
+ *  2. The model's figures come from the calibration run on this store:
+ *     per FFN, which neurons fired for each calibration token, evaluated
+ *     under the layout the store will have and each budget's hot set.
+ *  3. The store is always valid: the profile is written as a new
+ *     generation, the relayout is a complete, verified copy renamed over
+ *     the store, the plan a new generation (each crash-safe).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <libgen.h>
+#include <malloc.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nflash/cache.h"
+#include "nflash/coact.h"
+#include "nflash/engine.h"
+#include "nflash/plan.h"
+#include "nflash/store.h"
+#include "nflash/tokenizer.h"
+
+/* Read gaps and queue depths the planner chooses from. */
+static const uint32_t k_gaps[] = { 0, 1, 2, 4, 8, 16 };
+static const uint32_t k_qds[] = { 32, 64, 128, 256 };
+#define N_GAPS (sizeof(k_gaps) / sizeof(k_gaps[0]))
+#define N_QDS (sizeof(k_qds) / sizeof(k_qds[0]))
+
+/* Calibration text when none is given: plain prose of the kind a chat or
+ * story model reads. */
+static const char k_calibration[] =
+	"The harbour was quiet in the early morning, and the fishing boats rocked gently against the pier. "
+	"An old man sat on a wooden crate, mending a net with slow, patient hands. Children ran along the "
+	"sea wall, shouting to each other about the ships they could see far out on the water. In the town "
+	"above, the baker opened his shutters and the smell of fresh bread drifted down the narrow streets.\n"
+	"Scientists measure the speed of a chemical reaction by watching how quickly the reactants disappear. "
+	"Temperature, pressure and the presence of a catalyst all change the rate, and a careful experiment "
+	"controls each of them in turn. The results are written in a notebook, plotted on a graph, and compared "
+	"with the predictions of a simple model.\n"
+	"To install the program, download the archive, unpack it into a folder of your choice, and run the "
+	"setup script. If the script reports a missing library, install it with your package manager and try "
+	"again. Questions can be sent to the mailing list, where volunteers answer most of them within a day.\n"
+	"Once upon a time there was a little fox who lived at the edge of a great forest. Every evening she "
+	"climbed the hill behind her den to watch the sun go down, and every evening she wondered what lay on "
+	"the other side of the mountains. One spring morning she decided to find out.\n"
+	"The committee met on Tuesday to discuss the budget for the coming year. After a long debate, the "
+	"members agreed to spend more on the library and the public gardens, and less on new office furniture. "
+	"The decision will be reviewed in the autumn, when the first figures are available.\n";
+
+void nf_plan_opts_default(struct nf_plan_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->calib_tokens = 256;
+	o->relayout = true;
+	nf_plan_device_opts_default(&o->device);
+}
+
+static void logf_(const struct nf_plan_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(const struct nf_plan_opts *o, const char *fmt, ...)
+{
+	if (!o->log)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("nflash: plan: ", o->log);
+	vfprintf(o->log, fmt, ap);
+	fputc('\n', o->log);
+	va_end(ap);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- the cost model --------------------------------------------------------------------- */
+
+void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model *m, uint32_t qd,
+		     struct nf_store_plan_entry *e)
+{
+	uint32_t th = m->threads ? m->threads : 1;
+	double gbs_dense = nf_plan_kernel_gb_s(dev, m->dense_dtype, th) * 1e9;
+	double gbs_ffn = nf_plan_kernel_gb_s(dev, m->ffn_dtype, th) * 1e9;
+	double t_dense = gbs_dense > 0 ? m->dense_bytes / gbs_dense : 0;
+	double t_ffn = 0, t_io = 0, t_wait = 0, t_layers = 0, bytes = 0, reads = 0;
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		double R = m->runs[l], N = m->bundles[l];
+		double b = N * m->stride;
+		double comp = gbs_ffn > 0 ? m->active[l] * m->compute_bytes_per_neuron / gbs_ffn : 0;
+		double io = 0, lat = 0, cpu = 0;
+		if (R > 0) {
+			double req = b / R;
+			uint32_t depth = R < qd ? (uint32_t)ceil(R) : qd;
+			double mbs = nf_plan_device_mb_s(dev, req, depth);
+			io = mbs > 0 ? b / (mbs * 1e6) : 0;
+			lat = nf_plan_device_lat_us(dev, req, depth) * 1e-6;
+			/* submitting and reaping take the compute threads' CPUs */
+			cpu = R * nf_plan_device_cpu_us(dev, req, depth) * 1e-6 / th;
+		}
+		/* within a layer, clusters compute as their reads land: the
+		 * layer takes the longer of its compute and its reads (plus the
+		 * first read's latency) */
+		double c = comp + cpu, r = R > 0 ? io + lat : 0;
+		t_layers += c > r ? c : r;
+		t_wait += r > c ? r - c : 0;
+		t_ffn += comp;
+		t_io += r;
+		bytes += b;
+		reads += R;
+	}
+	double t_attn_io = 0;
+	if (m->attn_stream_bytes > 0) {
+		double mbs = nf_plan_device_mb_s(dev, 1 << 20, 4);
+		t_attn_io = mbs > 0 ? m->attn_stream_bytes / (mbs * 1e6) : 0;
+		bytes += m->attn_stream_bytes;
+	}
+	/* streamed attention: layer L + 1 is read while layer L computes */
+	double t_d = t_dense > t_attn_io ? t_dense : t_attn_io;
+	double t = t_d + t_layers;
+	e->t_dense_s = t_dense;
+	e->t_ffn_s = t_ffn;
+	e->t_io_s = t_io + t_attn_io;
+	e->t_token_s = t;
+	e->tok_per_s = t > 0 ? 1.0 / t : 0;
+	double wait = t_wait + (t_attn_io > t_dense ? t_attn_io - t_dense : 0);
+	e->io_wait_share = t > 0 ? (wait / t > 1 ? 1 : wait / t) : 0;
+	e->bytes_per_token = bytes;
+	e->reads_per_token = reads;
+}
+
+/* ---- calibration -------------------------------------------------------------------------- */
+
+/* The calibration tokens: the text through the model's tokenizer, else
+ * (no vocabulary) a deterministic sequence of ids. */
+static int calib_ids(const struct nf_plan_opts *o, struct nf_engine *e, int32_t **out, size_t *n,
+		     struct nf_diag *d)
+{
+	char *text = NULL;
+	size_t len = 0;
+	if (o->calibration) {
+		FILE *f = fopen(o->calibration, "rb");
+		if (!f)
+			return nf_diag_fail(d, -errno, "--calibration %s: %s", o->calibration, nf_strerror(-errno));
+		fseek(f, 0, SEEK_END);
+		long sz = ftell(f);
+		fseek(f, 0, SEEK_SET);
+		text = malloc(sz > 0 ? (size_t)sz + 1 : 1);
+		len = text ? fread(text, 1, sz > 0 ? (size_t)sz : 0, f) : 0;
+		fclose(f);
+		if (!text)
+			return -ENOMEM;
+		if (!len) {
+			free(text);
+			return nf_diag_fail(d, NF_EUSAGE, "--calibration %s: the file is empty", o->calibration);
+		}
+	}
+	const char *src = text ? text : k_calibration;
+	size_t slen = text ? len : sizeof(k_calibration) - 1;
+	size_t want = o->calib_tokens;
+	int32_t *ids = malloc(want * sizeof(int32_t));
+	if (!ids) {
+		free(text);
+		return -ENOMEM;
+	}
+	size_t got = 0;
+	struct nf_tok *tok = NULL;
+	struct nf_diag td = { 0 };
+	const struct nf_model_hparams *hp = nf_model_hparams(nf_engine_model(e));
+	if (nf_tok_open(nf_model_gguf(nf_engine_model(e)), &tok, &td) == 0) {
+		/* repeat the text until there are enough tokens */
+		size_t cap = slen + 16, n_text = 0;
+		int32_t *tmp = malloc(cap * sizeof(int32_t));
+		if (tmp && nf_tok_encode(tok, src, slen, 0, tmp, cap, &n_text) == 0 && n_text)
+			for (size_t i = 0; got < want; i++)
+				ids[got++] = tmp[i % n_text] < (int32_t)hp->n_vocab ? tmp[i % n_text] : 1;
+		free(tmp);
+		nf_tok_close(tok);
+	}
+	if (!got) {
+		uint64_t x = 0x2545f4914f6cdd1dull;
+		for (; got < want; got++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			ids[got] = (int32_t)(3 + x % (hp->n_vocab > 3 ? hp->n_vocab - 3 : 1));
+		}
+	}
+	free(text);
+	*out = ids;
+	*n = got;
+	return 0;
+}
+
+/* ---- what each budget costs ------------------------------------------------------------- */
+
+struct budget_plan {
+	uint64_t budget;
+	struct nf_engine_info info;   /* the engine's dry run at this budget */
+	uint64_t dense_bytes, attn_stream_bytes;
+	double *active;               /* [n_layer] */
+	double *runs, *bundles;       /* [N_GAPS][n_layer] */
+};
+
+static void budget_free(struct budget_plan *b)
+{
+	free(b->active);
+	free(b->runs);
+	free(b->bundles);
+}
+
+/* The engine's own decisions at budget b (nothing opened but the model and
+ * context). */
+static int dry_run(const struct nf_plan_opts *o, uint64_t overhead, struct budget_plan *b, struct nf_diag *d)
+{
+	struct nf_engine_opts eo;
+	nf_engine_opts_default(&eo);
+	eo.path = o->store;
+	eo.budget = b->budget;
+	eo.n_threads = o->n_threads;
+	eo.use_plan = false;
+	eo.size_only = true;
+	eo.overhead = overhead;
+	struct nf_engine *e = NULL;
+	int rc = nf_engine_open(&eo, &e, d);
+	if (rc < 0)
+		return rc;
+	nf_engine_info(e, &b->info);
+	const struct nf_model *m = nf_engine_model(e);
+	b->dense_bytes = nf_model_step_dense_bytes(m);
+	if (b->info.attn_streamed) {
+		uint32_t L = nf_model_hparams(m)->n_layer;
+		uint64_t attn = nf_model_attn_bytes(m);
+		b->attn_stream_bytes = attn / L * (L - b->info.attn_pinned_layers);
+	}
+	nf_engine_close(e);
+	return 0;
+}
+
+/*
+ * The calibration record as the cache will meet it: per FFN (in layer
+ * order) and calibration token, the store slots of the neurons that fired,
+ * ascending, under the layout the store will have.
+ */
+struct replay {
+	uint32_t n_ffn, tokens;
+	uint32_t *layer;     /* [n_ffn] */
+	uint32_t *expert;    /* [n_ffn] */
+	uint32_t *n;         /* [n_ffn]: its neurons */
+	uint32_t **off;      /* [n_ffn][tokens + 1]: into slots[f] */
+	uint32_t **slots;    /* [n_ffn]: fired slots, token after token */
+};
+
+static void replay_free(struct replay *r)
+{
+	for (uint32_t f = 0; f < r->n_ffn; f++) {
+		free(r->off ? r->off[f] : NULL);
+		free(r->slots ? r->slots[f] : NULL);
+	}
+	free(r->layer);
+	free(r->expert);
+	free(r->n);
+	free(r->off);
+	free(r->slots);
+	memset(r, 0, sizeof(*r));
+}
+
+static int replay_build(struct nf_engine *cal, uint32_t *const *order, struct replay *r)
+{
+	struct nf_cache *c = nf_engine_cache(cal);
+	struct nf_store *s = nf_engine_store(cal);
+	struct nf_cache_geom g;
+	nf_cache_geometry(c, &g);
+	uint32_t n_obj = nf_store_object_count(s);
+	memset(r, 0, sizeof(*r));
+	r->layer = calloc(n_obj, sizeof(uint32_t));
+	r->expert = calloc(n_obj, sizeof(uint32_t));
+	r->n = calloc(n_obj, sizeof(uint32_t));
+	r->off = calloc(n_obj, sizeof(uint32_t *));
+	r->slots = calloc(n_obj, sizeof(uint32_t *));
+	if (!r->layer || !r->expert || !r->n || !r->off || !r->slots)
+		return -ENOMEM;
+	/* FFNs in layer order, as a token meets them */
+	for (uint32_t l = 0; l < g.n_layer; l++)
+		for (uint32_t i = 0; i < n_obj; i++) {
+			const struct nf_store_object *ob = nf_store_object_get(s, i);
+			if (ob->kind != NF_STORE_KIND_FFN || ob->layer != l || !order[i])
+				continue;
+			uint32_t tokens, words;
+			const uint64_t *sig = nf_cache_signatures(c, ob->layer, ob->expert, &tokens, &words);
+			if (!sig || !tokens)
+				continue;
+			tokens = tokens < words * 64u ? tokens : words * 64u;
+			if (!r->tokens || tokens < r->tokens)
+				r->tokens = tokens;
+			uint32_t f = r->n_ffn++, n = ob->n_bundles;
+			r->layer[f] = l;
+			r->expert[f] = ob->expert;
+			r->n[f] = n;
+			uint64_t total = 0;
+			for (uint64_t k = 0; k < (uint64_t)n * words; k++)
+				total += (uint64_t)__builtin_popcountll(sig[k]);
+			r->off[f] = calloc((size_t)tokens + 1, sizeof(uint32_t));
+			r->slots[f] = malloc((total ? total : 1) * sizeof(uint32_t));
+			if (!r->off[f] || !r->slots[f])
+				return -ENOMEM;
+			uint32_t at = 0;
+			for (uint32_t t = 0; t < tokens; t++) {
+				r->off[f][t] = at;
+				for (uint32_t slot = 0; slot < n; slot++) {
+					uint32_t j = order[i][slot];
+					if (sig[(size_t)j * words + t / 64] >> (t % 64) & 1)
+						r->slots[f][at++] = slot;
+				}
+			}
+			r->off[f][tokens] = at;
+		}
+	return 0;
+}
+
+/*
+ * Per layer: neurons computed, and the reads and bundles a token's misses
+ * cost under each gap, replaying the calibration tokens through a model of
+ * the cache budget b keeps: the hot set (each FFN's quota, the first slots
+ * of its layout) and a cold segment of b's cold slots shared by every FFN,
+ * least recently used out first (the cache's CLOCK approximated). A miss
+ * is read with the bundles a gap bridges, and all of them enter the cold
+ * segment, as in the cache.
+ */
+static int layer_costs(struct nf_engine *cal, const struct replay *r, struct budget_plan *b)
+{
+	struct nf_cache *c = nf_engine_cache(cal);
+	struct nf_cache_geom g;
+	nf_cache_geometry(c, &g);
+	uint32_t L = g.n_layer, T = r->tokens;
+	uint32_t *quota = calloc((size_t)g.n_layer * g.n_expert, sizeof(uint32_t));
+	uint64_t *base = calloc((size_t)r->n_ffn + 1, sizeof(uint64_t));
+	b->active = calloc(L, sizeof(double));
+	b->runs = calloc(N_GAPS * (size_t)L, sizeof(double));
+	b->bundles = calloc(N_GAPS * (size_t)L, sizeof(double));
+	uint32_t *prev = NULL, *next = NULL;
+	int rc = -ENOMEM;
+	if (!quota || !base || !b->active || !b->runs || !b->bundles || !T)
+		goto out;
+	for (uint32_t f = 0; f < r->n_ffn; f++)
+		base[f + 1] = base[f] + r->n[f];
+	/* the cold segment: an LRU list over every bundle of every FFN; node
+	 * NIL is the list head, prev == NONE means not cached */
+	uint64_t N = base[r->n_ffn], NIL = N;
+	const uint32_t NONE = UINT32_MAX;
+	if (N >= UINT32_MAX || !(prev = malloc((N + 1) * sizeof(uint32_t))) || !(next = malloc((N + 1) * sizeof(uint32_t))))
+		goto out;
+	nf_cache_hot_quota(c, b->info.hot_slots, quota);
+	for (uint32_t f = 0; f < r->n_ffn; f++)
+		b->active[r->layer[f]] += (double)(r->off[f][T] - r->off[f][0]) / T;
+	for (size_t k = 0; k < N_GAPS; k++) {
+		uint32_t gap = k_gaps[k];
+		uint64_t used = 0, cap = b->info.cold_slots;
+		for (uint64_t i = 0; i < N; i++)
+			prev[i] = NONE;
+		prev[NIL] = next[NIL] = (uint32_t)NIL;
+#define UNLINK(x) (next[prev[x]] = next[x], prev[next[x]] = prev[x])
+#define PUSH_MRU(x) (prev[x] = prev[NIL], next[x] = (uint32_t)NIL, next[prev[NIL]] = (x), prev[NIL] = (x))
+		for (uint32_t t = 0; t < T; t++)
+			for (uint32_t f = 0; f < r->n_ffn; f++) {
+				uint32_t hot = quota[r->layer[f] * g.n_expert + r->expert[f]];
+				uint32_t last = 0, runs = 0, read = 0;
+				bool open = false;
+				for (uint32_t a = r->off[f][t]; a < r->off[f][t + 1]; a++) {
+					uint32_t slot = r->slots[f][a];
+					uint32_t x = (uint32_t)(base[f] + slot);
+					if (slot < hot)
+						continue;
+					if (prev[x] != NONE) { /* a cold hit: most recently used now */
+						UNLINK(x);
+						PUSH_MRU(x);
+						continue;
+					}
+					uint32_t from = slot;
+					if (open && slot - last <= gap + 1)
+						from = last + 1;
+					else
+						runs++;
+					open = true;
+					last = slot;
+					for (uint32_t s2 = from; s2 <= slot; s2++) {
+						uint32_t y = (uint32_t)(base[f] + s2);
+						read++;
+						if (prev[y] != NONE || s2 < hot || !cap)
+							continue;
+						if (used == cap) { /* evict the least recently used */
+							uint32_t v = next[NIL];
+							UNLINK(v);
+							prev[v] = NONE;
+							used--;
+						}
+						PUSH_MRU(y);
+						used++;
+					}
+				}
+				b->runs[k * L + r->layer[f]] += (double)runs / T;
+				b->bundles[k * L + r->layer[f]] += (double)read / T;
+			}
+#undef UNLINK
+#undef PUSH_MRU
+	}
+	rc = 0;
+out:
+	free(prev);
+	free(next);
+	free(base);
+	free(quota);
+	return rc;
+}
+
+/* The layout each FFN will have: the profile's order with a relayout,
+ * else the store's slots as they are. */
+static int layouts(const struct nf_plan_opts *o, struct nf_engine *cal, uint32_t ***out, struct nf_diag *d)
+{
+	struct nf_store *s = nf_engine_store(cal);
+	uint32_t n_obj = nf_store_object_count(s);
+	uint32_t **order = calloc(n_obj, sizeof(*order));
+	if (!order)
+		return -ENOMEM;
+	struct nf_store_profile *p = NULL;
+	if (o->relayout) {
+		/* the profile just stored, read from the store the engine reads
+		 * (same generation: the engine's store was opened before) */
+		struct nf_store *fresh = NULL;
+		int rc = nf_store_open(o->store, NULL, &fresh, d);
+		if (rc < 0) {
+			free(order);
+			return rc;
+		}
+		rc = nf_store_profile_read(fresh, &p, d);
+		nf_store_close(fresh);
+		if (rc < 0) {
+			free(order);
+			return rc;
+		}
+	}
+	for (uint32_t i = 0; i < n_obj; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(s, i);
+		if (ob->kind != NF_STORE_KIND_FFN)
+			continue;
+		if (!(order[i] = malloc((size_t)ob->n_bundles * sizeof(uint32_t))))
+			break;
+		if (p && p->order && p->order[i])
+			memcpy(order[i], p->order[i], (size_t)ob->n_bundles * sizeof(uint32_t));
+		else
+			for (uint32_t j = 0; j < ob->n_bundles; j++)
+				order[i][ob->perm[j]] = j;
+	}
+	nf_store_profile_free(p);
+	*out = order;
+	return 0;
+}
+
+/* ---- relayout in place ------------------------------------------------------------------ */
+
+static void relayout_progress(void *user, uint64_t done, uint64_t total)
+{
+	const struct nf_plan_opts *o = user;
+	if (o->progress && o->progress->fn)
+		o->progress->fn(o->progress->arg, "laying out the store", done, total);
+}
+
+static int fsync_dir_of(const char *path)
+{
+	char *dup = strdup(path);
+	if (!dup)
+		return -ENOMEM;
+	int fd = open(dirname(dup), O_RDONLY | O_DIRECTORY);
+	free(dup);
+	if (fd < 0)
+		return -errno;
+	int rc = fsync(fd) < 0 ? -errno : 0;
+	close(fd);
+	return rc;
+}
+
+/* A complete, verified copy in the profile's layout beside the store,
+ * renamed over it: the store is the old one or the new one, never half. */
+static int relayout_in_place(const struct nf_plan_opts *o, struct nf_diag *d)
+{
+	size_t n = strlen(o->store) + 64;
+	char *tmp = malloc(n), *orig = malloc(n);
+	int rc;
+	if (!tmp || !orig) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	snprintf(tmp, n, "%s.nflash-plan-%ld.tmp", o->store, (long)getpid());
+	snprintf(orig, n, "%s.orig", o->store);
+	unlink(tmp);
+	struct nf_store_relayout_opts ro = { .progress = relayout_progress, .progress_user = (void *)o };
+	if ((rc = nf_store_relayout(o->store, tmp, &ro, d)) < 0)
+		goto out;
+	if (o->keep_copy && link(o->store, orig) < 0) {
+		rc = nf_diag_fail(d, -errno, "%s: keeping the copy as %s: %s", o->store, orig, nf_strerror(-errno));
+		unlink(tmp);
+		goto out;
+	}
+	if (rename(tmp, o->store) < 0) {
+		rc = nf_diag_fail(d, -errno, "%s: replacing it with its relayout %s: %s", o->store, tmp,
+				  nf_strerror(-errno));
+		unlink(tmp);
+		goto out;
+	}
+	if ((rc = fsync_dir_of(o->store)) < 0)
+		nf_diag_fail(d, rc, "%s: syncing its directory: %s", o->store, nf_strerror(rc));
+out:
+	free(tmp);
+	free(orig);
+	return rc;
+}
+
+/* ---- the planner ---------------------------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Choose qd and gap for b; the entry records them and the engine's own
+ * decisions. */
+static void choose(const struct nf_store_plan *dev, const struct budget_plan *b, const struct nf_engine_info *info,
+		   uint32_t n_layer, uint32_t ffn_dtype, uint32_t dense_dtype, uint32_t threads, double neuron_bytes,
+		   struct nf_store_plan_entry *best)
+{
+	memset(best, 0, sizeof(*best));
+	best->t_token_s = INFINITY;
+	for (size_t k = 0; k < N_GAPS; k++)
+		for (size_t q = 0; q < N_QDS; q++) {
+			struct nf_plan_model m = {
+				.n_layer = n_layer, .stride = info->stride, .threads = threads,
+				.dense_bytes = (double)b->dense_bytes, .attn_stream_bytes = (double)b->attn_stream_bytes,
+				.ffn_dtype = ffn_dtype, .dense_dtype = dense_dtype, .active = b->active,
+				.runs = b->runs + k * n_layer, .bundles = b->bundles + k * n_layer,
+				.compute_bytes_per_neuron = neuron_bytes,
+			};
+			struct nf_store_plan_entry e = { 0 };
+			nf_plan_predict(dev, &m, k_qds[q], &e);
+			/* 1% better to take a deeper queue or a wider gap */
+			if (e.t_token_s < best->t_token_s * 0.99 || best->t_token_s == INFINITY) {
+				*best = e;
+				best->qd = k_qds[q];
+				best->read_gap = k_gaps[k];
+			}
+		}
+	best->budget = b->budget;
+	best->n_ctx = info->n_ctx;
+	best->kv_type = NF_KV_F16;
+	best->n_batch = 512;
+	best->n_threads = 0;
+	best->cold_slots = info->cold_min_slots;
+	best->hot_slots = info->hot_slots;
+	if (info->attn_streamed) {
+		best->flags |= NF_STORE_PLAN_F_STREAM_ATTN;
+		best->attn_pin = info->attn_pinned_layers;
+	}
+}
+
+int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct nf_diag *d)
+{
+	struct nf_store *s = NULL;
+	struct nf_store_plan *old = NULL, *np = NULL;
+	struct nf_engine *cal = NULL;
+	struct budget_plan *bp = NULL;
+	uint32_t **order = NULL, n_obj = 0;
+	struct replay rp = { 0 };
+	int32_t *ids = NULL;
+	uint64_t *budgets = NULL;
+	int rc;
+	*out = NULL;
+	if (!o->store || !o->n_budgets)
+		return nf_diag_fail(d, NF_EUSAGE, "plan: a store and at least one --memory-budget are required");
+	/* what a run of the engine holds before it allocates: this process
+	 * now, before it measures and calibrates */
+	uint64_t overhead = nf_engine_overhead_now();
+	if ((rc = nf_store_open(o->store, NULL, &s, d)) < 0)
+		return rc;
+	if (!(np = calloc(1, sizeof(*np))) || !(budgets = malloc(o->n_budgets * sizeof(uint64_t))) ||
+	    !(bp = calloc(o->n_budgets, sizeof(*bp)))) {
+		rc = nf_diag_fail(d, -ENOMEM, "plan: out of memory");
+		goto out;
+	}
+	memcpy(budgets, o->budgets, o->n_budgets * sizeof(uint64_t));
+	qsort(budgets, o->n_budgets, sizeof(uint64_t), cmp_u64);
+	if (nf_store_has_plan(s)) {
+		struct nf_diag od = { 0 };
+		int orc = nf_store_plan_read(s, &old, &od);
+		if (orc < 0)
+			logf_(o, "warning: %s; the earlier plans are dropped", nf_diag_msg(&od, orc));
+	}
+	/* 1. the device and the kernels */
+	double t0 = now_s();
+	if (old && old->n_points && old->n_rates && !o->remeasure) {
+		np->points = old->points, np->n_points = old->n_points;
+		np->rates = old->rates, np->n_rates = old->n_rates;
+		np->mem_read_gb_s = old->mem_read_gb_s;
+		np->created_ns = old->created_ns;
+		old->points = NULL, old->rates = NULL;
+		logf_(o, "device and kernels as measured before (--remeasure measures again)");
+	} else {
+		struct nf_plan_device_opts dop = o->device;
+		dop.n_threads = o->n_threads;
+		dop.progress = o->progress;
+		if ((rc = nf_plan_measure_device(s, &dop, np, d)) < 0)
+			goto out;
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		np->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+		logf_(o, "device and kernels measured in %.1f s: 4 KiB reads %.0f MB/s at queue depth 32, 1 MiB %.0f "
+			 "MB/s at 8; memory read %.1f GB/s",
+		      now_s() - t0, nf_plan_device_mb_s(np, 4096, 32), nf_plan_device_mb_s(np, 1 << 20, 8),
+		      np->mem_read_gb_s);
+	}
+	nf_store_close(s);
+	s = NULL;
+
+	/* 2. the model: a calibration run under the largest budget, with the
+	 * profile's recording (the measurement's buffers given back first) */
+	malloc_trim(0);
+	struct nf_engine_opts eo;
+	nf_engine_opts_default(&eo);
+	eo.path = o->store;
+	eo.budget = budgets[o->n_budgets - 1];
+	eo.n_threads = o->n_threads;
+	eo.profile = true;
+	eo.profile_sig_tokens = o->calib_tokens;
+	eo.n_ctx = o->calib_tokens + 1;
+	eo.use_plan = false;
+	eo.overhead = overhead;
+	t0 = now_s();
+	if ((rc = nf_engine_open(&eo, &cal, d)) < 0)
+		goto out;
+	size_t n_ids = 0;
+	if ((rc = calib_ids(o, cal, &ids, &n_ids, d)) < 0)
+		goto out;
+	struct nf_ctx *ctx = nf_engine_ctx(cal);
+	for (size_t i = 0; i < n_ids; i++) {
+		if ((rc = nf_ctx_eval(ctx, &ids[i], 1)) < 0) {
+			rc = nf_diag_fail(d, rc, "%s: calibration token %zu: %s", o->store, i, nf_strerror(rc));
+			goto out;
+		}
+		if (o->progress && o->progress->fn)
+			o->progress->fn(o->progress->arg, "calibrating", i + 1, n_ids);
+	}
+	logf_(o, "%zu calibration tokens in %.1f s (%s)", n_ids, now_s() - t0,
+	      o->calibration ? o->calibration : "built-in text");
+	struct nf_coact_progress cpr = { o->progress ? o->progress->fn : NULL, o->progress ? o->progress->arg : NULL };
+	if ((rc = nf_coact_profile_save(cal, n_ids, &cpr, d)) < 0)
+		goto out;
+	/* 3a. each FFN's layout, as it will be */
+	if ((rc = layouts(o, cal, &order, d)) < 0)
+		goto out;
+	n_obj = nf_store_object_count(nf_engine_store(cal));
+
+	/* 4. every budget: the engine's dry run, then the reads its hot set
+	 * and cold segment leave under each gap, replaying the calibration */
+	if ((rc = replay_build(cal, order, &rp)) < 0) {
+		rc = nf_diag_fail(d, rc, "plan: no memory to replay the calibration tokens");
+		goto out;
+	}
+	uint32_t n_layer = nf_model_hparams(nf_engine_model(cal))->n_layer;
+	struct nf_cache_geom g;
+	nf_cache_geometry(nf_engine_cache(cal), &g);
+	uint32_t dense_dtype = nf_model_layer(nf_engine_model(cal), 0)->wq.dtype;
+	uint32_t threads = (uint32_t)nf_ctx_n_threads(ctx);
+	/* bytes the kernels read per computed neuron: the bundle without
+	 * its padding (gate row, up row, down column) */
+	double neuron_bytes = g.stride;
+	for (uint32_t i = 0; i < n_obj; i++) {
+		const struct nf_store_object *ob = nf_store_object_get(nf_engine_store(cal), i);
+		if (ob->kind == NF_STORE_KIND_FFN) {
+			neuron_bytes = ob->bundle_bytes;
+			break;
+		}
+	}
+	uint32_t n_ok = 0;
+	for (uint32_t i = 0; i < o->n_budgets; i++) {
+		struct nf_diag bd = { 0 };
+		bp[i].budget = budgets[i];
+		if ((rc = dry_run(o, overhead, &bp[i], &bd)) < 0) {
+			/* a budget below the minimum is reported, the others planned */
+			logf_(o, "not planned: %s", nf_diag_msg(&bd, rc));
+			bp[i].budget = 0;
+			if (rc != NF_EBUDGET) {
+				nf_diag_fail(d, rc, "%s", nf_diag_msg(&bd, rc));
+				goto out;
+			}
+			continue;
+		}
+		if ((rc = layer_costs(cal, &rp, &bp[i])) < 0)
+			goto out;
+		n_ok++;
+	}
+	if (!n_ok) {
+		rc = nf_diag_fail(d, NF_EBUDGET, "%s: no budget could be planned (each is below the minimum)", o->store);
+		goto out;
+	}
+	nf_engine_close(cal);
+	cal = NULL;
+
+	/* 3b. lay the store out (after the calibration engine let go of it) */
+	if (o->relayout) {
+		t0 = now_s();
+		if ((rc = relayout_in_place(o, d)) < 0)
+			goto out;
+		logf_(o, "store laid out in the co-activation order in %.1f s%s", now_s() - t0,
+		      o->keep_copy ? " (the old layout kept as .orig)" : "");
+	}
+
+	/* 5. choose and predict; keep earlier plans for other budgets */
+	uint32_t n_keep = 0;
+	for (uint32_t i = 0; old && i < old->n_entries; i++) {
+		bool replaced = false;
+		for (uint32_t k = 0; k < o->n_budgets; k++)
+			replaced |= old->entries[i].budget == budgets[k];
+		n_keep += !replaced;
+	}
+	np->entries = calloc(n_keep + o->n_budgets, sizeof(*np->entries));
+	if (!np->entries) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < o->n_budgets; i++) {
+		if (!bp[i].budget || (i && budgets[i] == budgets[i - 1]))
+			continue;
+		choose(np, &bp[i], &bp[i].info, n_layer, g.dtype, dense_dtype, threads, neuron_bytes,
+		       &np->entries[np->n_entries++]);
+	}
+	for (uint32_t i = 0; old && i < old->n_entries; i++) {
+		bool replaced = false;
+		for (uint32_t k = 0; k < o->n_budgets; k++)
+			replaced |= old->entries[i].budget == budgets[k];
+		if (!replaced)
+			np->entries[np->n_entries++] = old->entries[i];
+	}
+	/* ascending budgets */
+	for (uint32_t i = 1; i < np->n_entries; i++)
+		for (uint32_t k = i; k > 0 && np->entries[k].budget < np->entries[k - 1].budget; k--) {
+			struct nf_store_plan_entry t = np->entries[k];
+			np->entries[k] = np->entries[k - 1];
+			np->entries[k - 1] = t;
+		}
+	if ((rc = nf_store_update_plan(o->store, NULL, np, d)) < 0)
+		goto out;
+	*out = np;
+	np = NULL;
+	rc = 0;
+out:
+	replay_free(&rp);
+	for (uint32_t i = 0; order && i < n_obj; i++)
+		free(order[i]);
+	free(order);
+	for (uint32_t i = 0; bp && i < o->n_budgets; i++)
+		budget_free(&bp[i]);
+	free(bp);
+	free(budgets);
+	free(ids);
+	nf_engine_close(cal);
+	nf_store_close(s);
+	nf_store_plan_free(old);
+	nf_store_plan_free(np);
+	return rc;
+}

@@ -1,0 +1,193 @@
+/*
+ * test_planner_plan.c - the offline planner (nflash/plan.h): the cost model
+ * against a hand computation; `plan` on a real store measures, calibrates,
+ * lays the store out and stores a plan per budget; the engine follows the
+ * plan for its budget; a planned run gives the same bits as an unplanned run
+ * with the same settings; a planned CLI run stays within its budget.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nflash/dtype.h"
+#include "nflash/engine.h"
+#include "nflash/plan.h"
+#include "nflash/store.h"
+#include "util_pipeline.h"
+
+Test(planner, cost_model_matches_a_hand_computation)
+{
+	struct nf_store_dev_point pt = { 4096, 32, 100.0, 10.0, 100.0 };
+	struct nf_store_kernel_rate kr = { NF_DTYPE_Q4_0, 2, 10.0 };
+	struct nf_store_plan dev = { .n_points = 1, .points = &pt, .n_rates = 1, .rates = &kr };
+	double active[2] = { 100, 100 }, runs[2] = { 10, 10 }, bundles[2] = { 20, 20 };
+	struct nf_plan_model m = {
+		.n_layer = 2, .stride = 4096, .threads = 2, .ffn_dtype = NF_DTYPE_Q4_0, .dense_dtype = NF_DTYPE_Q4_0,
+		.dense_bytes = 1e7, .compute_bytes_per_neuron = 1000, .active = active, .runs = runs, .bundles = bundles,
+	};
+	struct nf_store_plan_entry e = { 0 };
+	nf_plan_predict(&dev, &m, 32, &e);
+	/* dense 1e7 B at 10 GB/s = 1 ms; per layer: 20 bundles x 4096 B =
+	 * 81920 B at 100 MB/s = 0.8192 ms + 0.1 ms latency; compute 100 x 1000
+	 * B at 10 GB/s = 0.01 ms + 10 reads x 10 us CPU / 2 threads = 0.05 ms */
+	double layer_r = 0.8192e-3 + 0.1e-3, layer_c = 0.01e-3 + 0.05e-3;
+	double t = 1e-3 + 2 * layer_r;
+	cr_expect_float_eq(e.t_token_s, t, 1e-12, "%.9f", e.t_token_s);
+	cr_expect_float_eq(e.tok_per_s, 1 / t, 1e-6);
+	cr_expect_float_eq(e.io_wait_share, 2 * (layer_r - layer_c) / t, 1e-9);
+	cr_expect_float_eq(e.bytes_per_token, 2 * 81920.0, 1e-6);
+	cr_expect_float_eq(e.reads_per_token, 20.0, 1e-9);
+	cr_expect_float_eq(e.t_dense_s, 1e-3, 1e-12);
+
+	/* compute-bound: with a fast device the layer takes its compute */
+	pt.mb_s = 1e6;
+	pt.lat_us = 0;
+	nf_plan_predict(&dev, &m, 32, &e);
+	cr_expect_float_eq(e.t_token_s, 1e-3 + 2 * layer_c, 1e-9, "%.9f", e.t_token_s);
+	cr_expect(e.io_wait_share < 0.01);
+}
+
+Test(planner, device_curve_interpolates_and_kernel_rate_picks_the_thread_count)
+{
+	struct nf_store_dev_point pts[2] = { { 4096, 32, 100.0, 5.0, 50.0 }, { 65536, 32, 1000.0, 7.0, 70.0 } };
+	struct nf_store_kernel_rate kr[3] = { { NF_DTYPE_Q4_0, 1, 5.0 }, { NF_DTYPE_Q4_0, 2, 9.0 },
+					      { NF_DTYPE_F32, 2, 20.0 } };
+	struct nf_store_plan dev = { .n_points = 2, .points = pts, .n_rates = 3, .rates = kr };
+	cr_expect_float_eq(nf_plan_device_mb_s(&dev, 4096, 32), 100.0, 1e-9);
+	cr_expect_float_eq(nf_plan_device_mb_s(&dev, 65536, 32), 1000.0, 1e-9);
+	double mid = nf_plan_device_mb_s(&dev, 16384, 32);
+	cr_expect(mid > 100.0 && mid < 1000.0, "%f", mid);
+	cr_expect_float_eq(nf_plan_kernel_gb_s(&dev, NF_DTYPE_Q4_0, 1), 5.0, 1e-12);
+	cr_expect_float_eq(nf_plan_kernel_gb_s(&dev, NF_DTYPE_Q4_0, 2), 9.0, 1e-12);
+	cr_expect_float_eq(nf_plan_kernel_gb_s(&dev, NF_DTYPE_Q4_0, 8), 9.0, 1e-12);
+	/* a type not measured: the fastest rate there is */
+	cr_expect_float_eq(nf_plan_kernel_gb_s(&dev, NF_DTYPE_Q8_0, 2), 20.0, 1e-12);
+}
+
+static char gguf[256], store[256];
+
+static void drop_model(void)
+{
+	unlink(gguf);
+	unlink(store);
+}
+
+static int open_at(uint64_t budget, bool use_plan, const struct nf_store_plan_entry *as, struct nf_engine **e,
+		   struct nf_diag *d)
+{
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.path = store;
+	o.budget = budget;
+	o.n_threads = 2;
+	o.use_plan = use_plan;
+	/* this test process holds more than a fresh one: count a fresh one's */
+	o.overhead = 24ull << 20;
+	if (as) {
+		/* the plan's settings, given by hand */
+		o.n_ctx = as->n_ctx;
+		o.kv_type = (int)as->kv_type;
+		o.n_batch = as->n_batch;
+		o.qd = as->qd;
+		o.read_gap = (int)as->read_gap;
+		o.cold_slots = (int)as->cold_slots;
+		o.stream_attn = as->flags & NF_STORE_PLAN_F_STREAM_ATTN;
+		o.attn_pin = as->attn_pin;
+	}
+	memset(d, 0, sizeof(*d));
+	return nf_engine_open(&o, e, d);
+}
+
+Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model)
+{
+	pl_make_wide_model("plan", 256, gguf, store, sizeof(gguf));
+	uint64_t budgets[2] = { 96ull << 20, 160ull << 20 };
+	struct nf_plan_opts o;
+	nf_plan_opts_default(&o);
+	o.store = store;
+	o.budgets = budgets;
+	o.n_budgets = 2;
+	o.calib_tokens = 32;
+	o.n_threads = 2;
+	o.device.seconds = 1.0;
+	struct nf_store_plan *p = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_plan_run(&o, &p, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	cr_assert_eq(p->n_entries, 2);
+	cr_expect(p->n_points > 0 && p->n_rates > 0 && p->mem_read_gb_s > 0);
+	for (uint32_t i = 0; i < 2; i++) {
+		const struct nf_store_plan_entry *e = &p->entries[i];
+		cr_expect_eq(e->budget, budgets[i]);
+		cr_expect(e->tok_per_s > 0 && e->bytes_per_token > 0 && e->io_wait_share <= 1);
+		cr_expect_eq(e->kv_type, NF_KV_F16);
+	}
+	/* the store: laid out in the profile's order, the plan in it */
+	struct nf_store *s;
+	cr_assert_eq(nf_store_open(store, NULL, &s, &d), 0, "%s", d.msg);
+	cr_expect(nf_store_has_profile(s) && nf_store_has_plan(s));
+	struct nf_store_profile *pr = NULL;
+	cr_assert_eq(nf_store_profile_read(s, &pr, &d), 0, "%s", d.msg);
+	cr_assert_not_null(pr->order);
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
+		const struct nf_store_object *ob = nf_store_object_get(s, i);
+		if (ob->kind != NF_STORE_KIND_FFN)
+			continue;
+		for (uint32_t r = 0; r < ob->n_bundles; r++)
+			cr_assert_eq(ob->perm[pr->order[i][r]], r, "object %u slot %u: not relayouted", i, r);
+	}
+	nf_store_profile_free(pr);
+	nf_store_close(s);
+	char orig[300];
+	snprintf(orig, sizeof(orig), "%s.orig", store);
+	cr_expect(access(orig, F_OK) != 0, "a copy was left behind without --keep-copy");
+
+	/* the engine follows the nearest plan at or below its budget */
+	struct nf_engine *e1, *e2;
+	cr_assert_eq(open_at(200ull << 20, true, NULL, &e1, &d), 0, "%s", d.msg);
+	struct nf_engine_info info;
+	nf_engine_info(e1, &info);
+	cr_expect_eq(info.plan_budget, budgets[1]);
+	cr_expect_eq(info.qd, p->entries[1].qd);
+	cr_expect_eq(info.read_gap, p->entries[1].read_gap);
+	cr_expect_eq(info.n_ctx, p->entries[1].n_ctx);
+	/* and gives the bits an unplanned run with the same settings gives */
+	cr_assert_eq(open_at(200ull << 20, false, &p->entries[1], &e2, &d), 0, "%s", d.msg);
+	struct nf_engine_info info2;
+	nf_engine_info(e2, &info2);
+	cr_expect_eq(info2.plan_budget, 0);
+	int32_t ids[8] = { 1, 278, 263, 13, 300, 72, 101, 259 };
+	int32_t g1[6], g2[6];
+	uint32_t nv = nf_model_hparams(nf_engine_model(e1))->n_vocab;
+	float *l1 = malloc(nv * sizeof(float)), *l2 = malloc(nv * sizeof(float));
+	pl_run(nf_engine_ctx(e1), ids, 8, l1, g1, 6);
+	pl_run(nf_engine_ctx(e2), ids, 8, l2, g2, 6);
+	cr_expect(!memcmp(l1, l2, nv * sizeof(float)), "planned and unplanned logits differ");
+	cr_expect(!memcmp(g1, g2, sizeof(g1)), "planned and unplanned ids differ");
+	free(l1);
+	free(l2);
+	nf_engine_close(e1);
+	nf_engine_close(e2);
+
+	/* below every plan: the engine decides at start and says so */
+	cr_assert_eq(open_at(80ull << 20, true, NULL, &e1, &d), 0, "%s", d.msg);
+	nf_engine_info(e1, &info);
+	cr_expect_eq(info.plan_budget, 0);
+	cr_expect(strstr(info.plan_note, "above") != NULL, "%s", info.plan_note);
+	nf_engine_close(e1);
+	nf_store_plan_free(p);
+
+	/* a planned CLI run with the budget alone stays within it */
+	if (access(PL_NFLASH, X_OK) != 0)
+		return;
+	static char out[1 << 16], err[1 << 16];
+	char args[1024];
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13,300,72,101,259 --memory-budget 96M --json", store);
+	cr_assert_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+	cr_expect(strstr(err, "plan for 96.0 MiB") != NULL, "%s", err);
+	unsigned long long hwm = pl_json_u64(out, "vm_hwm_bytes");
+	cr_expect(hwm <= (96ull << 20), "VmHWM %llu above the 96 MiB budget", hwm);
+}
