@@ -10,6 +10,7 @@
  * 3. NFLASH_ISA=scalar|avx2|avx512 forces a table; a name the CPU cannot run
  *    falls back to the best table it can, with one line on stderr.
  */
+#include <cpuid.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -57,6 +58,14 @@ const struct nf_kernels *nf_kernels_ref(void)
 	return &nf_kernels_table_ref;
 }
 
+/* F16C from CPUID leaf 1 (ECX bit 29): clang 14 has no "f16c" for
+ * __builtin_cpu_supports, and the fuzz build compiles this file with it. */
+static bool cpu_has_f16c(void)
+{
+	unsigned int a, b, c, d;
+	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 const struct nf_kernels *nf_kernels_isa(const char *isa)
 {
 	if (!isa)
@@ -65,10 +74,10 @@ const struct nf_kernels *nf_kernels_isa(const char *isa)
 	if (!strcmp(isa, "scalar"))
 		return &nf_kernels_table_ref;
 	if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") &&
-	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+	    __builtin_cpu_supports("fma") && cpu_has_f16c())
 		return &nf_kernels_table_avx2;
 	if (!strcmp(isa, "avx512") && __builtin_cpu_supports("avx2") &&
-	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+	    __builtin_cpu_supports("fma") && cpu_has_f16c() &&
 	    __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
 	    __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16"))
