@@ -113,6 +113,8 @@ struct nf_cache_stats {
 	uint64_t evictions;
 	uint64_t errors;
 	uint64_t gap_bundles;      /* not requested, read to join two misses in one read */
+	uint64_t verify_ns;        /* CPU time of crc32c checks in the completion path */
+	uint64_t verified;         /* bytes those checks covered */
 };
 
 struct nf_cache;
