@@ -114,6 +114,9 @@ struct nf_cache {
 	uint64_t max_coalesce;         /* the I/O context's, for counting hot reads */
 	uint32_t max_gap;              /* bundles a miss read may bridge */
 	uint32_t *span_slots;          /* one read's store slots (gaps included) */
+	/* rebalance: one FFN's slots of each segment, and one bundle in transit */
+	uint64_t *rb_hot, *rb_cold;
+	char *rb_buf;
 	bool hot_from_profile;
 	int profile_error;
 	uint64_t profile_tokens;
@@ -249,7 +252,8 @@ static uint64_t meta_bytes_for(const struct nf_cache_geom *g, uint32_t n_ffn_pre
 	return n_ffn * sizeof(struct ffn_ent) + (n_hot + 1) * sizeof(struct slot_meta) +
 	       n_cold * sizeof(struct slot_meta) + (N + 1) * sizeof(struct read_rec) + N * sizeof(uint64_t) +
 	       5 * N * sizeof(uint32_t) + (N + 2) * sizeof(struct event) + n_ffn * 3 * N * sizeof(uint32_t) +
-	       (uint64_t)n_ffn_present * N * sig_words * sizeof(uint64_t);
+	       (uint64_t)n_ffn_present * N * sig_words * sizeof(uint64_t) +
+	       (n_hot + n_cold + 2) * sizeof(uint64_t) + g->stride;
 }
 
 static uint32_t ffns_present(struct nf_store *s)
@@ -342,6 +346,9 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	    !(c->run_neurons = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->run_slots = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->span_slots = meta(c, N * sizeof(uint32_t))) ||
+	    !(c->rb_hot = meta(c, ((size_t)c->n_hot + 1) * sizeof(uint64_t))) ||
+	    !(c->rb_cold = meta(c, ((size_t)c->n_cold + 1) * sizeof(uint64_t))) ||
+	    !(c->rb_buf = meta(c, g->stride)) ||
 	    !(c->order = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->pinned_list = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->ev = meta(c, (N + 2) * sizeof(struct event)))) {
@@ -410,6 +417,9 @@ void nf_cache_close(struct nf_cache *c)
 	free(c->run_neurons);
 	free(c->run_slots);
 	free(c->span_slots);
+	free(c->rb_hot);
+	free(c->rb_cold);
+	free(c->rb_buf);
 	free(c->order);
 	free(c->sortbuf);
 	free(c->pinned_list);
@@ -515,28 +525,26 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
-		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user)
+/* The co-activation record: which neurons this FFN's next recorded request
+ * asked for (one bit per neuron and calibration token). */
+static void record_signature(struct nf_cache *c, struct ffn_ent *f, const uint32_t *neurons, uint32_t n)
 {
-	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
-		return NF_EUSAGE;
-	uint32_t fi = layer * c->g.n_expert + expert;
-	struct ffn_ent *f = &c->ffns[fi];
-	if (!f->obj)
-		return NF_EUSAGE;
-	const struct nf_store_object *obj = f->obj;
-	uint32_t stride = c->g.stride;
+	if (!f->sig || f->sig_n >= c->sig_words * 64u)
+		return;
+	uint32_t t = f->sig_n++;
+	for (uint32_t k = 0; k < n; k++)
+		if (neurons[k] < c->g.n_neurons)
+			f->sig[(size_t)neurons[k] * c->sig_words + t / 64] |= 1ull << (t % 64);
+}
 
-	if (f->sig && f->sig_n < c->sig_words * 64u) {
-		uint32_t t = f->sig_n++;
-		for (uint32_t k = 0; k < n; k++)
-			if (neurons[k] < c->g.n_neurons)
-				f->sig[(size_t)neurons[k] * c->sig_words + t / 64] |= 1ull << (t % 64);
-	}
-
-	/* hits now; misses collected in c->order */
-	uint32_t n_miss = 0, n_hit = 0;
-	uint32_t *hits = c->run_neurons; /* free until the misses are laid out below */
+/* Hits get their address in ptrs (cold ones pinned until release) and are
+ * listed in hits; misses are listed in c->order. Counts every lookup.
+ * Returns the number of misses, or NF_EUSAGE for a neuron out of range. */
+static int lookup(struct nf_cache *c, struct ffn_ent *f, const uint32_t *neurons, uint32_t n, const void **ptrs,
+		  uint32_t *hits, uint32_t *n_hit)
+{
+	uint32_t stride = c->g.stride, n_miss = 0;
+	*n_hit = 0;
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t j = neurons[k];
 		if (j >= c->g.n_neurons)
@@ -561,15 +569,15 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 			}
 			c->st.hits_cold++;
 		}
-		hits[n_hit++] = j;
+		hits[(*n_hit)++] = j;
 	}
-	if (n_hit)
-		fn(user, hits, n_hit, 0);
-	c->st.misses += n_miss;
-	if (!n_miss)
-		return 0;
+	return (int)n_miss;
+}
 
-	/* misses sorted by store slot, so adjacent bundles form runs */
+/* The misses (c->order) into c->run_slots / c->run_neurons, sorted by
+ * store slot so that adjacent bundles form runs. */
+static void sort_misses(struct nf_cache *c, const struct nf_store_object *obj, uint32_t n_miss)
+{
 	bool sorted = true;
 	for (uint32_t k = 0; k < n_miss; k++) {
 		c->run_slots[k] = obj->perm[c->order[k]];
@@ -577,101 +585,152 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 		if (k && c->run_slots[k - 1] > c->run_slots[k])
 			sorted = false;
 	}
-	if (!sorted) {
-		uint64_t *pk = c->sortbuf;
-		for (uint32_t k = 0; k < n_miss; k++)
-			pk[k] = (uint64_t)c->run_slots[k] << 32 | c->run_neurons[k];
-		qsort(pk, n_miss, sizeof(uint64_t), cmp_u64);
-		for (uint32_t k = 0; k < n_miss; k++) {
-			c->run_slots[k] = (uint32_t)(pk[k] >> 32);
-			c->run_neurons[k] = (uint32_t)pk[k];
+	if (sorted)
+		return;
+	uint64_t *pk = c->sortbuf;
+	for (uint32_t k = 0; k < n_miss; k++)
+		pk[k] = (uint64_t)c->run_slots[k] << 32 | c->run_neurons[k];
+	qsort(pk, n_miss, sizeof(uint64_t), cmp_u64);
+	for (uint32_t k = 0; k < n_miss; k++) {
+		c->run_slots[k] = (uint32_t)(pk[k] >> 32);
+		c->run_neurons[k] = (uint32_t)pk[k];
+	}
+}
+
+/*
+ * The read starting at miss k: a run of adjacent store slots, joined to the
+ * next runs when the misses are at most max_gap slots apart and the bundles
+ * between them are cached nowhere (those are read and cached too, not
+ * reported: one request instead of several, each costing kernel CPU), and
+ * cold slots for it (CLOCK). Sets *take (misses it serves), *span (slots it
+ * reads) and returns the first cold slot, or NO_SLOT when none is free.
+ */
+static uint32_t plan_read(struct nf_cache *c, struct ffn_ent *f, uint32_t k, uint32_t n_miss, uint32_t *take,
+			  uint32_t *span)
+{
+	uint32_t stride = c->g.stride;
+	uint32_t len = 1;
+	while (k + len < n_miss && c->run_slots[k + len] == c->run_slots[k + len - 1] + 1)
+		len++;
+	uint32_t e = k + len, sp = len, at = NO_SLOT;
+	while (c->max_gap && e < n_miss) {
+		uint32_t d = c->run_slots[e] - c->run_slots[e - 1];
+		bool free_gap = d <= c->max_gap + 1 && (uint64_t)(sp + d) * stride <= c->max_coalesce;
+		for (uint32_t h = c->run_slots[e - 1] + 1; free_gap && h < c->run_slots[e]; h++)
+			free_gap = f->loc[f->inv[h]] == NO_SLOT;
+		if (!free_gap)
+			break;
+		sp += d;
+		e++;
+		while (e < n_miss && c->run_slots[e] == c->run_slots[e - 1] + 1) {
+			sp++;
+			e++;
 		}
 	}
+	/* bridge only while the misses after this run still find slots: gap
+	 * bundles take slots that no miss may need */
+	if (sp > len && (uint64_t)c->n_pinned_list + sp + (n_miss - e) > c->n_cold) {
+		e = k + len;
+		sp = len;
+	}
+	if (sp > len && (at = clock_alloc(c, sp)) == NO_SLOT) {
+		e = k + len; /* no room for the gaps: the plain run */
+		sp = len;
+	}
+	uint32_t t = len;
+	if (sp > len) {
+		t = e - k;
+	} else {
+		while ((at = clock_alloc(c, t)) == NO_SLOT && t > 1)
+			t = (t + 1) / 2;
+		sp = t;
+	}
+	*take = t;
+	*span = sp;
+	return at;
+}
 
-	/* runs of adjacent store slots -> adjacent cold slots, one read each;
-	 * misses at most max_gap slots apart join one read when the bundles
-	 * between them are cached nowhere: those are read and cached too (not
-	 * reported), one request instead of two (each costs the kernel CPU) */
+/* Give the slots [at, at + span) to the store slots the read at miss k
+ * brings, and queue the read. Returns 0 or the queueing error (then the
+ * read is reported failed through reap). */
+static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t take, uint32_t span, uint32_t at,
+		       const void **ptrs)
+{
+	struct ffn_ent *f = &c->ffns[fi];
+	uint32_t stride = c->g.stride, s0 = c->run_slots[k];
+	int rc;
+	for (uint32_t i = 0; i < span; i++) {
+		struct slot_meta *m = &c->cold_meta[at + i];
+		evict(c, m);
+		m->ffn = fi;
+		m->neuron = f->inv[s0 + i];
+		m->ref = 1;
+		m->pinned = 1;
+		c->pinned_list[c->n_pinned_list++] = at + i;
+		f->loc[m->neuron] = at + i;
+		ptrs[m->neuron] = c->cold + (uint64_t)(at + i) * stride;
+		c->span_slots[i] = s0 + i;
+	}
+	struct read_rec *r = &c->reads[c->n_reads++];
+	*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take, .n_slots = span,
+				.neurons = c->run_neurons + k, .store_slots = c->run_slots + k };
+	atomic_fetch_add(&c->outstanding, 1);
+	/* the I/O context holds a bounded number of requests: when it is full,
+	 * let some complete (their events wait in the queue) */
+	while ((rc = nf_io_ctx_read_bundles(c->io, f->obj, c->span_slots, span, c->cold + (uint64_t)at * stride,
+					    read_done, r)) == -EAGAIN) {
+		int w = nf_io_ctx_wait(c->io, 1, -1);
+		if (w < 0 && w != -ETIMEDOUT) {
+			rc = w;
+			break;
+		}
+	}
+	if (rc < 0) {
+		/* not queued: its callback will not run; report it through reap */
+		r->result = rc;
+		ev_push(c, r);
+		return rc;
+	}
+	c->st.requests++;
+	c->st.bytes_read += (uint64_t)span * stride;
+	c->st.gap_bundles += span - take;
+	return 0;
+}
+
+int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NF_EUSAGE;
+	uint32_t fi = layer * c->g.n_expert + expert;
+	struct ffn_ent *f = &c->ffns[fi];
+	if (!f->obj)
+		return NF_EUSAGE;
+	record_signature(c, f, neurons, n);
+	/* hits now (c->run_neurons is free until the misses are laid out) */
+	uint32_t n_hit;
+	int nm = lookup(c, f, neurons, n, ptrs, c->run_neurons, &n_hit);
+	if (nm < 0)
+		return nm;
+	uint32_t n_miss = (uint32_t)nm;
+	if (n_hit)
+		fn(user, c->run_neurons, n_hit, 0);
+	c->st.misses += n_miss;
+	if (!n_miss)
+		return 0;
+	sort_misses(c, f->obj, n_miss);
 	int rc = 0;
 	uint32_t k = 0;
 	while (k < n_miss) {
-		uint32_t len = 1;
-		while (k + len < n_miss && c->run_slots[k + len] == c->run_slots[k + len - 1] + 1)
-			len++;
-		uint32_t e = k + len, span = len, at = NO_SLOT;
-		while (c->max_gap && e < n_miss) {
-			uint32_t d = c->run_slots[e] - c->run_slots[e - 1];
-			bool free_gap = d <= c->max_gap + 1 && (uint64_t)(span + d) * stride <= c->max_coalesce;
-			for (uint32_t h = c->run_slots[e - 1] + 1; free_gap && h < c->run_slots[e]; h++)
-				free_gap = f->loc[f->inv[h]] == NO_SLOT;
-			if (!free_gap)
-				break;
-			span += d;
-			e++;
-			while (e < n_miss && c->run_slots[e] == c->run_slots[e - 1] + 1) {
-				span++;
-				e++;
-			}
-		}
-		/* bridge only while the misses after this run still find
-		 * slots: gap bundles take slots that no miss may need */
-		if (span > len && (uint64_t)c->n_pinned_list + span + (n_miss - e) > c->n_cold) {
-			e = k + len;
-			span = len;
-		}
-		if (span > len && (at = clock_alloc(c, span)) == NO_SLOT) {
-			e = k + len;  /* no room for the gaps: the plain run */
-			span = len;
-		}
-		uint32_t take = len;
-		if (span > len) {
-			take = e - k;
-		} else {
-			while ((at = clock_alloc(c, take)) == NO_SLOT && take > 1)
-				take = (take + 1) / 2;
-			span = take;
-		}
+		uint32_t take, span, at = plan_read(c, f, k, n_miss, &take, &span);
 		if (at == NO_SLOT) {
 			rc = NF_EBUDGET;
 			break;
 		}
-		uint32_t s0 = c->run_slots[k];
-		for (uint32_t i = 0; i < span; i++) {
-			struct slot_meta *m = &c->cold_meta[at + i];
-			evict(c, m);
-			m->ffn = fi;
-			m->neuron = f->inv[s0 + i];
-			m->ref = 1;
-			m->pinned = 1;
-			c->pinned_list[c->n_pinned_list++] = at + i;
-			f->loc[m->neuron] = at + i;
-			ptrs[m->neuron] = c->cold + (uint64_t)(at + i) * stride;
-			c->span_slots[i] = s0 + i;
-		}
-		struct read_rec *r = &c->reads[c->n_reads++];
-		*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take, .n_slots = span,
-					.neurons = c->run_neurons + k, .store_slots = c->run_slots + k };
-		atomic_fetch_add(&c->outstanding, 1);
-		k += take;
-		/* the I/O context holds a bounded number of requests: when it is
-		 * full, let some complete (their events wait in the queue) */
-		while ((rc = nf_io_ctx_read_bundles(c->io, obj, c->span_slots, span,
-						    c->cold + (uint64_t)at * stride, read_done, r)) == -EAGAIN) {
-			int w = nf_io_ctx_wait(c->io, 1, -1);
-			if (w < 0 && w != -ETIMEDOUT) {
-				rc = w;
-				break;
-			}
-		}
-		if (rc < 0) {
-			/* not queued: its callback will not run; report it through reap */
-			r->result = rc;
-			ev_push(c, r);
+		rc = submit_read(c, fi, k, take, span, at, ptrs);
+		k += take; /* a read that failed to queue reports its own neurons */
+		if (rc < 0)
 			break;
-		}
-		c->st.requests++;
-		c->st.bytes_read += (uint64_t)span * stride;
-		c->st.gap_bundles += span - take;
 	}
 	if (k < n_miss) {
 		/* neurons never submitted: report them failed */
@@ -777,6 +836,82 @@ int nf_cache_release(struct nf_cache *c)
 }
 
 /* ---- hot segment ------------------------------------------------------------------- */
+
+/*
+ * Online re-planning (nf_cache_rebalance): a neuron read into the cold
+ * segment that now fires more often than the least frequent hot neuron of
+ * its FFN swaps places with it. The two bundles trade slots by memcpy: no
+ * read, no wait, and every byte stays what the store holds, so nothing a
+ * kernel computes changes. Counts decay (nf_cache_decay) so that the hot
+ * set follows what the text does now.
+ */
+static int cmp_pair_asc(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int cmp_pair_desc(const void *a, const void *b)
+{
+	return cmp_pair_asc(b, a);
+}
+
+/* FFN fi's slots of one segment as (count << 32 | slot) into out; their number. */
+static uint32_t slots_of_ffn(const struct nf_cache *c, const struct slot_meta *meta, uint32_t n, uint32_t fi,
+			     uint64_t *out)
+{
+	uint32_t k = 0;
+	for (uint32_t i = 0; i < n; i++)
+		if (meta[i].ffn == fi)
+			out[k++] = (uint64_t)c->ffns[fi].count[meta[i].neuron] << 32 | i;
+	return k;
+}
+
+int nf_cache_rebalance(struct nf_cache *c, uint32_t layer, uint32_t expert, uint32_t max_moves)
+{
+	if (!max_moves || !c->n_hot || c->n_pinned_list || atomic_load(&c->outstanding) || layer >= c->g.n_layer ||
+	    expert >= c->g.n_expert)
+		return 0;
+	uint32_t fi = layer * c->g.n_expert + expert, stride = c->g.stride, moves = 0;
+	struct ffn_ent *fe = &c->ffns[fi];
+	uint32_t nh = slots_of_ffn(c, c->hot_meta, c->n_hot, fi, c->rb_hot);
+	uint32_t nc = slots_of_ffn(c, c->cold_meta, c->n_cold, fi, c->rb_cold);
+	if (!nh || !nc)
+		return 0;
+	/* the least frequent hot neurons against the most frequent
+	 * cold-resident ones, pair by pair */
+	qsort(c->rb_hot, nh, sizeof(uint64_t), cmp_pair_asc);
+	qsort(c->rb_cold, nc, sizeof(uint64_t), cmp_pair_desc);
+	for (uint32_t k = 0; k < nh && k < nc && moves < max_moves; k++) {
+		uint32_t hc = (uint32_t)(c->rb_hot[k] >> 32), cc = (uint32_t)(c->rb_cold[k] >> 32);
+		/* hysteresis: clearly hotter (by half again, plus two), so that
+		 * two neurons do not trade places back and forth */
+		if (cc <= hc + hc / 2 + 2)
+			break;
+		uint32_t hs = (uint32_t)c->rb_hot[k], l = (uint32_t)c->rb_cold[k];
+		struct slot_meta *hm = &c->hot_meta[hs], *cm = &c->cold_meta[l];
+		uint32_t h = hm->neuron, j = cm->neuron;
+		char *hb = c->hot + (uint64_t)hs * stride, *cb = c->cold + (uint64_t)l * stride;
+		memcpy(c->rb_buf, hb, stride);
+		memcpy(hb, cb, stride);
+		memcpy(cb, c->rb_buf, stride);
+		hm->neuron = j;
+		fe->loc[j] = hs | HOT_BIT;
+		cm->neuron = h;
+		fe->loc[h] = l;
+		moves++;
+	}
+	c->st.promotions += moves;
+	return (int)moves;
+}
+
+void nf_cache_decay(struct nf_cache *c)
+{
+	for (uint32_t f = 0; f < c->n_ffn; f++)
+		if (c->ffns[f].obj)
+			for (uint32_t j = 0; j < c->g.n_neurons; j++)
+				c->ffns[f].count[j] >>= 1;
+}
 
 struct hot_pick {
 	uint32_t count, neuron;

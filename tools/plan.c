@@ -112,9 +112,9 @@ static void entry_json(struct nf_json *j, const struct nf_store_plan_entry *e, b
 static void entry_line(FILE *f, const struct nf_store_plan_entry *e)
 {
 	fprintf(f,
-		"  %8.1f MiB: -c %u, KV %s, attention %s, qd %u, read gap %u, cold %s, hot %u bundles -> "
+		"  %8.1f MiB: -c %u, -b %u, KV %s, attention %s, qd %u, read gap %u, cold %s, hot %u bundles -> "
 		"predicted %.2f tok/s, I/O wait %.2f, %.1f MiB and %.0f reads per token\n",
-		mib(e->budget), e->n_ctx, e->kv_type ? "f16" : "f32",
+		mib(e->budget), e->n_ctx, e->n_batch, e->kv_type ? "f16" : "f32",
 		e->flags & NF_STORE_PLAN_F_STREAM_ATTN ? "streamed" : "pinned", e->qd, e->read_gap,
 		e->cold_slots ? "part of a layer" : "one layer", e->hot_slots, e->tok_per_s, e->io_wait_share,
 		e->bytes_per_token / 1048576.0, e->reads_per_token);

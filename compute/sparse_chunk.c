@@ -1,0 +1,283 @@
+/*
+ * sparse_chunk.c - the sparse FFN engine's unit of compute: a chunk of
+ * 32-neuron groups, gate, up, activation and down, for ROW, QCOL and
+ * K-quant down forms (compute/sparse_impl.h has the engine's invariants).
+ *
+ * Invariants: a chunk's down contributions are added in ascending neuron
+ * order into its own output row (sparse_impl.h invariant 2); K-quant downs
+ * are summed per super-block as ggml sums them (invariant 7).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sparse_impl.h"
+
+/* ---- group compute ----------------------------------------------------------- */
+
+/* Addresses of neuron j's gate row, up row and down part. */
+static void neuron_addr(const struct nf_sparse *s, uint32_t layer, uint32_t j, const char **g,
+			const char **u, const char **d)
+{
+	if (s->cache) {
+		const char *p = s->ptrs[j];
+		*g = p;
+		*u = p + s->up_off_bundle;
+		*d = p + s->down_off_bundle;
+		return;
+	}
+	const struct layer_tab *t = &s->tabs[layer];
+	*g = t->gate ? t->gate + (size_t)j * t->gate_stride : NULL;
+	*u = t->up + (size_t)j * t->up_stride;
+	*d = t->down + (size_t)j * t->down_stride;
+}
+
+static float act1(enum nf_ffn_act act, float g, float u, bool has_gate)
+{
+	if (!has_gate)
+		return act == NF_FFN_SILU ? u / (1.0f + expf(-u)) : (u > 0.0f ? u : 0.0f);
+	switch (act) {
+	case NF_FFN_RELU:
+		return (g > 0.0f ? g : 0.0f) * u;
+	case NF_FFN_DRELU:
+		return (g > 0.0f ? g : 0.0f) * (u > 0.0f ? u : 0.0f);
+	default:
+		return g / (1.0f + expf(-g)) * u;
+	}
+}
+
+/* Adds group gi's QCOL down contribution (activations a) into out. */
+static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, const uint32_t *ids,
+		      const void *const *dp, uint32_t n, float *out, char *scratch)
+{
+	uint32_t E = s->E;
+	struct nf_block_q8_0 blk;
+	nf_quantize_row_q8_0(a, &blk, GROUP);
+	float dx = nf_fp16_to_fp32(blk.d);
+	if (dx == 0.0f)
+		return;
+	int32_t *acc = (int32_t *)scratch;
+	memset(acc, 0, E * sizeof(int32_t));
+	for (uint32_t j = 0; j < n; j++) {
+		int32_t q = blk.qs[ids[j] % GROUP];
+		if (!dp[j] || q == 0)
+			continue;
+		if (s->dt_down == NF_DTYPE_Q8_0) {
+			const int8_t *c = dp[j];
+			for (uint32_t r = 0; r < E; r++)
+				acc[r] += q * c[r];
+		} else {
+			const uint8_t *c = dp[j];
+			for (uint32_t r = 0; r < E; r += 2) {
+				acc[r] += q * ((int32_t)(c[r / 2] & 0x0f) - 8);
+				acc[r + 1] += q * ((int32_t)(c[r / 2] >> 4) - 8);
+			}
+		}
+	}
+	const uint16_t *sc = s->cur_scales + (size_t)gi * E;
+	for (uint32_t r = 0; r < E; r++)
+		out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc[r];
+}
+
+
+void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx, float *kacc,
+		      uint32_t kb0, uint32_t kb1, uint32_t r0, uint32_t r1)
+{
+	uint32_t E = s->E, layer = s->cur_layer, bits = nf_kquant_bits(dt);
+	int32_t off = nf_kquant_offset(dt);
+	size_t bs = nf_dtype_block_size(dt), hb = nf_bundle_head_bytes(dt), qoff, qlen;
+	nf_kquant_quant_span(dt, &qoff, &qlen);
+	uint8_t blk[256];
+	memset(blk, 0, sizeof(blk));
+	for (uint32_t kb = kb0; kb < kb1; kb++) {
+		const struct nf_block_q8_K *x = &kx[kb];
+		if (x->d == 0.0f)
+			continue; /* no neuron of the block is active: adds exact zeros */
+		uint32_t nz = 0, lane[NF_QK_K], sub[NF_QK_K];
+		int32_t qx[NF_QK_K];
+		const uint8_t *col[NF_QK_K];
+		for (uint32_t i = 0; i < NF_QK_K; i++) {
+			if (!x->qs[i])
+				continue;
+			const char *g, *u, *d;
+			neuron_addr(s, layer, kb * NF_QK_K + i, &g, &u, &d);
+			lane[nz] = (i % 32) / 4;
+			sub[nz] = i / 16;
+			qx[nz] = x->qs[i];
+			col[nz++] = (const uint8_t *)d;
+		}
+		const uint8_t *heads = (const uint8_t *)s->cur_scales + (size_t)kb * E * hb;
+		for (uint32_t r = r0; r < r1; r++) {
+			const uint8_t *h = heads + (size_t)r * hb;
+			struct nf_kblock k;
+			float *acc = kacc + (size_t)r * KACC;
+			memcpy(blk, h, qoff);
+			memcpy(blk + qoff + qlen, h + qoff, bs - qoff - qlen);
+			nf_kblock_unpack_scales(dt, blk, &k);
+			const float dd = x->d * k.d, dmin = -x->d * k.dmin;
+			if (dt == NF_DTYPE_Q2_K) {
+				for (int m = 0; m < 8; m++)
+					acc[m] = fmaf(dmin, (float)(k.mn[2 * m] * x->bsums[2 * m] +
+								    k.mn[2 * m + 1] * x->bsums[2 * m + 1]), acc[m]);
+			} else if (dt == NF_DTYPE_Q4_K || dt == NF_DTYPE_Q5_K) {
+				int32_t tot = 0;
+				for (int q = 0; q < 4; q++) {
+					int32_t p = k.mn[4 * q] * (x->bsums[4 * q] + x->bsums[4 * q + 1]) +
+						    k.mn[4 * q + 2] * (x->bsums[4 * q + 2] + x->bsums[4 * q + 3]);
+					tot += p;
+					if (dt == NF_DTYPE_Q4_K)
+						acc[8 + q] = fmaf(dmin, (float)p, acc[8 + q]);
+				}
+				if (dt == NF_DTYPE_Q5_K)
+					acc[12] = fmaf(dmin, (float)tot, acc[12]);
+			}
+			int32_t li[8] = { 0 };
+			for (uint32_t j = 0; j < nz; j++)
+				li[lane[j]] += k.sc[sub[j]] *
+					       (((int32_t)nf_bundle_kcol_get(col[j], r, bits) - off) * qx[j]);
+			for (int m = 0; m < 8; m++)
+				acc[m] = fmaf(dd, (float)li[m], acc[m]);
+		}
+	}
+}
+
+
+void nf_sp_kdown_finish(uint32_t dt, const float *kacc, uint32_t r0, uint32_t r1, float *out)
+{
+	for (uint32_t r = r0; r < r1; r++) {
+		const float *a = kacc + (size_t)r * KACC;
+		float t[4];
+		for (int i = 0; i < 4; i++)
+			t[i] = a[i] + a[i + 4];
+		float v = (t[0] + t[2]) + (t[1] + t[3]);
+		if (dt == NF_DTYPE_Q4_K)
+			v += (a[8] + a[10]) + (a[9] + a[11]);
+		else if (dt == NF_DTYPE_Q5_K)
+			v += a[12];
+		out[r] = v;
+	}
+}
+
+void nf_sp_kdown_worker(void *arg, int ith, int nth)
+{
+	struct kdown_job *j = arg;
+	uint32_t E = j->s->E, r0 = (uint32_t)((uint64_t)E * ith / nth), r1 = (uint32_t)((uint64_t)E * (ith + 1) / nth);
+	if (!j->out)
+		nf_sp_kdown_rows(j->s, j->dt, j->s->kx, j->s->kacc, j->kb0, j->kb1, r0, r1);
+	else
+		nf_sp_kdown_finish(j->dt, j->s->kacc, r0, r1, j->out);
+}
+
+/* Computes the neurons of groups [g0, g1) of the current layer that mask
+ * (indexed by group) selects, for the token whose prepared input is xq,
+ * into out (E floats). */
+void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const uint32_t *mask, const void *xq,
+			  float *out, char *scratch, float *kact)
+{
+	const struct nf_kernels *k = s->k;
+	uint32_t layer = s->cur_layer, E = s->E;
+	uint32_t ids[CHUNK_MAX], n = 0;
+	float gv[2 * CHUNK_MAX], coef[CHUNK_MAX], *uv;
+	const void *gp[2 * CHUNK_MAX], *up[CHUNK_MAX], *dp[CHUNK_MAX], *cols[CHUNK_MAX];
+	for (uint32_t gi = g0; gi < g1; gi++) {
+		uint32_t m = mask[gi];
+		while (m) {
+			uint32_t j = gi * GROUP + (uint32_t)__builtin_ctz(m);
+			const char *g, *u, *d;
+			m &= m - 1;
+			neuron_addr(s, layer, j, &g, &u, &d);
+			ids[n] = j;
+			gp[n] = g;
+			up[n] = u;
+			dp[n] = d;
+			gv[n] = 0.0f;
+			n++;
+		}
+	}
+	/* gate and up rows in one gather call for the chunk (exact mode:
+	 * gate rows first, dropping the neurons whose gate is not positive,
+	 * then the up rows of the others); each row the same sum as gemv alone */
+	if (!n)
+		return;
+	if (s->has_gate && s->mode != NF_SPARSE_EXACT) {
+		memcpy(gp + n, up, n * sizeof(*up));
+		k->gemv_list[s->kt_gu](E, 2 * n, gp, xq, gv);
+		uv = gv + n;
+	} else {
+		if (s->has_gate) {
+			k->gemv_list[s->kt_gu](E, n, gp, xq, gv);
+			uint32_t kept = 0;
+			for (uint32_t j = 0; j < n; j++) {
+				if (!(gv[j] > 0.0f))
+					continue;
+				ids[kept] = ids[j];
+				up[kept] = up[j];
+				dp[kept] = dp[j];
+				gv[kept] = gv[j];
+				kept++;
+			}
+			n = kept;
+		}
+		uv = gv + CHUNK_MAX;
+		if (n)
+			k->gemv_list[s->kt_gu](E, n, up, xq, uv);
+	}
+
+	/* per group (K-quant QCOL: per super-block): activations, rounded or
+	 * quantized as one block, then the group's (coefficient, down part)
+	 * pairs in neuron order */
+	const struct layer_tab *tab = &s->tabs[layer];
+	uint32_t dt_down = tab->dt_down;
+	bool kcol = s->form == DOWN_QCOL && nf_dtype_is_kquant(dt_down);
+	uint32_t unit = kcol ? NF_QK_K : GROUP;
+	uint32_t ncols = 0;
+	for (uint32_t j0 = 0; j0 < n;) {
+		uint32_t gi = ids[j0] / unit, j1 = j0;
+		float a[NF_QK_K];
+		memset(a, 0, unit * sizeof(float));
+		for (; j1 < n && ids[j1] / unit == gi; j1++) {
+			if (s->mode == NF_SPARSE_EXACT && s->act == NF_FFN_DRELU && !(uv[j1] > 0.0f)) {
+				dp[j1] = NULL;
+				continue;
+			}
+			a[ids[j1] % unit] = act1(s->act, gv[j1], uv[j1], s->has_gate);
+		}
+		if (kcol) {
+			/* the down product waits for the layer's activations (kdown_rows) */
+			for (uint32_t j = j0; j < j1; j++)
+				if (dp[j])
+					kact[ids[j]] = a[ids[j] % unit];
+		} else if (s->form == DOWN_QCOL) {
+			qcol_down(s, gi, a, ids + j0, dp + j0, j1 - j0, out, scratch);
+		} else if (nf_dtype_block_len(dt_down) > 1) {
+			/* PowerInfer: the activation vector quantized to Q8_0;
+			 * neuron i contributes d * q[i] times its dequantized down row */
+			struct nf_block_q8_0 blk;
+			nf_quantize_row_q8_0(a, &blk, GROUP);
+			float d = nf_fp16_to_fp32(blk.d);
+			for (uint32_t j = j0; j < j1; j++) {
+				int8_t q = blk.qs[ids[j] % GROUP];
+				if (dp[j] && q != 0) {
+					coef[ncols] = d * (float)q;
+					cols[ncols++] = dp[j];
+				}
+			}
+		} else {
+			/* float down rows: the activations rounded to the row's dot type */
+			float ar[GROUP];
+			k->act_prepare[tab->kt_down](a, scratch, GROUP);
+			nf_dequantize_row(nf_ktype_dot_dtype(tab->kt_down), scratch, ar, GROUP);
+			for (uint32_t j = j0; j < j1; j++) {
+				float v = ar[ids[j] % GROUP];
+				if (dp[j] && v != 0.0f) {
+					coef[ncols] = v;
+					cols[ncols++] = dp[j];
+				}
+			}
+		}
+		j0 = j1;
+	}
+	if (ncols)
+		k->axpy_list[tab->kt_down](E, ncols, coef, cols, out);
+}

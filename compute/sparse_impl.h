@@ -1,0 +1,253 @@
+/*
+ * sparse_impl.h - private to compute/ffn_sparse.c and compute/sparse_*.c:
+ * the sparse FFN engine's state and the functions its parts share.
+ *
+ *   ffn_sparse.c    names, the forward entry point, set-up and tear-down
+ *   sparse_chunk.c  computing a chunk of groups (gate, up, act, down; QCOL
+ *                   and K-quant downs)
+ *   sparse_sched.c  the ready list and the workers that take ready chunks
+ *   sparse_token.c  one token: predictor, masks, chunks, cache windows
+ *   sparse_batch.c  a batch of tokens from the cache (prefill)
+ *   sparse_moe.c    mixture-of-experts layers from the cache
+ * Invariants of the engine (every part keeps them):
+ *  1. Arithmetic follows ggml/PowerInfer: gate/up inputs rounded to their
+ *     weight's dot type (act_prepare); the activation of a neuron fed to a
+ *     float down row is rounded to that row's dot type (fp16 for F16); for
+ *     a quantized down (ROW from ffn_down_t, or QCOL) the activations of a
+ *     group are quantized together as one Q8_0 block, and neuron i's
+ *     coefficient is d * q[i] (PowerInfer's axpy_q4_0_q8_0; QCOL: ggml's
+ *     integer dot). Inactive neurons have activation 0 in that block.
+ *  2. The work unit is a chunk: consecutive groups, closed once it holds
+ *     CHUNK_NEURONS active neurons (the last one may hold fewer), so its
+ *     bounds depend on the masks only. A chunk is computed by one thread,
+ *     start to end (gate, up, act, down), only once all its active
+ *     neurons' bytes are in memory: the Q8_0 block of a group depends on
+ *     exactly that group, and a chunk is whole groups, so no barrier per
+ *     matrix exists. A chunk adds its neurons' down contributions in
+ *     ascending neuron order (one fma chain per element, as axpy neuron by
+ *     neuron) into its own output row; when the layer's chunks are done the
+ *     rows are summed in chunk order (rows split over the threads). So the
+ *     output does not depend on the thread count nor on the order reads
+ *     completed: store-backed equals in-memory bit for bit.
+ *  3. Everything is allocated in nf_sparse_open(); forward() never
+ *     allocates.
+ *  4. Chunks are taken through one atomic counter over the ready list, so
+ *     any thread may take any ready chunk; with a cache, a thread with
+ *     nothing to do reaps completions (the cache serialises that) and
+ *     appends the chunks they complete.
+ *  5. A batch of tokens (prefill) from a cache makes one request per layer
+ *     for the union of its tokens' neurons, so a long prompt reads the FFN
+ *     as large sequential runs; each thread owns a slice of the tokens and
+ *     walks the groups in group order as they land, each token cutting its
+ *     own chunks from its own masks and adding each closed chunk straight
+ *     into its output: the same sums in the same order as invariant 2, so
+ *     a batch equals its tokens one by one, bit for bit.
+ *  6. Mixture-of-experts layers (from a cache only) route as the built-in
+ *     FFN and run each routed expert as a dense FFN of (layer, expert).
+ *  7. K-quant down matrices (QCOL of Q2_K..Q6_K, types may differ per
+ *     layer): chunks compute gate, up and the activations only, into the
+ *     token's activation vector; chunks close only at 256-neuron
+ *     super-block boundaries (kgroups), so a window of chunks holds whole
+ *     super-blocks. Once a window's chunks are done (a batch: once every
+ *     group landed) the down product runs in ggml's dense order
+ *     (nf_sp_kdown_rows): the activations as Q8_K blocks, per row one chain
+ *     of lane accumulators over the super-blocks in ascending order. Where
+ *     every neuron runs, the output is llama.cpp's dense product bit for
+ *     bit; skipped neurons contribute what a zero activation does.
+ */
+#ifndef NF_SPARSE_IMPL_H
+#define NF_SPARSE_IMPL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "nflash/bundle.h"
+#include "nflash/cache.h"
+#include "nflash/dtype.h"
+#include "nflash/kernels.h"
+#include "nflash/model.h"
+#include "nflash/pool.h"
+#include "nflash/sparse.h"
+
+#define GROUP 32u
+/* Active neurons a chunk collects before it closes: 64 keeps ~20 chunks
+ * per layer at 13% activity (their output rows stay in L2, and two
+ * threads still balance) and the gather kernels' lists long. */
+#ifndef CHUNK_NEURONS
+#define CHUNK_NEURONS 64u
+#endif
+/* a chunk closes at a group boundary (K-quant downs: a 256-neuron one) */
+#define CHUNK_MAX (CHUNK_NEURONS + NF_QK_K - 1u)
+
+enum down_form { DOWN_ROW, DOWN_QCOL };
+
+/* Where one layer's neuron bytes live when served from memory. */
+struct layer_tab {
+	bool sparse;                 /* false: built-in FFN (MoE) */
+	const char *gate, *up, *down;
+	size_t gate_stride, up_stride, down_stride;
+	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16; K: block heads */
+	uint32_t dt_down;            /* this layer's down type (K-quants vary per layer) */
+	int kt_down;
+	const uint16_t **xscales;    /* MoE from a cache: scales per expert */
+	void *owned;                 /* transposed / repacked down (ours) */
+	const struct nf_weight *fc1, *fc2;
+};
+
+struct group_state {
+	uint32_t chunk;              /* the chunk it belongs to (if active) */
+	atomic_uint pending;         /* batches: bundles not yet in memory */
+};
+
+struct chunk_state {
+	uint32_t g0, g1;             /* groups [g0, g1); inactive ones are skipped */
+	uint32_t n_groups;           /* active groups among them */
+	atomic_uint pending;         /* bundles not yet in memory */
+};
+
+struct nf_sparse {
+	struct nf_ctx *ctx;
+	const struct nf_model *m;
+	const struct nf_kernels *k;
+	enum nf_sparse_mode mode;
+	float threshold;
+	bool measure_recall;
+	struct nf_cache *cache;
+	uint32_t cap;                /* cache: most misses one request may have (its cold slots) */
+	uint32_t E, F, n_groups, n_layer;
+	uint32_t last_mask;          /* neurons of the last group that exist */
+	enum nf_ffn_act act;
+	bool has_gate;
+	uint32_t dt_gu, dt_down;     /* dtypes */
+	int kt_gu, kt_down;
+	enum down_form form;
+	uint32_t kgroups;            /* groups per chunk boundary: 8 with K-quant downs, else 1 */
+	float *kact;                 /* K-quant downs: the layer's activations (n_ff) */
+	struct nf_block_q8_K *kx;    /* and as Q8_K blocks (n_ff / 256) */
+	float *kacc;                 /* per row: the dense product's accumulators (n_embd x KACC) */
+	float *bkact;                /* batches: each token's activations (n_batch x n_ff) */
+	struct nf_block_q8_K *bkx;   /* batches, per thread: kx and kacc */
+	float *bkacc;
+	uint32_t down_off_bundle;    /* cache bundles: byte offset of the down row */
+	uint32_t up_off_bundle;
+	struct layer_tab *tabs;
+	struct nf_ffn_ops ops;
+	uint64_t bytes;
+	bool count_only;             /* a sizing pass: zalloc counts, allocates nothing */
+
+	/* per call scratch */
+	void *xq;                    /* x prepared for gate/up */
+	void *hq;                    /* predictor input prepared */
+	float *h1;                   /* fc1 output (rank) */
+	float *score;                /* fc2 output, then gate values for recall (n_ff) */
+	uint32_t rank;
+	uint32_t *gmask;             /* n_groups: neurons to compute (bit i: neuron 32g + i) */
+	struct group_state *groups;  /* n_groups */
+	struct chunk_state *chunks;  /* max_chunks */
+	uint32_t max_chunks, n_chunks;
+	uint32_t *ready;             /* chunk ids in the order they became ready */
+	atomic_uint n_ready, next;   /* appended / taken */
+	const void **ptrs;           /* cache: bundle address per neuron (n_ff) */
+	uint32_t *req;               /* cache: neuron ids requested (n_ff) */
+	atomic_int err;
+
+	/* per thread */
+	int nth;
+	float *gout;                 /* max_chunks x E: each chunk's down contribution */
+	size_t act_stride;           /* bytes of per-thread activation scratch */
+	char *tscratch;              /* nth x act_stride */
+
+	struct nf_sparse_stats st;
+	uint32_t hot_after;
+	uint32_t replan_moves;       /* online re-planning: most moves per layer and step (0: off) */
+	bool replan_now;             /* this forward step re-plans each layer after it */
+	uint64_t tokens, next_hot;
+	double t_req;                /* this layer: request time */
+	_Atomic double t_last_ready; /* and its last completion (set by reapers) */
+	/* batches (prefill) from a cache: one request per layer for the
+	 * union of the tokens' neurons, groups consumed in group order */
+	bool in_batch;
+	uint32_t n_batch;            /* most tokens per call */
+	size_t xq_size;              /* bytes of one prepared input */
+	char *bxq;                   /* n_batch prepared inputs */
+	uint32_t *bmask;             /* n_batch x n_groups neuron masks */
+	uint32_t *bchunk;            /* n_batch x 2: open chunk's first group, active neurons */
+	float *bsum;                 /* nth x E: one chunk's contribution */
+	size_t cur_nb;
+	/* mixture of experts (from a cache only): each token's routed experts
+	 * run as dense FFNs one after the other */
+	uint32_t n_expert, n_expert_used;
+	uint32_t cur_expert;
+	const uint16_t *cur_scales;  /* QCOL scales of (cur_layer, cur_expert) */
+	float *eout;                 /* n_expert_used x E: each routed expert's output */
+	const float *cur_x;          /* token being computed */
+	float *cur_out;              /* its FFN output */
+	uint32_t cur_layer;
+};
+
+
+/*
+ * K-quant QCOL down, in ggml's dense order (kernels_ref.c, dot_kquant), so
+ * that store-backed and in-memory runs equal llama.cpp's dense product
+ * bit for bit where every neuron is computed: the layer's activations
+ * (s->kact, inactive neurons 0) are quantized to Q8_K per super-block
+ * (s->kx); per row r, super-blocks in ascending order continue the row's
+ * lane accumulators (s->kacc: 8 lanes, 4 Q4_K min lanes, the Q5_K min
+ * sum), each lane the exact integer sum over the neurons with a nonzero
+ * q_x (the others contribute 0, as in the dense sum).
+ */
+#define KACC 13
+
+struct kdown_job {
+	struct nf_sparse *s;
+	uint32_t dt, kb0, kb1;
+	float *out;                  /* final pass: the layer's output */
+};
+
+/*
+ * Tokens x[0..nb) of one layer with a cache: one request for every neuron
+ * any of them needs (for a long prompt nearly the whole FFN: adjacent
+ * misses coalesce into reads of up to max_coalesce bytes, the FFN read as
+ * large sequential extents), and compute proceeds group by group as those
+ * reads land. Same results, bit for bit, as the tokens one at a time.
+ */
+#define BATCH_TOO_BIG 1
+
+static inline double nf_sp_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void nf_sp_kdown_worker(void *arg, int ith, int nth);
+/* K-quant down of super-blocks [kb0, kb1) for rows [r0, r1): Q8_K
+ * activations kx, row accumulators kacc (n_embd x KACC) continued; then
+ * the rows' outputs from their accumulators. */
+void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx, float *kacc,
+		      uint32_t kb0, uint32_t kb1, uint32_t r0, uint32_t r1);
+void nf_sp_kdown_finish(uint32_t dt, const float *kacc, uint32_t r0, uint32_t r1, float *out);
+/* kact: where a K-quant down's activations go (n_ff floats of the token) */
+void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const uint32_t *mask, const void *xq,
+			  float *out, char *scratch, float *kact);
+void nf_sp_ready_push(struct nf_sparse *s, uint32_t ci);
+void nf_sp_on_ready(void *user, const uint32_t *neurons, uint32_t n, int result);
+bool nf_sp_reap_some(struct nf_sparse *s, int ith);
+void nf_sp_worker(void *arg, int ith, int nth);
+void nf_sp_run_workers(struct nf_sparse *s, const struct nf_ffn_env *env, nf_pool_fn fn);
+void nf_sp_run_job(const struct nf_ffn_env *env, nf_pool_fn fn, void *arg);
+void nf_sp_kdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t dt, uint32_t g0,
+			 uint32_t g1);
+void nf_sp_reduce_worker(void *arg, int ith, int nth);
+void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid);
+uint32_t nf_sp_group_mask(const struct nf_sparse *s, uint32_t gi);
+void nf_sp_measure_recall(struct nf_sparse *s, uint32_t layer);
+int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
+			 const float *x, const float *resid, float *out);
+int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io);
+int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io);
+
+#endif /* NF_SPARSE_IMPL_H */

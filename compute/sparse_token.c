@@ -1,0 +1,211 @@
+/*
+ * sparse_token.c - one token through a sparse FFN layer: the predictor
+ * (or the exact mode's gate pass), the neuron masks, the chunks, and with
+ * a cache the request for the misses, in windows when they do not fit the
+ * cold segment (compute/sparse_impl.h).
+ *
+ * Invariants: the output is the same whatever the window size, thread
+ * count or order the reads complete in (invariant 2).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sparse_impl.h"
+
+/* ---- one token ------------------------------------------------------------------- */
+
+void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid)
+{
+	const struct nf_kernels *k = s->k;
+	k->act_prepare[t->fc1->kt](resid, s->hq, s->E);
+	k->gemv[t->fc1->kt](t->fc1->n, t->fc1->nrows, t->fc1->data, t->fc1->row_bytes, s->hq, s->h1);
+	for (uint32_t i = 0; i < s->rank; i++)
+		s->h1[i] = s->h1[i] > 0.0f ? s->h1[i] : 0.0f;
+	k->act_prepare[t->fc2->kt](s->h1, s->hq, s->rank);
+	k->gemv[t->fc2->kt](t->fc2->n, t->fc2->nrows, t->fc2->data, t->fc2->row_bytes, s->hq, s->score);
+}
+
+/* Neurons of group gi to compute: the predicted ones (score >= threshold,
+ * after nf_sp_predict()), or every neuron that exists. */
+uint32_t nf_sp_group_mask(const struct nf_sparse *s, uint32_t gi)
+{
+	uint32_t m = 0, valid = gi + 1 < s->n_groups ? UINT32_MAX : s->last_mask;
+	if (s->mode != NF_SPARSE_PREDICTOR)
+		return valid;
+	for (uint32_t i = 0; i < GROUP; i++)
+		if ((valid >> i & 1u) && s->score[gi * GROUP + i] >= s->threshold)
+			m |= 1u << i;
+	return m;
+}
+
+/* Gate values of every neuron (in memory) for recall. */
+void nf_sp_measure_recall(struct nf_sparse *s, uint32_t layer)
+{
+	const struct layer_tab *t = &s->tabs[layer];
+	if (s->cache || !t->gate)
+		return;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++)
+		for (uint32_t i = 0; i < GROUP && gi * GROUP + i < s->F; i++) {
+			uint32_t j = gi * GROUP + i;
+			float gv;
+			s->k->gemv[s->kt_gu](s->E, 1, t->gate + (size_t)j * t->gate_stride, 0, s->xq, &gv);
+			if (gv > 0.0f) {
+				s->st.recall_fired++;
+				s->st.recall_hit += (s->gmask[gi] >> i) & 1u;
+			}
+		}
+}
+
+int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
+			 const float *x, const float *resid, float *out)
+{
+	const struct layer_tab *t = &s->tabs[layer];
+	uint64_t later0 = s->st.groups_ready_later;
+	s->cur_layer = layer;
+	s->cur_scales = t->xscales ? t->xscales[s->cur_expert] : t->scales;
+	s->cur_x = x;
+	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
+	if (s->mode == NF_SPARSE_PREDICTOR)
+		nf_sp_predict(s, t, resid);
+	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(t->dt_down);
+	if (kq) {
+		memset(s->kact, 0, s->F * sizeof(float));
+		memset(s->kacc, 0, (size_t)s->E * KACC * sizeof(float));
+	}
+
+	uint64_t active = 0;
+	atomic_store(&s->n_ready, 0);
+	atomic_store(&s->next, 0);
+	atomic_store(&s->err, 0);
+	/* masks, and chunks: consecutive groups up to CHUNK_NEURONS active
+	 * neurons, cut from the masks alone (invariant 2) */
+	uint32_t nc = 0, in_chunk = 0;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		uint32_t m = nf_sp_group_mask(s, gi);
+		s->gmask[gi] = m;
+		if (!m)
+			continue;
+		uint32_t pc = (uint32_t)__builtin_popcount(m);
+		active += pc;
+		struct chunk_state *c = &s->chunks[nc];
+		if (!in_chunk) {
+			c->g0 = gi;
+			c->n_groups = 0;
+		}
+		c->g1 = gi + 1;
+		c->n_groups++;
+		s->groups[gi].chunk = nc;
+		in_chunk += pc;
+		if (in_chunk >= CHUNK_NEURONS && (gi + 1) % s->kgroups == 0) {
+			atomic_store(&c->pending, in_chunk + 1u);
+			nc++;
+			in_chunk = 0;
+		}
+	}
+	if (in_chunk)
+		atomic_store(&s->chunks[nc++].pending, in_chunk + 1u);
+	s->n_chunks = nc;
+	for (uint32_t i = 0; i < nc; i++)
+		s->ready[i] = UINT32_MAX;
+	if (s->measure_recall && s->mode == NF_SPARSE_PREDICTOR)
+		nf_sp_measure_recall(s, layer);
+
+	if (!s->cache) {
+		for (uint32_t ci = 0; ci < nc; ci++) {
+			nf_sp_ready_push(s, ci);
+			s->st.groups_ready_now += s->chunks[ci].n_groups;
+		}
+		nf_sp_run_workers(s, env, nf_sp_worker);
+		if (kq && nc)
+			nf_sp_kdown_blocks(s, env, t->dt_down, s->chunks[0].g0, s->chunks[nc - 1].g1);
+	} else {
+		/* one request for the layer; when its misses could outnumber the
+		 * cold slots, windows of whole chunks, each requested, computed
+		 * and released before the next (same sums: each chunk has its own
+		 * output, reduced in chunk order below) */
+		uint32_t n = 0;
+		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+			uint32_t m = s->gmask[gi];
+			for (uint32_t i = 0; i < GROUP; i++)
+				if (m & (1u << i))
+					s->req[n++] = gi * GROUP + i;
+		}
+		bool whole = nf_cache_cold_needed(s->cache, layer, s->cur_expert, s->req, n) <= s->cap;
+		uint32_t c0 = 0;
+		while (c0 < nc) {
+			uint32_t c1 = nc, w = n, first = 0;
+			if (!whole) {
+				/* the longest run of chunks from c0 with at most cap neurons */
+				uint32_t at = 0;
+				for (c1 = c0; c1 < nc; c1++) {
+					uint32_t k = 0;
+					for (uint32_t gi = s->chunks[c1].g0; gi < s->chunks[c1].g1; gi++)
+						k += (uint32_t)__builtin_popcount(s->gmask[gi]);
+					if (c1 > c0 && at + k > s->cap)
+						break;
+					at += k;
+				}
+				for (uint32_t ci = 0; ci < c0; ci++)
+					for (uint32_t gi = s->chunks[ci].g0; gi < s->chunks[ci].g1; gi++)
+						first += (uint32_t)__builtin_popcount(s->gmask[gi]);
+				w = at;
+				s->st.windows++;
+			}
+			atomic_store(&s->n_ready, 0);
+			atomic_store(&s->next, 0);
+			for (uint32_t i = 0; i < c1 - c0; i++)
+				s->ready[i] = UINT32_MAX;
+			s->n_chunks = c1 - c0;
+			s->t_req = nf_sp_now();
+			atomic_store(&s->t_last_ready, 0.0);
+			uint64_t later = s->st.groups_ready_later;
+			int rc = nf_cache_request(s->cache, layer, s->cur_expert, s->req + first, w, s->ptrs, nf_sp_on_ready, s);
+			/* drop the guard count: chunks whose bundles were all hits are ready now */
+			for (uint32_t ci = c0; ci < c1; ci++) {
+				if (atomic_fetch_sub(&s->chunks[ci].pending, 1) == 1) {
+					nf_sp_ready_push(s, ci);
+					s->st.groups_ready_now += s->chunks[ci].n_groups;
+				} else {
+					s->st.groups_ready_later += s->chunks[ci].n_groups;
+				}
+			}
+			if (rc < 0) {
+				/* what was submitted must land before its slots are reused */
+				nf_cache_release(s->cache);
+				s->n_chunks = nc;
+				return rc;
+			}
+			nf_sp_run_workers(s, env, nf_sp_worker);
+			if (kq && !atomic_load(&s->err))
+				nf_sp_kdown_blocks(s, env, t->dt_down, s->chunks[c0].g0, s->chunks[c1 - 1].g1);
+			/* every read must have landed before its slots are reused */
+			rc = nf_cache_release(s->cache);
+			int err = atomic_load(&s->err);
+			double last = atomic_load(&s->t_last_ready);
+			if (s->st.groups_ready_later > later && last > s->t_req)
+				s->st.t_io += last - s->t_req;
+			if (err < 0 || rc < 0) {
+				s->n_chunks = nc;
+				return err < 0 ? err : rc;
+			}
+			c0 = c1;
+		}
+		s->n_chunks = nc;
+	}
+	(void)later0;
+	if (!s->cache && atomic_load(&s->err) < 0)
+		return atomic_load(&s->err);
+	s->cur_out = out;
+	if (kq) {
+		struct kdown_job kj = { .s = s, .dt = t->dt_down, .out = out };
+		nf_sp_run_job(env, nf_sp_kdown_worker, &kj);
+	} else {
+		nf_sp_run_workers(s, env, nf_sp_reduce_worker);
+	}
+	s->st.ffn_calls++;
+	s->st.neurons_total += s->F;
+	s->st.neurons_active += active;
+	return 0;
+}
