@@ -8,14 +8,16 @@
 #   make install PREFIX=/usr/local
 #
 # Options: V=1 (verbose), SANITIZE=address,undefined or SANITIZE=thread
-# (objects go to build-<sanitizer>/), BPF=0 (no eBPF), WERROR=0.
+# (objects go to build-<sanitizer>/), BPF=0 (no eBPF), WERROR=0,
+# ARCH=arm64 (cross-build for aarch64 into build-arm64/ with Debian's
+# aarch64-linux-gnu-gcc; `make test ARCH=arm64` runs the suite under
+# qemu-aarch64-static; see README.md "On ARM64 devices").
 
 .DELETE_ON_ERROR:
 .SUFFIXES:
 
 PREFIX   ?= /usr/local
 V        ?= 0
-BPF      ?= 1
 WERROR   ?= 1
 SANITIZE ?=
 VERSION  := 0.1.0
@@ -28,11 +30,39 @@ Q := @
 msg = @printf '  %-7s %s\n' $(1) $(2)
 endif
 
+# ARCH: the target, x86_64 or arm64 (default: this machine). A target
+# other than the host is a cross build: its own build directory, Debian's
+# cross compiler, and tests run under qemu-user.
+HOST_ARCH := $(patsubst aarch64,arm64,$(shell uname -m))
+ARCH      ?= $(HOST_ARCH)
+override ARCH := $(patsubst aarch64,arm64,$(patsubst amd64,x86_64,$(ARCH)))
+ifeq ($(filter $(ARCH),x86_64 arm64),)
+$(error ARCH=$(ARCH): only x86_64 and arm64 are supported)
+endif
+CROSS := $(if $(filter $(HOST_ARCH),$(ARCH)),,1)
+BPF   ?= $(if $(CROSS),0,1)
+
 comma := ,
-ifneq ($(SANITIZE),)
-B := build-$(subst $(comma),-,$(SANITIZE))
+B := build$(if $(CROSS),-$(ARCH))$(if $(SANITIZE),-$(subst $(comma),-,$(SANITIZE)))
+
+ifneq ($(CROSS),)
+ifeq ($(origin CC),default)
+CC := aarch64-linux-gnu-gcc
+endif
+# eBPF needs the target kernel's BTF (vmlinux.h); a cross build has none of
+# it, so BPF defaults to 0 there (BPF=1 VMLINUX_BTF=<a copy of the device's
+# /sys/kernel/btf/vmlinux> builds it).
+# The Criterion workers and the nflash binary the tests spawn run under
+# qemu-user whether or not binfmt_misc knows aarch64 (tests/qemu_exec.c).
+QEMU      ?= /usr/bin/qemu-aarch64-static
+QEMU_CPU  ?= max
+TEST_RUN  := env NF_QEMU=$(QEMU) QEMU_CPU=$(QEMU_CPU) $(QEMU)
+# Criterion's arm64 runtime, unpacked by tools/deps.sh (see there why).
+CRIT_ARM64 ?= /opt/nflash-arm64
+CRIT_LIB   := $(CRIT_ARM64)/usr/lib/aarch64-linux-gnu
+LDLIBS_TEST := -L$(CRIT_LIB) -l:libcriterion.so.3 -Wl,--disable-new-dtags,-rpath,$(CRIT_LIB) -Wl,-rpath-link,$(CRIT_LIB) -lcurl -ldl
 else
-B := build
+LDLIBS_TEST := -lcriterion -lcurl
 endif
 
 CC      ?= cc
@@ -55,12 +85,21 @@ LDLIBS  := -laio -luring -lnuma -lm -lpthread
 # The command (tools/) alone: JSON reports and the server's HTTP.
 TOOL_LDLIBS := -ljansson -lmicrohttpd
 
-# Kernels for one ISA live in files named *_avx2.c / *_avx512.c and are
-# chosen at start-up by cpuid; only those files get the ISA flags.
-ISA_AVX2   := -mavx2 -mfma -mf16c
-ISA_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mavx2 -mfma -mf16c
+# Kernels for one ISA live in files named *_avx2.c / *_avx512.c (x86-64)
+# and *_neon.c / *_neondot.c (arm64) and are chosen at start-up from the
+# CPU's features; only those files get the ISA flags, and only the target's
+# files are compiled.
+ISA_AVX2    := -mavx2 -mfma -mf16c
+ISA_AVX512  := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mavx2 -mfma -mf16c
+ISA_NEON    := -march=armv8-a
+ISA_NEONDOT := -march=armv8.2-a+dotprod
+isa_flags = $(if $(findstring _avx512,$1),$(ISA_AVX512),$(if $(findstring _avx2,$1),$(ISA_AVX2),$(if \
+	$(findstring _neondot,$1),$(ISA_NEONDOT),$(if $(findstring _neon,$1),$(ISA_NEON)))))
+# (a name holding the other architecture's tag, e.g. kernels_avx2_kquant.c)
+ISA_OTHER := $(if $(filter arm64,$(ARCH)),_avx,_neon)
+drop_other_isa = $(foreach f,$1,$(if $(findstring $(ISA_OTHER),$(notdir $f)),,$f))
 
-LIB_SRC := $(sort $(wildcard storage/*.c compute/*.c planner/*.c))
+LIB_SRC := $(call drop_other_isa,$(sort $(wildcard storage/*.c compute/*.c planner/*.c)))
 ifeq ($(BPF),1)
 LIB_SRC += $(filter-out %.bpf.c,$(wildcard bpf/*.c))
 LDLIBS  += -lbpf -lelf -lz
@@ -88,12 +127,12 @@ all: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
 
 deps:
-	$(Q)CI=$(CI) sh tools/deps.sh
+	$(Q)CI=$(CI) ARCH=$(ARCH) $(if $(CROSS),CRIT_ARM64=$(CRIT_ARM64)) sh tools/deps.sh
 
 $(B)/%.o: %.c
 	$(call msg,CC,$@)
 	$(Q)mkdir -p $(@D)
-	$(Q)$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(ISA_AVX512),$(if $(findstring _avx2,$<),$(ISA_AVX2))) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(call isa_flags,$<) -c $< -o $@
 
 $(B)/libnflash.a: $(LIB_OBJ)
 	$(call msg,AR,$@)
@@ -117,15 +156,24 @@ $(B)/nflash.pc: Makefile
 -include bpf/bpf.mk
 
 # ---- tests --------------------------------------------------------------
+# A cross build links tests/qemu_exec.c into the test binary (its execve
+# runs aarch64 programs through $NF_QEMU) and tells the tests which nflash
+# binary to spawn.
+ifneq ($(CROSS),)
+TEST_OBJ += $(B)/tests/qemu_exec.o
+$(TEST_OBJ): CFLAGS += -DNF_TEST_NFLASH='"$(B)/nflash"' -DNF_TEST_SLOWDOWN=10
+endif
 $(B)/tests/nflash-tests: $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS) -lcriterion -lcurl
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS) $(LDLIBS_TEST)
 
 # TEST_FILTER='storage/*' runs one suite; TEST_JOBS sets Criterion's workers.
+# TEST_ISA=neon runs it with NFLASH_ISA forced (ARCH=arm64: QEMU_CPU=cortex-a57,
+# a CPU without sdot, does the same for the dispatcher).
 TEST_JOBS ?= 2
 test: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
-	$(Q)$(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
+	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
 
 # ---- nflash serve with real clients: curl's view of SSE, the OpenAI Node SDK
 # (installed from npm into $(B)/openai-sdk; skipped with a reason without node)

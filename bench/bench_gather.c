@@ -15,7 +15,7 @@
  * passes over the whole set after one warm-up pass, and ratio compares the
  * list kernel to the per-row calls measured in the same repetitions.
  *
- *	make bench BENCH=bench_gather   # or: build/bench/bench_gather [avx512|avx2...]
+ *	make bench BENCH=bench_gather   # or: build/bench/bench_gather [avx512|avx2|neon-dot|neon...]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -87,9 +87,9 @@ int main(int argc, char **argv)
 	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0 };
 	static const char *const type_names[] = { "q4_0", "q8_0" };
 	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0 };
-	const char *all_isas[] = { "avx512", "avx2" };
+	const char *all_isas[] = NF_BENCH_ISAS;
 	const char **isas = all_isas;
-	int nisa = 2;
+	int nisa = (int)(sizeof(all_isas) / sizeof(all_isas[0]));
 	if (argc > 1) {
 		isas = (const char **)argv + 1;
 		nisa = argc - 1;

@@ -13,14 +13,20 @@
  * time: on a machine shared with other work they show what the kernel does
  * while it runs, and the wall-clock columns what the caller waited.
  *
- *	make bench BENCH=bench_kernels   # or: build/bench/bench_kernels [avx512|avx2|scalar...]
+ * With LLAMA_BENCH (llama.cpp's llama-bench) and LLAMA_BENCH_MODELS
+ * (GGUF files separated by ':'), a row per file gives llama.cpp's decode
+ * weight traffic (file bytes x tokens/s of `-t 2 -p 0 -n 16`, median of
+ * REPS runs) beside a memory read by 2 threads before each run.
+ *
+ *	make bench BENCH=bench_kernels   # or: build/bench/bench_kernels [avx512|avx2|neon-dot|neon|scalar...]
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 #include "../tools/cli.h"
 #include "bench_common.h"
@@ -43,6 +49,7 @@ struct gemv_job {
 	float *y;
 	/* gemm */
 	size_t nb, xq_stride;
+	int packed; /* in 8-row groups: gemv_x8 / gemm_x8 */
 	double cpu[8]; /* per-thread CPU seconds of the last job */
 };
 
@@ -64,19 +71,26 @@ static double max_cpu(const double *c, int nth)
 static void gemv_fn(void *arg, int ith, int nth)
 {
 	struct gemv_job *j = arg;
-	size_t r0 = j->rows * (size_t)ith / (size_t)nth, r1 = j->rows * (size_t)(ith + 1) / (size_t)nth;
+	size_t g = j->rows / 8, r0 = g * (size_t)ith / (size_t)nth * 8, r1 = g * (size_t)(ith + 1) / (size_t)nth * 8;
 	double t0 = thread_cpu();
-	j->k->gemv[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->xq, j->y + r0);
+	if (j->packed)
+		j->k->gemv_x8[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->xq, j->y + r0);
+	else
+		j->k->gemv[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->xq, j->y + r0);
 	j->cpu[ith] = thread_cpu() - t0;
 }
 
 static void gemm_fn(void *arg, int ith, int nth)
 {
 	struct gemv_job *j = arg;
-	size_t r0 = j->rows * (size_t)ith / (size_t)nth, r1 = j->rows * (size_t)(ith + 1) / (size_t)nth;
+	size_t g = j->rows / 8, r0 = g * (size_t)ith / (size_t)nth * 8, r1 = g * (size_t)(ith + 1) / (size_t)nth * 8;
 	double t0 = thread_cpu();
-	j->k->gemm[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->nb, j->xq,
-			  j->xq_stride, j->y + r0, j->rows);
+	if (j->packed)
+		j->k->gemm_x8[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->nb, j->xq, j->xq_stride,
+				  j->y + r0, j->rows);
+	else
+		j->k->gemm[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->nb, j->xq,
+				  j->xq_stride, j->y + r0, j->rows);
 	j->cpu[ith] = thread_cpu() - t0;
 }
 
@@ -87,41 +101,13 @@ struct read_job {
 	double cpu[8];
 };
 
-__attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, size_t bytes)
-{
-	__m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-	for (size_t i = 0; i + 256 <= bytes; i += 256) {
-		s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)(p + i)));
-		s1 = _mm512_add_epi64(s1, _mm512_load_si512((const void *)(p + i + 64)));
-		s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(p + i + 128)));
-		s3 = _mm512_add_epi64(s3, _mm512_load_si512((const void *)(p + i + 192)));
-	}
-	return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1),
-								  _mm512_add_epi64(s2, s3)));
-}
-
-__attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t bytes)
-{
-	__m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-	for (size_t i = 0; i + 128 <= bytes; i += 128) {
-		s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(p + i)));
-		s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 32)));
-		s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + i + 64)));
-		s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(p + i + 96)));
-	}
-	s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
-	uint64_t l[4];
-	_mm256_storeu_si256((__m256i *)l, s0);
-	return l[0] + l[1] + l[2] + l[3];
-}
-
 static void read_fn(void *arg, int ith, int nth)
 {
 	struct read_job *j = arg;
 	size_t chunk = j->bytes / (size_t)nth & ~(size_t)255;
 	const char *p = j->buf + chunk * (size_t)ith;
 	double t0 = thread_cpu();
-	j->sink[ith] += __builtin_cpu_supports("avx512f") ? sum_avx512(p, chunk) : sum_avx2(p, chunk);
+	j->sink[ith] += nf_bench_memsum(p, chunk);
 	j->cpu[ith] = thread_cpu() - t0;
 }
 
@@ -200,9 +186,9 @@ int main(int argc, char **argv)
 	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16, NF_DTYPE_Q4_K,
 						NF_DTYPE_Q5_K, NF_DTYPE_Q6_K };
 	const int n_types = (int)(sizeof(types) / sizeof(types[0]));
-	const char *all_isas[] = { "avx512", "avx2" }; /* scalar: name it on the command line */
+	const char *all_isas[] = NF_BENCH_ISAS; /* scalar: name it on the command line */
 	const char **isas = all_isas;
-	int nisa = 2;
+	int nisa = (int)(sizeof(all_isas) / sizeof(all_isas[0]));
 	if (argc > 1) {
 		isas = (const char **)argv + 1;
 		nisa = argc - 1;
@@ -244,22 +230,32 @@ int main(int argc, char **argv)
 		enum nf_ktype kt = types[ti];
 		size_t rb = nf_dtype_row_size(type_dtypes[ti], N_COLS), mat = rb * N_ROWS;
 		size_t nmat = (SET_BYTES + mat - 1) / mat;
-		char *w = alloc_huge(nmat * mat);
+		char *w = alloc_huge(nmat * mat), *wp = NULL;
 		fill_weights(kt, w, nmat * N_ROWS, rb, 7 + ti);
-		for (int ii = 0; ii < nisa; ii++) {
-			const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
-			if (!k)
+		/* Q4_0 and Q8_0 also in 8-row groups (the form nf_model_repack
+		 * gives matrices in memory), for the tables that have kernels */
+		if (kt == NF_KT_Q4_0 || kt == NF_KT_Q8_0) {
+			wp = alloc_huge(nmat * mat);
+			nf_repack_x8(kt, wp, w, N_COLS, nmat * N_ROWS);
+		}
+		for (int vi = 0; vi < 2 * nisa; vi++) {
+			const struct nf_kernels *k = nf_kernels_isa(isas[vi / 2]);
+			int pk = vi % 2;
+			if (!k || (pk && (!wp || !k->gemv_x8[kt])))
 				continue;
+			char tname[16];
+			snprintf(tname, sizeof(tname), "%s%s", type_names[ti], pk ? "x8" : "");
+			const char *wv = pk ? wp : w;
 			k->act_prepare[kt](x, xq, N_COLS);
 			for (int nt = 1; nt <= 2; nt++) {
 				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = N_ROWS,
-						      .row_bytes = rb, .xq = xq, .y = y };
+						      .row_bytes = rb, .xq = xq, .y = y, .packed = pk };
 				double t[REPS], c[REPS], mt[REPS], mc[REPS], d0, d1;
-				gemv_pass(pools[nt], &j, w, nmat, mat, &d0, &d1); /* warm-up */
+				gemv_pass(pools[nt], &j, wv, nmat, mat, &d0, &d1); /* warm-up */
 				memread_pass(pools[nt], &rj, &d0, &d1);
 				for (int r = 0; r < REPS; r++) {
 					memread_pass(pools[nt], &rj, &mt[r], &mc[r]);
-					gemv_pass(pools[nt], &j, w, nmat, mat, &t[r], &c[r]);
+					gemv_pass(pools[nt], &j, wv, nmat, mat, &t[r], &c[r]);
 				}
 				double bytes = (double)(nmat * mat);
 				double gbps = bytes / nf_bench_median(t, REPS) / 1e9;
@@ -268,7 +264,7 @@ int main(int argc, char **argv)
 				double mcgbps = (double)SET_BYTES / nf_bench_median(mc, REPS) / 1e9;
 				double flop = 2.0 * N_COLS * N_ROWS * (double)nmat;
 				printf("gemv\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\n", k->isa,
-				       type_names[ti], nt, gbps, mgbps, gbps / mgbps, cgbps, mcgbps, cgbps / mcgbps,
+				       tname, nt, gbps, mgbps, gbps / mgbps, cgbps, mcgbps, cgbps / mcgbps,
 				       flop / nf_bench_median(t, REPS) / 1e9, flop / nf_bench_median(c, REPS) / 1e9);
 				fflush(stdout);
 			}
@@ -282,8 +278,8 @@ int main(int argc, char **argv)
 			}
 			for (int nt = 1; nt <= 2; nt++) {
 				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = GEMM_ROWS,
-						      .row_bytes = rb, .w = w, .xq = xq, .y = y,
-						      .nb = GEMM_BATCH, .xq_stride = as };
+						      .row_bytes = rb, .w = wv, .xq = xq, .y = y,
+						      .nb = GEMM_BATCH, .xq_stride = as, .packed = pk };
 				double t[3], c[3];
 				for (int r = -1; r < 3; r++) {
 					double t0 = nf_cli_now();
@@ -295,12 +291,42 @@ int main(int argc, char **argv)
 				}
 				double flop = 2.0 * N_COLS * GEMM_ROWS * GEMM_BATCH;
 				printf("gemm%d\t%s\t%s\t%d\t-\t-\t-\t-\t-\t-\t%.1f\t%.1f\n", GEMM_BATCH, k->isa,
-				       type_names[ti], nt, flop / nf_bench_median(t, 3) / 1e9,
+				       tname, nt, flop / nf_bench_median(t, 3) / 1e9,
 				       flop / nf_bench_median(c, 3) / 1e9);
 				fflush(stdout);
 			}
 		}
 		free(w);
+		free(wp);
+	}
+	/* the peer: llama.cpp's decode on a whole model, its weight traffic
+	 * (file bytes x tokens/s) beside a memory read of the same threads just
+	 * before each run: what its gemv kernels reach inside a forward pass */
+	const char *llama = getenv("LLAMA_BENCH"), *lmodels = getenv("LLAMA_BENCH_MODELS");
+	if (llama && lmodels) {
+		char list[4096];
+		snprintf(list, sizeof(list), "%s", lmodels);
+		char *save = NULL;
+		for (char *f = strtok_r(list, ":", &save); f; f = strtok_r(NULL, ":", &save)) {
+			struct stat st;
+			if (stat(f, &st) < 0) {
+				fprintf(stderr, "bench_kernels: LLAMA_BENCH_MODELS: %s: %s\n", f, strerror(errno));
+				continue;
+			}
+			double t[REPS], mt[REPS], d1;
+			int ok = 0;
+			for (int r = 0; r < REPS; r++) {
+				memread_pass(pools[2], &rj, &mt[ok], &d1);
+				if (nf_bench_llama(llama, f, 2, 0, 16, &t[ok]) == 0)
+					ok++;
+			}
+			if (!ok)
+				continue;
+			double tps = nf_bench_median(t, (size_t)ok), mgbps = (double)SET_BYTES / nf_bench_median(mt, (size_t)ok) / 1e9;
+			double gbps = tps * (double)st.st_size / 1e9;
+			printf("decode\tllama.cpp\t%s\t2\t%.2f\t%.2f\t%.2f\t-\t-\t-\t-\t-\n", f, gbps, mgbps, gbps / mgbps);
+			fflush(stdout);
+		}
 	}
 	nf_pool_close(pools[1]);
 	nf_pool_close(pools[2]);

@@ -11,7 +11,7 @@
 # gets bpf/iotrace_none.c (every entry point says "built without eBPF
 # support") and bpf/iotrace_stats.c (pure arithmetic) instead.
 
-BPF_CFLAGS  ?= -g -O2 -target bpf -mcpu=v3 -D__TARGET_ARCH_x86
+BPF_CFLAGS  ?= -g -O2 -target bpf -mcpu=v3 -D__TARGET_ARCH_$(if $(filter arm64,$(ARCH)),arm64,x86)
 VMLINUX_BTF ?= /sys/kernel/btf/vmlinux
 
 ifeq ($(BPF),1)

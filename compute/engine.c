@@ -42,6 +42,7 @@ void nf_engine_opts_default(struct nf_engine_opts *o)
 	o->io_backend = -1;
 	o->read_gap = -1;
 	o->cold_slots = -1;
+	o->replan_moves = -1;
 	o->profile_sig_tokens = 512;
 }
 
@@ -487,6 +488,8 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 		nf_cache_layout_get(e->cache, &cl);
 		/* a profile's hot set is loaded already; else learn it online */
 		sp.hot_after = cl.hot_from_profile ? 0 : 4;
+		/* then follow the text (a calibration run only counts) */
+		sp.replan_moves = o->profile ? 0 : o->replan_moves < 0 ? 1024u : (uint32_t)o->replan_moves;
 		if (cl.profile_error)
 			say(e, "warning: %s: the store's profile is not used (%s); the hot set is learned online",
 			    e->store_path, nf_strerror(cl.profile_error));
@@ -497,6 +500,17 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 	}
 	if ((rc = nf_sparse_open(e->ctx, &sp, &e->sparse, d)) < 0)
 		return nf_diag_prefix(d, rc, "%s", o->path);
+	/* A GGUF held in memory: the Q4_0/Q8_0 matrices only dense products read
+	 * go into the kernels' 8-row groups (same bits, faster; a no-op where
+	 * the kernels have none), the FFN's too when the built-in FFN runs it
+	 * (the sparse FFN gathers plain rows). */
+	if (!streamed && !o->io_mmap && !nf_model_store(e->model)) {
+		unsigned what = NF_REPACK_ATTN | NF_REPACK_OUTPUT;
+		if (nf_sparse_mode_of(e->sparse) == NF_SPARSE_OFF)
+			what |= NF_REPACK_FFN;
+		if ((rc = nf_model_repack(e->model, what)) < 0)
+			return nf_diag_fail(d, rc, "%s: repacking Q4_0/Q8_0 matrices: %s", o->path, nf_strerror(rc));
+	}
 	e->info.reserved = nf_ctx_bytes(e->ctx) + nf_sparse_bytes(e->sparse) + e->info.profile_rec;
 	e->info.n_ctx = nf_ctx_n_ctx(e->ctx);
 	char fitted[96] = "";

@@ -72,16 +72,23 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 	if (!s->tabs[io->layer].sparse)
 		return nf_ctx_ffn_builtin(s->ctx, io);
 	int rc = 0;
-	if (s->cache && s->hot_after && io->layer == 0) {
+	if (s->cache && io->layer == 0) {
 		/* between tokens: no slot of any layer is in use */
-		if (s->tokens >= s->next_hot) {
+		if (s->hot_after && s->tokens >= s->next_hot) {
 			double th = nf_sp_now();
 			if ((rc = nf_cache_hot_load(s->cache)) < 0)
 				return rc;
 			s->st.hot_loads++;
 			s->st.t_hot += nf_sp_now() - th;
 			s->next_hot = s->tokens + 16ull * s->hot_after;
+		} else if (s->replan_moves && s->tokens / NF_SPARSE_DECAY_TOKENS !=
+						      (s->tokens + io->nb) / NF_SPARSE_DECAY_TOKENS) {
+			nf_cache_decay(s->cache); /* the hot set follows recent text */
 		}
+		/* a re-planning step: each layer, once done, trades its cold-
+		 * resident neurons that now fire more for hot ones */
+		s->replan_now = s->replan_moves && !s->hot_after && s->tokens &&
+				s->tokens / NF_SPARSE_REPLAN_TOKENS != (s->tokens + io->nb) / NF_SPARSE_REPLAN_TOKENS;
 		s->tokens += io->nb;
 	}
 	double t0 = nf_sp_now();
@@ -90,6 +97,11 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 	else
 		rc = tokens_forward(s, env, io);
 	s->st.t_ffn += nf_sp_now() - t0;
+	if (rc == 0 && s->replan_now && !s->n_expert) {
+		double th = nf_sp_now();
+		nf_cache_rebalance(s->cache, io->layer, 0, s->replan_moves);
+		s->st.t_hot += nf_sp_now() - th;
+	}
 	return rc;
 }
 
@@ -305,6 +317,7 @@ static int check_mode(struct nf_sparse *s, const struct nf_sparse_params *p, str
 	s->measure_recall = p->measure_recall;
 	s->hot_after = p->hot_after;
 	s->next_hot = p->hot_after;
+	s->replan_moves = p->replan_moves;
 	if (s->mode == NF_SPARSE_OFF)
 		return 0;
 	if (hp->n_expert && (!s->cache || s->mode != NF_SPARSE_DENSE))

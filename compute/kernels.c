@@ -4,11 +4,13 @@
  * Invariants:
  * 1. The table is chosen once per process (pthread_once) and never changes
  *    afterwards; that choice is the only mutable state in the kernels.
- * 2. A SIMD table is returned only after __builtin_cpu_supports has seen
- *    every instruction set its file was compiled for, so no code path
- *    reaches an instruction the CPU lacks.
- * 3. NFLASH_ISA=scalar|avx2|avx512 forces a table; a name the CPU cannot run
- *    falls back to the best table it can, with one line on stderr.
+ * 2. A SIMD table is returned only after the CPU reported every
+ *    instruction set its file was compiled for (__builtin_cpu_supports on
+ *    x86-64, getauxval(AT_HWCAP) on arm64), so no code path reaches an
+ *    instruction the CPU lacks. Only the target's SIMD files are built.
+ * 3. NFLASH_ISA=scalar|avx2|avx512 (x86-64), scalar|neon|neon-dot (arm64)
+ *    forces a table; a name the CPU or build cannot run falls back to the
+ *    best table it can, with one line on stderr.
  */
 #include <math.h>
 #include <pthread.h>
@@ -57,13 +59,13 @@ const struct nf_kernels *nf_kernels_ref(void)
 	return &nf_kernels_table_ref;
 }
 
-const struct nf_kernels *nf_kernels_isa(const char *isa)
+#if defined(__x86_64__)
+/* Best first. */
+static const char *const isa_order[] = { "avx512", "avx2", "scalar" };
+
+static const struct nf_kernels *isa_table(const char *isa)
 {
-	if (!isa)
-		return NULL;
 	__builtin_cpu_init();
-	if (!strcmp(isa, "scalar"))
-		return &nf_kernels_table_ref;
 	if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") &&
 	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
 		return &nf_kernels_table_avx2;
@@ -75,13 +77,48 @@ const struct nf_kernels *nf_kernels_isa(const char *isa)
 		return &nf_kernels_table_avx512;
 	return NULL;
 }
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+
+static const char *const isa_order[] = { "neon-dot", "neon", "scalar" };
+
+/* neon: Advanced SIMD (fp16 <-> f32 conversions are part of it);
+ * neon-dot: plus the dot-product instructions (sdot, FEAT_DotProd). */
+static const struct nf_kernels *isa_table(const char *isa)
+{
+	unsigned long hw = getauxval(AT_HWCAP);
+	if (!(hw & HWCAP_ASIMD))
+		return NULL;
+	if (!strcmp(isa, "neon"))
+		return &nf_kernels_table_neon;
+	if (!strcmp(isa, "neon-dot") && (hw & HWCAP_ASIMDDP))
+		return &nf_kernels_table_neondot;
+	return NULL;
+}
+#else
+static const char *const isa_order[] = { "scalar" };
+
+static const struct nf_kernels *isa_table(const char *isa)
+{
+	(void)isa;
+	return NULL;
+}
+#endif
+
+const struct nf_kernels *nf_kernels_isa(const char *isa)
+{
+	if (!isa)
+		return NULL;
+	if (!strcmp(isa, "scalar"))
+		return &nf_kernels_table_ref;
+	return isa_table(isa);
+}
 
 static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
 static const struct nf_kernels *kernels_chosen;
 
 static void kernels_choose(void)
 {
-	static const char *const order[] = { "avx512", "avx2", "scalar" };
 	const char *want = getenv("NFLASH_ISA");
 	const struct nf_kernels *k = NULL;
 
@@ -91,8 +128,8 @@ static void kernels_choose(void)
 			fprintf(stderr, "nflash: NFLASH_ISA=%s is not available on this CPU or build; "
 				"using the best available\n", want);
 	}
-	for (size_t i = 0; !k && i < sizeof(order) / sizeof(order[0]); i++)
-		k = nf_kernels_isa(order[i]);
+	for (size_t i = 0; !k && i < sizeof(isa_order) / sizeof(isa_order[0]); i++)
+		k = nf_kernels_isa(isa_order[i]);
 	kernels_chosen = k;
 }
 
@@ -123,4 +160,44 @@ void nf_rope(float *x, size_t n_head, size_t head_dim, int64_t pos, float freq_b
 		}
 		theta *= theta_scale;
 	}
+}
+
+/* ---- Q4_0 and Q8_0 in 8-row groups (kernels.h) ----------------------------- */
+
+/* One group: 8 plain rows <-> nb grouped blocks; bs the plain block's size
+ * (the fp16 scale, then bs - 2 quant bytes). */
+static void x8_group(unsigned char *plain, unsigned char *grp, size_t nb, size_t bs, size_t row_bytes,
+		     int pack)
+{
+	size_t q = bs - 2;
+	for (size_t i = 0; i < nb; i++) {
+		unsigned char *g = grp + i * 8 * bs;
+		for (int r = 0; r < 8; r++) {
+			unsigned char *b = plain + (size_t)r * row_bytes + i * bs;
+			memcpy(pack ? g + 2 * r : b, pack ? b : g + 2 * r, 2);
+			for (size_t m = 0; m < q / 4; m++) {
+				unsigned char *gq = g + 16 + 32 * m + 4 * (size_t)r, *bq = b + 2 + 4 * m;
+				memcpy(pack ? gq : bq, pack ? bq : gq, 4);
+			}
+		}
+	}
+}
+
+static void x8_convert(enum nf_ktype kt, unsigned char *plain, unsigned char *grp, size_t n, size_t nrows,
+		       int pack)
+{
+	size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
+	size_t nb = n / NF_QK, row_bytes = nb * bs;
+	for (size_t g = 0; g < nrows / 8; g++)
+		x8_group(plain + g * 8 * row_bytes, grp + g * 8 * row_bytes, nb, bs, row_bytes, pack);
+}
+
+void nf_repack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows)
+{
+	x8_convert(kt, (unsigned char *)src, dst, n, nrows, 1);
+}
+
+void nf_unpack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows)
+{
+	x8_convert(kt, dst, (unsigned char *)src, n, nrows, 0);
 }

@@ -13,6 +13,8 @@
 extern const struct nf_kernels nf_kernels_table_ref;
 extern const struct nf_kernels nf_kernels_table_avx2;
 extern const struct nf_kernels nf_kernels_table_avx512;
+extern const struct nf_kernels nf_kernels_table_neon;
+extern const struct nf_kernels nf_kernels_table_neondot;
 
 /* Reference ops shared with the SIMD tables (compute/kernels_ref.c). */
 void nf_kref_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
@@ -115,5 +117,68 @@ void nf_kavx2_axpy_list_f16(size_t n, size_t ncols, const float *a, const void *
 void nf_kavx2_axpy_list_bf16(size_t n, size_t ncols, const float *a, const void *const *cols, float *y);
 void nf_kavx2_gemm_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb,
 			const void *xq, size_t xq_stride, float *y, size_t ldy);
+
+/* NEON ops both arm64 tables use (compute/kernels_neon.c): everything but
+ * the integer block products, which kernels_neon_q.h builds per table. */
+void nf_kneon_prepare_q8_0(const float *x, void *xq, size_t n);
+void nf_kneon_prepare_f16(const float *x, void *xq, size_t n);
+void nf_kneon_prepare_bf16(const float *x, void *xq, size_t n);
+#define NF_KNEON_FLOAT_DECL(T)                                                                     \
+	void nf_kneon_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,           \
+			       const void *xq, float *y);                                          \
+	void nf_kneon_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb, \
+			       const void *xq, size_t xq_stride, float *y, size_t ldy);            \
+	void nf_kneon_gemv_list_##T(size_t n, size_t nrows, const void *const *rows, const void *xq, \
+				    float *y);
+NF_KNEON_FLOAT_DECL(f32)
+NF_KNEON_FLOAT_DECL(f16)
+NF_KNEON_FLOAT_DECL(bf16)
+#define NF_KNEON_AXPY_DECL(T)                                                                      \
+	void nf_kneon_axpy_##T(size_t n, float a, const void *wrow, float *y);                    \
+	void nf_kneon_axpy_list_##T(size_t n, size_t ncols, const float *a, const void *const *cols, \
+				    float *y);
+NF_KNEON_AXPY_DECL(f32)
+NF_KNEON_AXPY_DECL(f16)
+NF_KNEON_AXPY_DECL(bf16)
+NF_KNEON_AXPY_DECL(q8_0)
+NF_KNEON_AXPY_DECL(q4_0)
+void nf_kneon_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
+void nf_kneon_softmax(float *x, size_t n);
+void nf_kneon_silu_mul(float *g, const float *u, size_t n);
+float nf_kneon_dot_f32v(const float *a, const float *b, size_t n);
+void nf_kneon_axpy_f32v(size_t n, float a, const float *x, float *y);
+
+#define NF_KNEON_SHARED_ENTRIES                                                                    \
+	.act_prepare[NF_KT_F32] = nf_kref_prepare_f32, .act_prepare[NF_KT_F16] = nf_kneon_prepare_f16, \
+	.act_prepare[NF_KT_BF16] = nf_kneon_prepare_bf16,                                          \
+	.act_prepare[NF_KT_Q8_0] = nf_kneon_prepare_q8_0,                                          \
+	.act_prepare[NF_KT_Q4_0] = nf_kneon_prepare_q8_0,                                          \
+	.gemv[NF_KT_F32] = nf_kneon_gemv_f32, .gemv[NF_KT_F16] = nf_kneon_gemv_f16,                \
+	.gemv[NF_KT_BF16] = nf_kneon_gemv_bf16,                                                    \
+	.gemm[NF_KT_F32] = nf_kneon_gemm_f32, .gemm[NF_KT_F16] = nf_kneon_gemm_f16,                \
+	.gemm[NF_KT_BF16] = nf_kneon_gemm_bf16,                                                    \
+	.gemv_list[NF_KT_F32] = nf_kneon_gemv_list_f32, .gemv_list[NF_KT_F16] = nf_kneon_gemv_list_f16, \
+	.gemv_list[NF_KT_BF16] = nf_kneon_gemv_list_bf16,                                          \
+	.axpy[NF_KT_F32] = nf_kneon_axpy_f32, .axpy[NF_KT_F16] = nf_kneon_axpy_f16,                \
+	.axpy[NF_KT_BF16] = nf_kneon_axpy_bf16, .axpy[NF_KT_Q8_0] = nf_kneon_axpy_q8_0,            \
+	.axpy[NF_KT_Q4_0] = nf_kneon_axpy_q4_0,                                                    \
+	.axpy_list[NF_KT_F32] = nf_kneon_axpy_list_f32, .axpy_list[NF_KT_F16] = nf_kneon_axpy_list_f16, \
+	.axpy_list[NF_KT_BF16] = nf_kneon_axpy_list_bf16,                                          \
+	.axpy_list[NF_KT_Q8_0] = nf_kneon_axpy_list_q8_0,                                          \
+	.axpy_list[NF_KT_Q4_0] = nf_kneon_axpy_list_q4_0,                                          \
+	.rmsnorm = nf_kneon_rmsnorm, .softmax = nf_kneon_softmax, .silu_mul = nf_kneon_silu_mul,  \
+	.relu_mul = nf_kref_relu_mul, .drelu_mul = nf_kref_drelu_mul,                              \
+	.dot_f32 = nf_kneon_dot_f32v, .axpy_f32 = nf_kneon_axpy_f32v,                              \
+	NF_KNEON_KQUANT_REF(act_prepare, prepare_q8_K, prepare_q8_K, prepare_q8_K, prepare_q8_K,  \
+			    prepare_q8_K),                                                          \
+	NF_KNEON_KQUANT_OP(gemv), NF_KNEON_KQUANT_OP(gemm), NF_KNEON_KQUANT_OP(gemv_list),         \
+	NF_KNEON_KQUANT_OP(axpy), NF_KNEON_KQUANT_OP(axpy_list)
+/* The arm64 tables' K-quant entries: the reference's (no NEON K-quant
+ * kernels yet). */
+#define NF_KNEON_KQUANT_REF(op, f2, f3, f4, f5, f6)                                                \
+	.op[NF_KT_Q2_K] = nf_kref_##f2, .op[NF_KT_Q3_K] = nf_kref_##f3,                           \
+	.op[NF_KT_Q4_K] = nf_kref_##f4, .op[NF_KT_Q5_K] = nf_kref_##f5,                           \
+	.op[NF_KT_Q6_K] = nf_kref_##f6
+#define NF_KNEON_KQUANT_OP(op) NF_KNEON_KQUANT_REF(op, op##_q2_K, op##_q3_K, op##_q4_K, op##_q5_K, op##_q6_K)
 
 #endif /* NF_KERNELS_IMPL_H */

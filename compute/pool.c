@@ -16,7 +16,6 @@
  *    joined; no worker outlives the pool.
  */
 #include <errno.h>
-#include <immintrin.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <numa.h>
@@ -28,6 +27,16 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The spin-wait hint of the target. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define cpu_relax() ((void)0)
+#endif
 
 #include "nflash/pool.h"
 
@@ -76,7 +85,7 @@ static uint32_t wait_change(_Atomic uint32_t *word, uint32_t seen, _Atomic int *
 		v = atomic_load_explicit(word, memory_order_acquire);
 		if (v != seen)
 			return v;
-		_mm_pause();
+		cpu_relax();
 		if (i % 64 == 0) {
 			clock_gettime(CLOCK_MONOTONIC, &t);
 			if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > POOL_SPIN_NS)

@@ -162,6 +162,8 @@ struct nf_sparse {
 
 	struct nf_sparse_stats st;
 	uint32_t hot_after;
+	uint32_t replan_moves;       /* online re-planning: most moves per layer and step (0: off) */
+	bool replan_now;             /* this forward step re-plans each layer after it */
 	uint64_t tokens, next_hot;
 	double t_req;                /* this layer: request time */
 	_Atomic double t_last_ready; /* and its last completion (set by reapers) */

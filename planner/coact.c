@@ -42,7 +42,15 @@ static void sort_by_count(const uint32_t *counts, uint32_t *v, uint32_t *tmp, ui
 	}
 }
 
-__attribute__((target("popcnt"))) static uint32_t and_count_popcnt(const uint64_t *a, const uint64_t *b,
+#if defined(__x86_64__)
+#define POPCNT_TARGET __attribute__((target("popcnt")))
+#define have_popcnt() __builtin_cpu_supports("popcnt")
+#else
+#define POPCNT_TARGET
+#define have_popcnt() 1 /* aarch64: cnt is base NEON */
+#endif
+
+POPCNT_TARGET static uint32_t and_count_popcnt(const uint64_t *a, const uint64_t *b,
 								  uint32_t words)
 {
 	uint32_t s = 0;
@@ -83,7 +91,7 @@ int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, 
 		goto done;
 
 	uint32_t (*and_count)(const uint64_t *, const uint64_t *, uint32_t) =
-		__builtin_cpu_supports("popcnt") ? and_count_popcnt : and_count_generic;
+		have_popcnt() ? and_count_popcnt : and_count_generic;
 	/* after the head: fired neurons (chained) in cand, the rest in tail,
 	 * both still in count order */
 	uint32_t *cand = tmp, m = 0, t = 0;

@@ -332,7 +332,7 @@ static int gen_init(struct gen *g, const struct nf_synth_params *p)
 	g->R = p->pred_rank / 2 - 1;
 	g->n_exp = p->n_expert ? p->n_expert : 1;
 	g->layer = LAYER_GLOBAL;
-	g->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+	g->avx2 = nf_synth_gate_avx2_ok() &&
 		  !getenv("NFLASH_SYNTH_NO_AVX2");
 	const uint32_t ff = p->n_ff;
 	double n_active = (1.0 - p->sparsity) * ff * (p->n_expert ? p->n_expert_used : 1);

@@ -114,6 +114,9 @@ struct nf_cache {
 	uint64_t max_coalesce;         /* the I/O context's, for counting hot reads */
 	uint32_t max_gap;              /* bundles a miss read may bridge */
 	uint32_t *span_slots;          /* one read's store slots (gaps included) */
+	/* rebalance: one FFN's slots of each segment, and one bundle in transit */
+	uint64_t *rb_hot, *rb_cold;
+	char *rb_buf;
 	bool hot_from_profile;
 	int profile_error;
 	uint64_t profile_tokens;
@@ -249,7 +252,8 @@ static uint64_t meta_bytes_for(const struct nf_cache_geom *g, uint32_t n_ffn_pre
 	return n_ffn * sizeof(struct ffn_ent) + (n_hot + 1) * sizeof(struct slot_meta) +
 	       n_cold * sizeof(struct slot_meta) + (N + 1) * sizeof(struct read_rec) + N * sizeof(uint64_t) +
 	       5 * N * sizeof(uint32_t) + (N + 2) * sizeof(struct event) + n_ffn * 3 * N * sizeof(uint32_t) +
-	       (uint64_t)n_ffn_present * N * sig_words * sizeof(uint64_t);
+	       (uint64_t)n_ffn_present * N * sig_words * sizeof(uint64_t) +
+	       (n_hot + n_cold + 2) * sizeof(uint64_t) + g->stride;
 }
 
 static uint32_t ffns_present(struct nf_store *s)
@@ -342,6 +346,9 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	    !(c->run_neurons = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->run_slots = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->span_slots = meta(c, N * sizeof(uint32_t))) ||
+	    !(c->rb_hot = meta(c, ((size_t)c->n_hot + 1) * sizeof(uint64_t))) ||
+	    !(c->rb_cold = meta(c, ((size_t)c->n_cold + 1) * sizeof(uint64_t))) ||
+	    !(c->rb_buf = meta(c, g->stride)) ||
 	    !(c->order = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->pinned_list = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->ev = meta(c, (N + 2) * sizeof(struct event)))) {
@@ -410,6 +417,9 @@ void nf_cache_close(struct nf_cache *c)
 	free(c->run_neurons);
 	free(c->run_slots);
 	free(c->span_slots);
+	free(c->rb_hot);
+	free(c->rb_cold);
+	free(c->rb_buf);
 	free(c->order);
 	free(c->sortbuf);
 	free(c->pinned_list);
@@ -826,6 +836,82 @@ int nf_cache_release(struct nf_cache *c)
 }
 
 /* ---- hot segment ------------------------------------------------------------------- */
+
+/*
+ * Online re-planning (nf_cache_rebalance): a neuron read into the cold
+ * segment that now fires more often than the least frequent hot neuron of
+ * its FFN swaps places with it. The two bundles trade slots by memcpy: no
+ * read, no wait, and every byte stays what the store holds, so nothing a
+ * kernel computes changes. Counts decay (nf_cache_decay) so that the hot
+ * set follows what the text does now.
+ */
+static int cmp_pair_asc(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int cmp_pair_desc(const void *a, const void *b)
+{
+	return cmp_pair_asc(b, a);
+}
+
+/* FFN fi's slots of one segment as (count << 32 | slot) into out; their number. */
+static uint32_t slots_of_ffn(const struct nf_cache *c, const struct slot_meta *meta, uint32_t n, uint32_t fi,
+			     uint64_t *out)
+{
+	uint32_t k = 0;
+	for (uint32_t i = 0; i < n; i++)
+		if (meta[i].ffn == fi)
+			out[k++] = (uint64_t)c->ffns[fi].count[meta[i].neuron] << 32 | i;
+	return k;
+}
+
+int nf_cache_rebalance(struct nf_cache *c, uint32_t layer, uint32_t expert, uint32_t max_moves)
+{
+	if (!max_moves || !c->n_hot || c->n_pinned_list || atomic_load(&c->outstanding) || layer >= c->g.n_layer ||
+	    expert >= c->g.n_expert)
+		return 0;
+	uint32_t fi = layer * c->g.n_expert + expert, stride = c->g.stride, moves = 0;
+	struct ffn_ent *fe = &c->ffns[fi];
+	uint32_t nh = slots_of_ffn(c, c->hot_meta, c->n_hot, fi, c->rb_hot);
+	uint32_t nc = slots_of_ffn(c, c->cold_meta, c->n_cold, fi, c->rb_cold);
+	if (!nh || !nc)
+		return 0;
+	/* the least frequent hot neurons against the most frequent
+	 * cold-resident ones, pair by pair */
+	qsort(c->rb_hot, nh, sizeof(uint64_t), cmp_pair_asc);
+	qsort(c->rb_cold, nc, sizeof(uint64_t), cmp_pair_desc);
+	for (uint32_t k = 0; k < nh && k < nc && moves < max_moves; k++) {
+		uint32_t hc = (uint32_t)(c->rb_hot[k] >> 32), cc = (uint32_t)(c->rb_cold[k] >> 32);
+		/* hysteresis: clearly hotter (by half again, plus two), so that
+		 * two neurons do not trade places back and forth */
+		if (cc <= hc + hc / 2 + 2)
+			break;
+		uint32_t hs = (uint32_t)c->rb_hot[k], l = (uint32_t)c->rb_cold[k];
+		struct slot_meta *hm = &c->hot_meta[hs], *cm = &c->cold_meta[l];
+		uint32_t h = hm->neuron, j = cm->neuron;
+		char *hb = c->hot + (uint64_t)hs * stride, *cb = c->cold + (uint64_t)l * stride;
+		memcpy(c->rb_buf, hb, stride);
+		memcpy(hb, cb, stride);
+		memcpy(cb, c->rb_buf, stride);
+		hm->neuron = j;
+		fe->loc[j] = hs | HOT_BIT;
+		cm->neuron = h;
+		fe->loc[h] = l;
+		moves++;
+	}
+	c->st.promotions += moves;
+	return (int)moves;
+}
+
+void nf_cache_decay(struct nf_cache *c)
+{
+	for (uint32_t f = 0; f < c->n_ffn; f++)
+		if (c->ffns[f].obj)
+			for (uint32_t j = 0; j < c->g.n_neurons; j++)
+				c->ffns[f].count[j] >>= 1;
+}
 
 struct hot_pick {
 	uint32_t count, neuron;

@@ -1,5 +1,6 @@
 /*
- * crc32c.c - CRC-32C, hardware (SSE4.2) and table-driven.
+ * crc32c.c - CRC-32C, hardware (SSE4.2 on x86-64, the CRC32 extension on
+ * arm64) and table-driven.
  *
  * Invariants: both versions compute the same standard CRC-32C (pre- and
  * post-inverted, reflected 0x82F63B78); the hardware version runs three
@@ -9,8 +10,23 @@
  * call (__builtin_cpu_supports reads a value libgcc fills once), so there is
  * no mutable global here.
  */
-#include <nmmintrin.h>
 #include <string.h>
+
+/* The target's crc32c instructions: one byte, eight bytes. */
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#define CRC_TARGET __attribute__((target("sse4.2")))
+#define crc_u8(c, v) _mm_crc32_u8((uint32_t)(c), (v))
+#define crc_u64(c, v) _mm_crc32_u64((c), (v))
+#elif defined(__aarch64__)
+#include <arm_acle.h>
+#include <sys/auxv.h>
+#define CRC_TARGET __attribute__((target("+crc")))
+#define crc_u8(c, v) __crc32cb((uint32_t)(c), (v))
+#define crc_u64(c, v) __crc32cd((uint32_t)(c), (v))
+#else
+#error "crc32c.c: no hardware CRC-32C for this target"
+#endif
 
 #include "crc32c_shift.h"
 #include "nflash/crc32c.h"
@@ -83,7 +99,7 @@ static uint32_t shift(const uint32_t t[4][256], uint32_t crc)
  * (a constant linear map, crc32c_shift.h) and xored with the second, and
  * again with the third.
  */
-__attribute__((target("sse4.2")))
+CRC_TARGET
 static uint64_t three_way(uint64_t c, const uint8_t **pp, size_t *lenp, size_t n,
 			  const uint32_t t[4][256])
 {
@@ -96,9 +112,9 @@ static uint64_t three_way(uint64_t c, const uint8_t **pp, size_t *lenp, size_t n
 			memcpy(&a, p + i, 8);
 			memcpy(&b, p + n + i, 8);
 			memcpy(&d, p + 2 * n + i, 8);
-			c = _mm_crc32_u64(c, a);
-			c1 = _mm_crc32_u64(c1, b);
-			c2 = _mm_crc32_u64(c2, d);
+			c = crc_u64(c, a);
+			c1 = crc_u64(c1, b);
+			c2 = crc_u64(c2, d);
 		}
 		c = shift(t, (uint32_t)c) ^ (uint32_t)c1;
 		c = shift(t, (uint32_t)c) ^ (uint32_t)c2;
@@ -110,13 +126,13 @@ static uint64_t three_way(uint64_t c, const uint8_t **pp, size_t *lenp, size_t n
 	return c;
 }
 
-__attribute__((target("sse4.2")))
+CRC_TARGET
 uint32_t nf_crc32c_hw(uint32_t crc, const void *buf, size_t len)
 {
 	const uint8_t *p = buf;
 	uint64_t c = (uint32_t)~crc;
 	while (len && ((uintptr_t)p & 7)) {
-		c = _mm_crc32_u8((uint32_t)c, *p++);
+		c = crc_u8(c, *p++);
 		len--;
 	}
 	c = three_way(c, &p, &len, NF_CRC32C_LONG, nf_crc32c_long);
@@ -124,24 +140,38 @@ uint32_t nf_crc32c_hw(uint32_t crc, const void *buf, size_t len)
 	while (len >= 8) {
 		uint64_t a;
 		memcpy(&a, p, 8);
-		c = _mm_crc32_u64(c, a);
+		c = crc_u64(c, a);
 		p += 8;
 		len -= 8;
 	}
 	while (len--)
-		c = _mm_crc32_u8((uint32_t)c, *p++);
+		c = crc_u8(c, *p++);
 	return ~(uint32_t)c;
 }
 
+#if defined(__x86_64__)
+static inline bool hw_ok(void)
+{
+	return __builtin_cpu_supports("sse4.2");
+}
+#else
+static inline bool hw_ok(void)
+{
+	return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
+}
+#endif
+
 bool nf_crc32c_hw_available(void)
 {
+#if defined(__x86_64__)
 	__builtin_cpu_init();
-	return __builtin_cpu_supports("sse4.2");
+#endif
+	return hw_ok();
 }
 
 uint32_t nf_crc32c(uint32_t crc, const void *buf, size_t len)
 {
-	if (__builtin_cpu_supports("sse4.2"))
+	if (hw_ok())
 		return nf_crc32c_hw(crc, buf, len);
 	return nf_crc32c_sw(crc, buf, len);
 }

@@ -160,13 +160,19 @@ static const struct nf_io_be_ops *ops_for(enum nf_io_backend b)
 	}
 }
 
-/* Alignment for O_DIRECT from statx(STATX_DIOALIGN), else 4096. */
-static void query_align(struct nf_io_ctx *io)
+/* Alignment for O_DIRECT from statx(STATX_DIOALIGN), else 4096. A
+ * descriptor without O_DIRECT (the sync backend) reads through the page
+ * cache, which needs none: there the store's block size does, at most 4096
+ * (an emulator such as qemu-user reports no DIOALIGN, and a store of
+ * 512-byte blocks must still be readable). */
+static void query_align(struct nf_io_ctx *io, bool direct)
 {
 	struct statx stx;
 	io->mem_align = io->off_align = 4096;
+	if (!direct && io->block_size && io->block_size < 4096)
+		io->mem_align = io->off_align = io->block_size;
 	memset(&stx, 0, sizeof(stx));
-	if (io->sys.statx(io->fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+	if (direct && io->sys.statx(io->fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
 	    (stx.stx_mask & STATX_DIOALIGN) && stx.stx_dio_mem_align && stx.stx_dio_offset_align) {
 		io->mem_align = stx.stx_dio_mem_align;
 		io->off_align = stx.stx_dio_offset_align;
@@ -174,6 +180,15 @@ static void query_align(struct nf_io_ctx *io)
 	if (io->mem_align < sizeof(void *))
 		io->mem_align = sizeof(void *);
 	io->align = io->mem_align > io->off_align ? io->mem_align : io->off_align;
+}
+
+static void set_align(struct nf_io_ctx *io, bool direct)
+{
+	struct nf_io_opts *op = &io->opts;
+	query_align(io, direct);
+	if (op->max_coalesce < io->align)
+		op->max_coalesce = io->align;
+	op->max_coalesce -= op->max_coalesce % io->align;
 }
 
 static void warn(struct nf_io_ctx *io, const char *fmt, const char *path)
@@ -259,10 +274,7 @@ int nf_io_ctx_open(struct nf_store *s, const struct nf_io_opts *o, struct nf_io_
 	if (outer != NF_IO_FAULT)
 		outer = inner;
 	io->backend = outer;
-	query_align(io);
-	if (op->max_coalesce < io->align)
-		op->max_coalesce = io->align;
-	op->max_coalesce -= op->max_coalesce % io->align;
+	set_align(io, inner != NF_IO_SYNC);
 
 	io->reqs = calloc(op->max_requests, sizeof(*io->reqs));
 	io->segs = calloc(op->max_segments, sizeof(*io->segs));
@@ -289,6 +301,31 @@ int nf_io_ctx_open(struct nf_store *s, const struct nf_io_opts *o, struct nf_io_
 	io->be.fault = &op->fault;
 	io->be.inner_ops = ops_for(inner);
 	rc = io->be.ops->init(&io->be);
+	if (rc == -ENOSYS && (inner == NF_IO_AIO || inner == NF_IO_URING)) {
+		/* A kernel (or emulator: qemu-user, seccomp sandboxes) without the
+		 * asynchronous interface: same descriptor, pread instead. */
+		warn(io, inner == NF_IO_AIO
+				 ? "%s: the kernel has no libaio (io_setup: ENOSYS); using the sync (pread) backend"
+				 : "%s: the kernel has no io_uring (io_uring_setup: ENOSYS); using the sync (pread) backend",
+		     nf_store_path(io->store));
+		inner = NF_IO_SYNC;
+		if (outer != NF_IO_FAULT)
+			outer = NF_IO_SYNC;
+		io->backend = outer;
+		io->sys.close(io->fd);
+		io->fd = io->sys.open(nf_store_path(io->store), O_RDONLY, 0);
+		if (io->fd < 0) {
+			rc = nf_diag_fail(d, -errno, "%s: cannot open: %s", nf_store_path(io->store),
+					  nf_strerror(-errno));
+			io->be.ops = NULL;
+			goto fail;
+		}
+		set_align(io, false);
+		io->be.fd = io->fd;
+		io->be.ops = ops_for(outer);
+		io->be.inner_ops = ops_for(inner);
+		rc = io->be.ops->init(&io->be);
+	}
 	if (rc < 0) {
 		nf_diag_fail(d, rc, "%s backend: setup failed: %s", io->be.ops->name, nf_strerror(rc));
 		io->be.ops = NULL;

@@ -10,7 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "nflash/coact.h"
 #include "nflash/engine.h"
+#include "nflash/sampler.h"
 #include "nflash/store.h"
 #include "util_pipeline.h"
 #include "util_ref.h"
@@ -228,6 +230,120 @@ Test(engine, cold_segment_shrinks_to_fit_the_budget_in_exact_mode, .fini = drop_
 	o.budget = (uint64_t)((min_mib + 0.1) * 1048576.0) - (1ull << 20);
 	memset(&d, 0, sizeof(d));
 	cr_expect_eq(nf_engine_open(&o, &e, &d), NF_EBUDGET);
+}
+
+/* Online re-planning: a hot set that no longer fits the text (here: the
+ * profile's counts turned upside down, the hot set made of the coldest
+ * neurons) is corrected between tokens by moving neurons from the cold
+ * segment to the hot one, with the same bits as a run that does not. */
+static double hot_share_of(struct nf_engine *e, const int32_t *ids, size_t n, int32_t *out_ids, float *last)
+{
+	struct nf_ctx *ctx = nf_engine_ctx(e);
+	struct nf_cache *c = nf_engine_cache(e);
+	uint32_t nv = nf_model_hparams(nf_engine_model(e))->n_vocab;
+	struct nf_cache_stats a, b;
+	nf_ctx_reset(ctx);
+	cr_assert_eq(nf_ctx_eval(ctx, ids, 8), 0);
+	int32_t id = 0;
+	struct nf_cache_stats w0, w1;
+	nf_cache_stats_get(c, &w0);
+	char line[512];
+	size_t at = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (i == n / 2)
+			nf_cache_stats_get(c, &a);
+		id = nf_sampler_argmax(nf_ctx_logits(ctx), nv);
+		out_ids[i] = id;
+		cr_assert_eq(nf_ctx_eval(ctx, &id, 1), 0);
+		if ((i + 1) % 16 == 0) {
+			/* the hot hit rate of each 16 tokens, for the record */
+			nf_cache_stats_get(c, &w1);
+			uint64_t lk = w1.lookups - w0.lookups;
+			at += (size_t)snprintf(line + at, sizeof(line) - at, " %.3f",
+					       lk ? (double)(w1.hits_hot - w0.hits_hot) / (double)lk : 0.0);
+			w0 = w1;
+		}
+	}
+	cr_log_info("hot hit rate per 16 tokens:%s", line);
+	nf_cache_stats_get(c, &b);
+	memcpy(last, nf_ctx_logits(ctx), nv * sizeof(float));
+	uint64_t look = b.lookups - a.lookups;
+	return look ? (double)(b.hits_hot - a.hits_hot) / (double)look : 0;
+}
+
+Test(engine, online_replanning_recovers_a_wrong_hot_set_with_the_same_bits, .fini = drop_model)
+{
+	make_model(256);
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.path = store;
+	o.n_ctx = 224;
+	o.n_threads = 2;
+	o.overhead = 24ull << 20;
+	o.budget = 72ull << 20;
+	o.profile = true;
+	struct nf_engine *e;
+	struct nf_diag d = { 0 };
+	int rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	int32_t calib[32];
+	for (int i = 0; i < 32; i++)
+		calib[i] = 3 + (i * 37) % 300;
+	cr_assert_eq(nf_ctx_eval(nf_engine_ctx(e), calib, 32), 0);
+	cr_assert_eq(nf_coact_profile_save(e, 32, NULL, &d), 0, "%s", d.msg);
+	nf_engine_close(e);
+	/* turn the counts upside down: the hot set becomes the coldest neurons */
+	struct nf_store *s;
+	cr_assert_eq(nf_store_open(store, NULL, &s, &d), 0, "%s", d.msg);
+	struct nf_store_profile *p = NULL;
+	cr_assert_eq(nf_store_profile_read(s, &p, &d), 0, "%s", d.msg);
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		if (p->order) {
+			free(p->order[i]);
+			p->order[i] = NULL;
+		}
+		uint32_t mx = 0;
+		for (uint32_t j = 0; p->counts[i] && j < p->lens[i]; j++)
+			mx = p->counts[i][j] > mx ? p->counts[i][j] : mx;
+		for (uint32_t j = 0; p->counts[i] && j < p->lens[i]; j++)
+			p->counts[i][j] = mx - p->counts[i][j];
+	}
+	free(p->order);
+	p->order = NULL;
+	nf_store_close(s);
+	cr_assert_eq(nf_store_update_profile(store, NULL, p, &d), 0, "%s", d.msg);
+	nf_store_profile_free(p);
+
+	o.profile = false;
+	int32_t ids_off[192], ids_on[192];
+	uint32_t nv = 0;
+	float *l_off = NULL, *l_on = NULL;
+	double share[2];
+	for (int on = 0; on < 2; on++) {
+		o.replan_moves = on ? 4096 : 0;
+		memset(&d, 0, sizeof(d));
+		rc = nf_engine_open(&o, &e, &d);
+		cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+		if (!nv) {
+			nv = nf_model_hparams(nf_engine_model(e))->n_vocab;
+			l_off = malloc(nv * sizeof(float));
+			l_on = malloc(nv * sizeof(float));
+		}
+		share[on] = hot_share_of(e, pl_prompt, 192, on ? ids_on : ids_off, on ? l_on : l_off);
+		struct nf_cache_stats cs;
+		nf_cache_stats_get(nf_engine_cache(e), &cs);
+		if (on)
+			cr_expect(cs.promotions > 0, "no neuron was promoted");
+		else
+			cr_expect_eq(cs.promotions, 0);
+		nf_engine_close(e);
+	}
+	cr_expect(!memcmp(ids_off, ids_on, sizeof(ids_on)), "re-planning changed the greedy ids");
+	cr_expect(!memcmp(l_off, l_on, nv * sizeof(float)), "re-planning changed the logits");
+	cr_expect(share[1] > share[0] + 0.05, "hot hit rate over the last 96 tokens: %.3f without re-planning, %.3f with",
+		  share[0], share[1]);
+	free(l_off);
+	free(l_on);
 }
 
 /* A K-quant store (Q4_K_M: Q4_K and Q6_K downs) under the smallest budget

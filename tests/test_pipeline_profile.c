@@ -72,7 +72,7 @@ static void cleanup(float *a, float *b, float *c, const char *p0, const char *p1
 	unlink(p2);
 }
 
-Test(pipeline, profile_relayout_same_output_fewer_hot_reads, .timeout = 120)
+Test(pipeline, profile_relayout_same_output_fewer_hot_reads, .timeout = 120 * NF_TEST_SLOWDOWN)
 {
 	char gguf[256], store[256], hot[256], out[4096];
 	pl_tmp_path(gguf, sizeof(gguf), "prof.gguf");
@@ -175,7 +175,7 @@ Test(pipeline, profile_relayout_same_output_fewer_hot_reads, .timeout = 120)
 /* A regular llama Q4_0 FFN (QCOL down with its scales object, exact mode)
  * under a scrambled profile: the relayout moves every bundle, the output
  * stays that of the GGUF, through the cache and unpacked into memory. */
-Test(pipeline, profile_relayout_of_qcol_bundles_keeps_exact_output, .timeout = 120)
+Test(pipeline, profile_relayout_of_qcol_bundles_keeps_exact_output, .timeout = 120 * NF_TEST_SLOWDOWN)
 {
 	char gguf[256], store[256], hot[256];
 	pl_tmp_path(gguf, sizeof(gguf), "prof3.gguf");

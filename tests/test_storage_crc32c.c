@@ -31,14 +31,14 @@ Test(storage, crc32c_vectors)
 	known(nf_crc32c_sw, "table");
 	known(nf_crc32c, "dispatch");
 	if (!nf_crc32c_hw_available())
-		cr_skip_test("no SSE4.2 on this CPU: hardware version not tested");
-	known(nf_crc32c_hw, "sse4.2");
+		cr_skip_test("no CRC-32C instructions (SSE4.2 / arm64 CRC32) on this CPU: hardware version not tested");
+	known(nf_crc32c_hw, "hardware");
 }
 
 Test(storage, crc32c_hw_matches_table)
 {
 	if (!nf_crc32c_hw_available())
-		cr_skip_test("no SSE4.2 on this CPU");
+		cr_skip_test("no CRC-32C instructions (SSE4.2 / arm64 CRC32) on this CPU");
 	static uint8_t buf[3 * 8192 * 3 + 3 * 256 * 2 + 100];
 	ts_fill(buf, sizeof(buf), 7);
 	for (size_t off = 0; off < 9; off++)

@@ -2,24 +2,43 @@
  * test_storage_dtype.c - fp16/bf16 conversion and reference quantizers.
  */
 #include <criterion/criterion.h>
-#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #include "nflash/dtype.h"
 
-/* The software fp16 conversion must be bit-exact with F16C for all floats
- * we can reach cheaply: every fp16 value and many halfway/random points. */
+/* The software fp16 conversion must be bit-exact with the hardware's (F16C
+ * on x86-64, fcvt on arm64) for all floats we can reach cheaply: every fp16
+ * value and many halfway/random points. */
+#if defined(__x86_64__)
+#include <immintrin.h>
 __attribute__((target("f16c")))
 static uint16_t hw_fp16(float f)
 {
 	return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 }
+static bool hw_fp16_ok(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx2");
+}
+#else
+static uint16_t hw_fp16(float f)
+{
+	__fp16 h = (__fp16)f;
+	uint16_t u;
+	memcpy(&u, &h, 2);
+	return u;
+}
+static bool hw_fp16_ok(void)
+{
+	return true;
+}
+#endif
 
 Test(dtype, fp16_matches_f16c)
 {
-	__builtin_cpu_init();
-	if (!__builtin_cpu_supports("avx2"))
+	if (!hw_fp16_ok())
 		cr_skip_test("no F16C on this CPU");
 	for (uint32_t h = 0; h < 65536; h++) {
 		float f = nf_fp16_to_fp32((uint16_t)h);

@@ -49,9 +49,11 @@ static struct nf_io_ctx *open_io(struct fixture *f, struct nf_io_opts *o)
 	cr_assert_eq(rc, 0, "%s", d.msg);
 	enum nf_io_backend want = o->backend == NF_IO_FAULT ? o->fault.inner : o->backend;
 	if (want != NF_IO_SYNC && want != NF_IO_AUTO && nf_io_ctx_warning(io)[0]) {
+		char why[sizeof(((struct nf_diag *)0)->msg)];
+		snprintf(why, sizeof(why), "%s", nf_io_ctx_warning(io));
 		nf_io_ctx_close(io);
 		teardown_store(f);
-		cr_skip_test("O_DIRECT not available under /tmp here");
+		cr_skip_test("%s backend not usable here: %s", nf_io_backend_name(want), why);
 	}
 	return io;
 }
@@ -468,6 +470,64 @@ Test(storage, io_syscall_table_failures_are_clean_errors)
 	cr_assert_eq(dd.result, NF_ESHORT);
 	nf_io_ctx_close(io);
 	nf_io_buf_free(buf);
+	teardown_store(&f);
+}
+
+static int nosys_kaio_setup(int nr, struct io_context **ctx)
+{
+	(void)nr;
+	(void)ctx;
+	return -ENOSYS;
+}
+
+static int nosys_uring_init(unsigned int e, struct io_uring *r, unsigned int fl)
+{
+	(void)e;
+	(void)r;
+	(void)fl;
+	return -ENOSYS;
+}
+
+/* A kernel without libaio / io_uring (qemu-user answers ENOSYS to both):
+ * the sync backend reads the same bytes, with a one-line warning; under
+ * the fault backend only the inner one changes. */
+Test(storage, io_enosys_falls_back_to_sync_with_warning)
+{
+	struct fixture f;
+	setup_store(&f, "/tmp");
+	struct nf_io_sys sys = nf_io_sys_default;
+	sys.kaio_setup = nosys_kaio_setup;
+	sys.uring_init = nosys_uring_init;
+	const enum nf_io_backend bs[] = { NF_IO_AUTO, NF_IO_AIO, NF_IO_URING, NF_IO_FAULT };
+	const char *names[] = { "libaio", "libaio", "io_uring", "io_uring" };
+	for (int k = 0; k < 4; k++) {
+		struct nf_io_opts o;
+		nf_io_opts_default(&o);
+		o.sys = &sys;
+		o.quiet = true;
+		o.backend = bs[k];
+		o.fault.inner = NF_IO_URING;
+		struct nf_io_ctx *io = NULL;
+		struct nf_diag d = {0};
+		cr_assert_eq(nf_io_ctx_open(f.s, &o, &io, &d), 0, "%s", d.msg);
+		const char *w = nf_io_ctx_warning(io);
+		if (strstr(w, "O_DIRECT")) {
+			nf_io_ctx_close(io);
+			teardown_store(&f);
+			cr_skip_test("O_DIRECT not available under /tmp here: %s", w);
+		}
+		cr_assert_eq(nf_io_ctx_backend(io), bs[k] == NF_IO_FAULT ? NF_IO_FAULT : NF_IO_SYNC);
+		cr_assert(strstr(w, names[k]) && strstr(w, "ENOSYS") && strstr(w, "sync"), "%s", w);
+		cr_assert_null(strchr(w, '\n'), "one line");
+		uint8_t *buf = nf_io_buf_alloc(f.ffn->length, nf_io_ctx_align(io));
+		struct ts_done dd = {0};
+		cr_assert_eq(nf_io_ctx_read_object(io, f.ffn, buf, ts_on_done, &dd), 0);
+		cr_assert_eq(nf_io_ctx_wait(io, 0, -1), 1);
+		cr_assert_eq(dd.result, 0);
+		cr_assert_eq(ts_check_bundles(f.ffn, NULL, f.ffn->n_bundles, buf), 0);
+		nf_io_buf_free(buf);
+		nf_io_ctx_close(io);
+	}
 	teardown_store(&f);
 }
 

@@ -16,7 +16,7 @@
 
 #include "util_pipeline.h"
 
-#define NFLASH "build/nflash"
+#define NFLASH PL_NFLASH
 #define MODEL "../shared/testdata/models/tiny-llama-q4_0.gguf"
 #define IDS "1,278,263,13,300,72,101,259"
 
@@ -25,7 +25,7 @@ static int run_cli(const char *args, char *err, size_t err_len)
 {
 	char ef[256], cmd[1024];
 	pl_tmp_path(ef, sizeof(ef), "mmap-err");
-	snprintf(cmd, sizeof(cmd), NFLASH " %s >/dev/null 2>%s", args, ef);
+	snprintf(cmd, sizeof(cmd), PL_NFLASH_CMD " %s >/dev/null 2>%s", args, ef);
 	int st = system(cmd);
 	FILE *e = fopen(ef, "r");
 	size_t n = e ? fread(err, 1, err_len - 1, e) : 0;
@@ -90,7 +90,7 @@ Test(tools_mmap, greedy_generation_matches)
 	for (int i = 0; i < 2; i++) {
 		snprintf(args, sizeof(args), "generate -m " MODEL " --ids " IDS " -n 8 --temp 0 -t 2 --json %s",
 			 io[i]);
-		snprintf(cmd, sizeof(cmd), NFLASH " %s 2>/dev/null", args);
+		snprintf(cmd, sizeof(cmd), PL_NFLASH_CMD " %s 2>/dev/null", args);
 		FILE *p = popen(cmd, "r");
 		cr_assert_not_null(p);
 		size_t n = fread(out[i], 1, sizeof(out[i]) - 1, p);

@@ -247,7 +247,7 @@ static void body_for(char *out, size_t len, int k, bool chat, bool stream, int m
 			 prompts[k], max_tokens, stream ? "true" : "false");
 }
 
-TestSuite(serve, .init = setup, .fini = teardown, .timeout = 600);
+TestSuite(serve, .init = setup, .fini = teardown, .timeout = 600 * NF_TEST_SLOWDOWN);
 
 Test(serve, endpoints_and_sse_framing)
 {

@@ -203,7 +203,7 @@ int pl_run_cli(const char *args, char *out, size_t out_len, char *err, size_t er
 {
 	char ef[256], cmd[1024];
 	pl_tmp_path(ef, sizeof(ef), "cli-err");
-	snprintf(cmd, sizeof(cmd), PL_NFLASH " %s 2>%s", args, ef);
+	snprintf(cmd, sizeof(cmd), PL_NFLASH_CMD " %s 2>%s", args, ef);
 	FILE *p = popen(cmd, "r");
 	cr_assert_not_null(p);
 	size_t n = fread(out, 1, out_len - 1, p);

@@ -15,6 +15,13 @@
 
 #include "nflash/model.h"
 
+/* Tests' own time limits are multiplied by this: a cross build's suite runs
+ * under qemu-user, several times slower than the machine (the Makefile
+ * passes 10 there). */
+#ifndef NF_TEST_SLOWDOWN
+#define NF_TEST_SLOWDOWN 1
+#endif
+
 /*
  * pl_store_from_model - write every dense layer's FFN of m to a store at
  * path: bundle j = gate row j, up row j, down column j. With shuffle, the
@@ -50,8 +57,15 @@ void pl_make_wide_model(const char *stem, uint32_t n_ctx, char *gguf, char *stor
 /* max |a[i] - b[i]| */
 double pl_max_diff(const float *a, const float *b, size_t n);
 
-/* The nflash binary, relative to the repository root. */
+/* The nflash binary, relative to the repository root (a cross build's
+ * Makefile passes its own). PL_NFLASH_CMD starts a shell command that runs
+ * it: through $NF_QEMU when the tests themselves run under qemu-user. */
+#ifdef NF_TEST_NFLASH
+#define PL_NFLASH NF_TEST_NFLASH
+#else
 #define PL_NFLASH "build/nflash"
+#endif
+#define PL_NFLASH_CMD "${NF_QEMU:+$NF_QEMU }" PL_NFLASH
 
 /* Run PL_NFLASH with args (a shell command line): stdout into out, stderr
  * into err (both NUL-terminated, truncated to their lengths); returns the

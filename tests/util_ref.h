@@ -16,6 +16,13 @@
 
 #include "nflash/error.h"
 
+/* Tests' own time limits are multiplied by this: a cross build's suite runs
+ * under qemu-user, several times slower than the machine (the Makefile
+ * passes 10 there). */
+#ifndef NF_TEST_SLOWDOWN
+#define NF_TEST_SLOWDOWN 1
+#endif
+
 struct nf_ref {
 	int32_t *input;     /* n_input prompt ids */
 	size_t n_input;

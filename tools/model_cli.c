@@ -21,6 +21,7 @@ void nf_model_cli_init(struct nf_model_cli *mc)
 {
 	memset(mc, 0, sizeof(*mc));
 	mc->kv_type = -1;
+	mc->replan_moves = -1;
 	mc->sparse_mode = -1;
 	mc->read_gap = -1;
 	mc->cold_slots = -1;
@@ -104,6 +105,9 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 				   "layer)", mc->cold_slots);
 			return -1;
 		}
+	} else if (!strcmp(f, "--replan-moves")) {
+		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 1 << 20, &mc->replan_moves) < 0)
+			return NF_EUSAGE;
 	} else if (!strcmp(f, "--read-gap")) {
 		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 64, &mc->read_gap) < 0)
 			return NF_EUSAGE;
@@ -151,6 +155,10 @@ void nf_model_cli_help(FILE *f)
 		"                        parts (same output, slower prefill; default: one layer, or a\n"
 		"                        quarter layer in predictor mode when a whole one would\n"
 		"                        leave no room to pin attention)\n"
+		"  --replan-moves N      online re-planning: every 16 tokens, move up to N neurons\n"
+		"                        that now fire clearly more than hot ones of their layer\n"
+		"                        from the cold segment into the hot one (memcpy, no I/O;\n"
+		"                        counts halve every 64 tokens; default 1024, 0: off)\n"
 		"  --profile             count how often each FFN neuron fires over this run\n"
 		"                        (calibration) and store the counts in the store (-m STORE\n"
 		"                        or --ffn-store); tokens are evaluated one at a time. The\n"
@@ -292,7 +300,8 @@ void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 	}
 	fprintf(f, "nflash: peak resident %.1f MiB (VmHWM)", mib(nf_model_cli_vm_hwm()));
 	if (mc->budget)
-		fprintf(f, ", budget %.1f MiB + fixed overhead %.1f MiB", mib(mc->budget), mib(mc->overhead));
+		fprintf(f, ", budget %.1f MiB (the fixed overhead, %.1f MiB, included)", mib(mc->budget),
+			mib(mc->overhead));
 	fprintf(f, "\n");
 }
 
@@ -325,6 +334,7 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_u64(j, "misses", c.misses);
 	nf_json_u64(j, "evictions", c.evictions);
 	nf_json_u64(j, "gap_bundles", c.gap_bundles);
+	nf_json_u64(j, "promotions", c.promotions);
 	if (mc->cache) {
 		struct nf_cache_layout cl;
 		nf_cache_layout_get(mc->cache, &cl);
@@ -387,6 +397,7 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	o.stream_attn = mc->stream_attn;
 	o.attn_pin = (uint32_t)mc->attn_pin;
 	o.cold_slots = (int)mc->cold_slots;
+	o.replan_moves = (int)mc->replan_moves;
 	o.profile = mc->profile;
 	o.profile_sig_tokens = NF_PROFILE_SIG_TOKENS;
 	o.measure_recall = mc->stats;

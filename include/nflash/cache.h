@@ -113,6 +113,7 @@ struct nf_cache_stats {
 	uint64_t evictions;
 	uint64_t errors;
 	uint64_t gap_bundles;      /* not requested, read to join two misses in one read */
+	uint64_t promotions;       /* neurons moved from the cold segment to the hot (rebalance) */
 };
 
 struct nf_cache;
@@ -135,6 +136,20 @@ void nf_cache_geometry(const struct nf_cache *c, struct nf_cache_geom *g);
 /* The FFN geometry of store s (as nf_cache_geometry gives for a cache over
  * it); NF_EUSAGE if it has no FFN objects or they differ (d says which). */
 int nf_cache_geometry_of(struct nf_store *s, struct nf_cache_geom *g, struct nf_diag *d);
+/*
+ * nf_cache_rebalance - online re-planning for the FFN (layer, expert),
+ * right after its layer was released (no slot pinned, no read in flight;
+ * otherwise it does nothing): its most frequent cold-resident neurons (just
+ * read) are paired with its least frequent hot ones, and while the cold
+ * one's count exceeds the hot one's by half again plus two they trade
+ * slots; max_moves at most. Bundles move by memcpy (no I/O); addresses
+ * handed out before are stale after it. O(slots) plus two sorts. Returns
+ * the moves made.
+ */
+int nf_cache_rebalance(struct nf_cache *c, uint32_t layer, uint32_t expert, uint32_t max_moves);
+/* Halve every neuron's count, so that the hot set follows recent requests. */
+void nf_cache_decay(struct nf_cache *c);
+
 /* The hot and cold slots nf_cache_open would make of o->arena_bytes over
  * store s. Returns 0 or NF_EUSAGE (no FFN objects). */
 int nf_cache_split_for(struct nf_store *s, const struct nf_cache_opts *o, uint32_t *n_hot, uint32_t *n_cold);

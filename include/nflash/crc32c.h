@@ -29,9 +29,10 @@ extern "C" {
 uint32_t nf_crc32c(uint32_t crc, const void *buf, size_t len);
 /* The table-driven version, on any CPU. */
 uint32_t nf_crc32c_sw(uint32_t crc, const void *buf, size_t len);
-/* The SSE4.2 version; call only when nf_crc32c_hw_available(). */
+/* The hardware version (SSE4.2 on x86-64, CRC32 on arm64); call only when
+ * nf_crc32c_hw_available(). */
 uint32_t nf_crc32c_hw(uint32_t crc, const void *buf, size_t len);
-/* True when this CPU has SSE4.2. */
+/* True when this CPU has the instructions nf_crc32c_hw needs. */
 bool nf_crc32c_hw_available(void);
 
 #ifdef __cplusplus

@@ -84,6 +84,7 @@ struct nf_engine_opts {
 	 * plus NF_ENGINE_SLACK): a dry run in a process that holds more than
 	 * the real run will passes the real run's. */
 	uint64_t overhead;
+	int replan_moves;       /* online re-planning: moves per step, every 16 tokens (-1: 1024; 0: off) */
 	bool profile;           /* calibration run: count firings, record co-activation */
 	uint32_t profile_sig_tokens; /* requests per FFN the co-activation record keeps */
 	bool measure_recall;    /* the sparse engine measures predictor recall (in memory) */

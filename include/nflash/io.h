@@ -11,7 +11,9 @@
  *   uring  io_uring through liburing, same semantics
  *   sync   pread on a normal descriptor; chosen automatically, with a
  *          one-line warning, where O_DIRECT is refused or not enforced
- *          (tmpfs: /dev/shm accepts O_DIRECT without honouring it)
+ *          (tmpfs: /dev/shm accepts O_DIRECT without honouring it), and
+ *          (pread on the O_DIRECT descriptor) where the kernel answers
+ *          io_setup / io_uring_setup with ENOSYS (qemu-user, sandboxes)
  *   fault  wraps another backend and fails, shortens or delays chosen reads
  *
  *	struct nf_io_opts o;

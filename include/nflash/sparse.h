@@ -81,7 +81,18 @@ struct nf_sparse_params {
 	/* With a cache: fill its hot segment from the online counts after this
 	 * many tokens, and again every 16 times as many (0: never). */
 	uint32_t hot_after;
+	/* With a cache: every NF_SPARSE_REPLAN_TOKENS tokens, move up to this
+	 * many neurons that now fire clearly more than hot ones of their FFN
+	 * from the cold segment into the hot one (nf_cache_rebalance: memcpy,
+	 * no I/O), and halve the counts every NF_SPARSE_DECAY_TOKENS tokens,
+	 * so the hot set follows the text (online re-planning; 0: off). */
+	uint32_t replan_moves;
 };
+
+/* Tokens between two re-planning steps, and between two halvings of the
+ * cache's counts. */
+#define NF_SPARSE_REPLAN_TOKENS 16u
+#define NF_SPARSE_DECAY_TOKENS 64u
 
 void nf_sparse_params_init(struct nf_sparse_params *p);
 
