@@ -300,7 +300,8 @@ void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 	}
 	fprintf(f, "nflash: peak resident %.1f MiB (VmHWM)", mib(nf_model_cli_vm_hwm()));
 	if (mc->budget)
-		fprintf(f, ", budget %.1f MiB + fixed overhead %.1f MiB", mib(mc->budget), mib(mc->overhead));
+		fprintf(f, ", budget %.1f MiB (the fixed overhead, %.1f MiB, included)", mib(mc->budget),
+			mib(mc->overhead));
 	fprintf(f, "\n");
 }
 
