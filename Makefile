@@ -247,7 +247,7 @@ $(FUZZ_B)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) include/nflash/gguf.h
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -laio -luring -lm
 # The store and model targets link the library built with coverage and the
 # sanitizers (per-ISA flags as in the main build).
-FUZZ_LIB_SRC := $(sort $(wildcard storage/*.c compute/*.c planner/*.c))
+FUZZ_LIB_SRC := $(call drop_other_isa,$(sort $(wildcard storage/*.c compute/*.c planner/*.c)))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_B)/obj/%.o)
 .SECONDARY: $(FUZZ_LIB_OBJ)
 # The per-ISA kernel files are compiled by $(CC), uninstrumented (clang 14
