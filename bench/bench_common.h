@@ -120,4 +120,43 @@ static inline uint64_t nf_bench_rng(uint64_t *s)
 	return *s;
 }
 
+/*
+ * The peer: one run of llama.cpp's llama-bench (path bench, e.g. from the
+ * LLAMA_BENCH environment variable) on model with threads threads, n_prompt
+ * prompt tokens or n_gen generated ones (the other 0), one repetition, CSV
+ * output; *tps gets its avg_ts (tokens per second). Returns 0, or -1 if it
+ * could not run or printed no figure (its stderr goes to stderr).
+ */
+static inline int nf_bench_llama(const char *bench, const char *model, int threads, int n_prompt,
+				 int n_gen, double *tps)
+{
+	char cmd[4096];
+	snprintf(cmd, sizeof(cmd), "'%s' -m '%s' -t %d -p %d -n %d -r 1 -o csv 2>/dev/null", bench,
+		 model, threads, n_prompt, n_gen);
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	char line[8192];
+	int col = -1, rc = -1;
+	while (fgets(line, sizeof(line), p)) {
+		int i = 0;
+		char *save = NULL;
+		for (char *f = strtok_r(line, ",\n", &save); f; f = strtok_r(NULL, ",\n", &save), i++) {
+			if (f[0] == '"')
+				f++;
+			size_t l = strlen(f);
+			if (l && f[l - 1] == '"')
+				f[l - 1] = 0;
+			if (col < 0 && !strcmp(f, "avg_ts"))
+				col = i;
+			else if (col >= 0 && i == col) {
+				*tps = strtod(f, NULL);
+				rc = *tps > 0 ? 0 : -1;
+			}
+		}
+	}
+	int st = pclose(p);
+	return st == 0 ? rc : -1;
+}
+
 #endif /* NF_BENCH_COMMON_H */

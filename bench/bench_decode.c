@@ -17,12 +17,19 @@
  * (the machine is shared: the ratio is what compares across runs), and
  * cpu_tok_per_s: tokens per second of the process's CPU time divided by
  * the thread count, what the run would do with the CPUs to itself (spinning
- * workers count as busy, so it errs low). For
- * reference llama.cpp decodes such a model at 2.7-3.3 tokens/s here.
+ * workers count as busy, so it errs low).
  *
  * Environment: NFLASH_BENCH_THREADS (default 2), NFLASH_BENCH_DECODE
- * (tokens per decode run, default 32), NFLASH_BENCH_PREFILL (default 512),
- * NFLASH_ISA (kernel table).
+ * (tokens per decode run, default 32), NFLASH_BENCH_PREFILL (default 512;
+ * 0: no prefill rows),
+ * NFLASH_ISA (kernel table), NFLASH_BENCH_REPACK=0 (keep Q4_0/Q8_0 rows plain
+ * instead of nf_model_repack's 8-row groups, for A/B runs),
+ * NFLASH_BENCH_MODEL (an existing file is used if it has the 7B shape,
+ * Q4_0 or Q8_0, e.g. `nflash synth --shape 7b --dtype q4_0
+ * --no-predictor`; never overwritten), LLAMA_BENCH (path of llama.cpp's
+ * llama-bench: each nflash run is followed by one llama-bench run on the
+ * same file, `-t THREADS -p 0 -n DECODE` or `-p PREFILL -n 0`, and rows
+ * "llama.cpp" and the ratio of the medians follow nflash's).
  */
 #include <errno.h>
 #include <math.h>
@@ -191,7 +198,7 @@ static bool shape_ok(const struct nf_model *m)
 	const struct nf_model_hparams *hp = nf_model_hparams(m);
 	return hp->n_embd == B_EMBD && hp->n_ff == B_FF && hp->n_head == B_HEAD &&
 	       hp->n_layer == B_LAYER && hp->n_vocab == B_VOCAB &&
-	       nf_model_layer(m, 0)->wq.dtype == NF_DTYPE_Q4_0;
+	       (nf_model_layer(m, 0)->wq.dtype == NF_DTYPE_Q4_0 || nf_model_layer(m, 0)->wq.dtype == NF_DTYPE_Q8_0);
 }
 
 /* ---- memory-read peer: the same number of threads summing a buffer ---- */
@@ -233,6 +240,25 @@ static void report(const char *phase, size_t tokens, const struct nf_ctx *c, dou
 	fflush(stdout);
 }
 
+/* The peer's row (llama-bench, runs interleaved with nflash's) and the
+ * ratio of the medians; sorts both arrays. */
+static void report_llama(const char *phase, size_t tokens, int threads, double *ltps, int lreps,
+			 double *tps, int reps, double weight_gb, double memread_gbs)
+{
+	if (lreps < 1)
+		return;
+	double med = nf_bench_median(ltps, (size_t)lreps), ours = nf_bench_median(tps, (size_t)reps);
+	printf("%s\t%zu\t%d\tllama.cpp\t%.3f\t%.3f\t%.3f\t%.1f\t-", phase, tokens, threads, med, ltps[0],
+	       ltps[lreps - 1], 1e3 / med);
+	if (weight_gb > 0)
+		printf("\t%.2f\t%.2f\t%.2f\n", med * weight_gb, memread_gbs, med * weight_gb / memread_gbs);
+	else
+		printf("\t-\t-\t-\n");
+	printf("# %s: nflash / llama.cpp = %.2f (medians of %d and %d interleaved runs)\n", phase, ours / med,
+	       reps, lreps);
+	fflush(stdout);
+}
+
 int main(void)
 {
 	const char *path = getenv("NFLASH_BENCH_MODEL");
@@ -242,16 +268,24 @@ int main(void)
 	int reps = (int)env_long("NFLASH_BENCH_REPEATS", 3);
 	size_t n_dec = (size_t)env_long("NFLASH_BENCH_DECODE", 32);
 	size_t n_pre = (size_t)env_long("NFLASH_BENCH_PREFILL", 512);
-	if (threads < 1 || reps < 1 || n_dec < 1 || n_pre < 1 || reps > 100) {
+	if (threads < 1 || reps < 1 || n_dec < 1 || reps > 100) {
 		fprintf(stderr, "bench_decode: bad NFLASH_BENCH_* setting\n");
 		return 2;
 	}
 
+	bool given = getenv("NFLASH_BENCH_MODEL") && *getenv("NFLASH_BENCH_MODEL");
+	const char *llama = getenv("LLAMA_BENCH");
+	bool repack = env_long("NFLASH_BENCH_REPACK", 1) != 0;
 	struct nf_model *m = NULL;
 	struct nf_diag d = { 0 };
 	if (access(path, R_OK) == 0 && nf_model_load(path, NULL, &m, &d) == 0 && !shape_ok(m)) {
 		nf_model_free(m);
 		m = NULL;
+		if (given) {
+			fprintf(stderr, "bench_decode: %s is not a LLaMA-7B-shaped Q4_0/Q8_0 model; not overwritten\n",
+				path);
+			return 1;
+		}
 	}
 	if (!m) {
 		if (write_model(path) < 0)
@@ -266,10 +300,20 @@ int main(void)
 		fprintf(stderr, "bench_decode: loaded in %.1f s\n", now() - t0);
 	}
 
+	/* in memory with the built-in FFN: every Q4_0/Q8_0 matrix into 8-row
+	 * groups where the kernels have them, as `nflash generate` does */
+	int n_packed = 0;
+	double t_pack = now();
+	if (repack && (n_packed = nf_model_repack(m, NF_REPACK_ATTN | NF_REPACK_FFN | NF_REPACK_OUTPUT)) < 0) {
+		fprintf(stderr, "bench_decode: repack: %s\n", nf_strerror(n_packed));
+		return 1;
+	}
+	t_pack = now() - t_pack;
+
 	struct nf_ctx_params cp = nf_ctx_defaults();
 	cp.n_threads = threads;
 	cp.n_ctx = (uint32_t)(n_pre > n_dec + 1 ? n_pre : n_dec + 1);
-	cp.n_batch = (uint32_t)n_pre;
+	cp.n_batch = (uint32_t)(n_pre ? n_pre : 1);
 	struct nf_ctx *c = NULL;
 	int rc = nf_ctx_open(m, &cp, &c, &d);
 	if (rc < 0) {
@@ -277,17 +321,23 @@ int main(void)
 		nf_model_free(m);
 		return 1;
 	}
-	char extra[256];
-	snprintf(extra, sizeof(extra), "model %s (%.2f GB Q4_0, LLaMA-7B shape), %s kernels, %d threads, F32 KV",
-		 path, nf_model_weight_bytes(m) / 1e9, nf_ctx_kernels(c)->isa, nf_ctx_n_threads(c));
+	char extra[512];
+	snprintf(extra, sizeof(extra),
+		 "model %s (%.2f GB %s, LLaMA-7B shape), %s kernels, %d threads, F32 KV, %d matrices "
+		 "repacked in %.1f s; peer %s",
+		 path, nf_model_weight_bytes(m) / 1e9, nf_dtype_name(nf_model_layer(m, 0)->wq.dtype),
+		 nf_ctx_kernels(c)->isa, nf_ctx_n_threads(c), n_packed, t_pack, llama ? llama : "none (LLAMA_BENCH unset)");
 	nf_bench_header("bench_decode", extra);
 
-	int32_t *ids = malloc(n_pre * sizeof(int32_t));
+	size_t n_ids = n_pre > n_dec + 1 ? n_pre : n_dec + 1;
+	int32_t *ids = malloc(n_ids * sizeof(int32_t));
 	double *tps = malloc((size_t)reps * sizeof(double)), *ctps = malloc((size_t)reps * sizeof(double));
+	double ltps[100];
+	int nl = 0;
 	if (!ids || !tps || !ctps)
 		return 1;
 	uint64_t s = 12345;
-	for (size_t i = 0; i < n_pre; i++) {
+	for (size_t i = 0; i < n_ids; i++) {
 		s = s * 6364136223846793005ull + 1442695040888963407ull;
 		ids[i] = (int32_t)((s >> 33) % B_VOCAB);
 	}
@@ -319,26 +369,39 @@ int main(void)
 			break;
 		double t0 = now(), c0 = cpu_now();
 		for (size_t i = 0; i < n_dec && rc == 0; i++) {
-			tok = ids[(i + 1) % n_pre];
+			tok = ids[i + 1];
 			rc = nf_ctx_eval(c, &tok, 1);
 		}
 		tps[r] = n_dec / (now() - t0);
 		ctps[r] = n_dec * nf_ctx_n_threads(c) / (cpu_now() - c0);
 		fprintf(stderr, "bench_decode: decode run %d: %.3f tok/s\n", r + 1, tps[r]);
+		if (llama && nf_bench_llama(llama, path, threads, 0, (int)n_dec, &ltps[nl]) == 0)
+			fprintf(stderr, "bench_decode: llama.cpp decode run %d: %.3f tok/s\n", r + 1, ltps[nl++]);
 	}
-	if (rc == 0)
-		report("decode", n_dec, c, tps, ctps, reps, wgb, nf_bench_median(mr, (size_t)reps));
-	/* prefill: n_pre tokens in one batched eval */
-	for (int r = 0; r < reps && rc == 0; r++) {
+	if (rc == 0) {
+		double mrm = nf_bench_median(mr, (size_t)reps);
+		double tcopy[100];
+		memcpy(tcopy, tps, (size_t)reps * sizeof(double));
+		report("decode", n_dec, c, tps, ctps, reps, wgb, mrm);
+		report_llama("decode", n_dec, threads, ltps, nl, tcopy, reps, wgb, mrm);
+	}
+	nl = 0;
+	/* prefill: n_pre tokens in one batched eval (NFLASH_BENCH_PREFILL=0: none) */
+	for (int r = 0; r < reps && rc == 0 && n_pre > 0; r++) {
 		nf_ctx_reset(c);
 		double t0 = now(), c0 = cpu_now();
 		rc = nf_ctx_eval(c, ids, n_pre);
 		tps[r] = n_pre / (now() - t0);
 		ctps[r] = n_pre * nf_ctx_n_threads(c) / (cpu_now() - c0);
 		fprintf(stderr, "bench_decode: prefill run %d: %.3f tok/s\n", r + 1, tps[r]);
+		if (llama && nf_bench_llama(llama, path, threads, (int)n_pre, 0, &ltps[nl]) == 0)
+			fprintf(stderr, "bench_decode: llama.cpp prefill run %d: %.3f tok/s\n", r + 1, ltps[nl++]);
 	}
-	if (rc == 0) {
+	if (rc == 0 && n_pre > 0) {
+		double tcopy[100];
+		memcpy(tcopy, tps, (size_t)reps * sizeof(double));
 		report("prefill", n_pre, c, tps, ctps, reps, 0, 0);
+		report_llama("prefill", n_pre, threads, ltps, nl, tcopy, reps, 0, 0);
 		float l0 = nf_ctx_logits(c)[0];
 		if (!isfinite(l0)) {
 			fprintf(stderr, "bench_decode: non-finite logits\n");

@@ -13,6 +13,11 @@
  * time: on a machine shared with other work they show what the kernel does
  * while it runs, and the wall-clock columns what the caller waited.
  *
+ * With LLAMA_BENCH (llama.cpp's llama-bench) and LLAMA_BENCH_MODELS
+ * (GGUF files separated by ':'), a row per file gives llama.cpp's decode
+ * weight traffic (file bytes x tokens/s of `-t 2 -p 0 -n 16`, median of
+ * REPS runs) beside a memory read by 2 threads before each run.
+ *
  *	make bench BENCH=bench_kernels   # or: build/bench/bench_kernels [avx512|avx2|neon-dot|neon|scalar...]
  */
 #include <stdint.h>
@@ -20,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 #include "../tools/cli.h"
 #include "bench_common.h"
@@ -42,6 +49,7 @@ struct gemv_job {
 	float *y;
 	/* gemm */
 	size_t nb, xq_stride;
+	int packed; /* in 8-row groups: gemv_x8 / gemm_x8 */
 	double cpu[8]; /* per-thread CPU seconds of the last job */
 };
 
@@ -63,19 +71,26 @@ static double max_cpu(const double *c, int nth)
 static void gemv_fn(void *arg, int ith, int nth)
 {
 	struct gemv_job *j = arg;
-	size_t r0 = j->rows * (size_t)ith / (size_t)nth, r1 = j->rows * (size_t)(ith + 1) / (size_t)nth;
+	size_t g = j->rows / 8, r0 = g * (size_t)ith / (size_t)nth * 8, r1 = g * (size_t)(ith + 1) / (size_t)nth * 8;
 	double t0 = thread_cpu();
-	j->k->gemv[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->xq, j->y + r0);
+	if (j->packed)
+		j->k->gemv_x8[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->xq, j->y + r0);
+	else
+		j->k->gemv[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->xq, j->y + r0);
 	j->cpu[ith] = thread_cpu() - t0;
 }
 
 static void gemm_fn(void *arg, int ith, int nth)
 {
 	struct gemv_job *j = arg;
-	size_t r0 = j->rows * (size_t)ith / (size_t)nth, r1 = j->rows * (size_t)(ith + 1) / (size_t)nth;
+	size_t g = j->rows / 8, r0 = g * (size_t)ith / (size_t)nth * 8, r1 = g * (size_t)(ith + 1) / (size_t)nth * 8;
 	double t0 = thread_cpu();
-	j->k->gemm[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->nb, j->xq,
-			  j->xq_stride, j->y + r0, j->rows);
+	if (j->packed)
+		j->k->gemm_x8[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->nb, j->xq, j->xq_stride,
+				  j->y + r0, j->rows);
+	else
+		j->k->gemm[j->kt](j->n, r1 - r0, j->w + r0 * j->row_bytes, j->row_bytes, j->nb, j->xq,
+				  j->xq_stride, j->y + r0, j->rows);
 	j->cpu[ith] = thread_cpu() - t0;
 }
 
@@ -110,6 +125,16 @@ static void fill_weights(enum nf_ktype kt, char *w, size_t rows, size_t row_byte
 			uint16_t *h = (uint16_t *)row;
 			for (size_t i = 0; i < N_COLS; i++)
 				h[i] = (uint16_t)((h[i] & 0x83ff) | 0x2c00); /* |v| in [1/16, 1/8) */
+		} else if (kt == NF_KT_Q4_K || kt == NF_KT_Q5_K || kt == NF_KT_Q6_K) {
+			/* random quants and scales; finite d (and dmin) at their offsets */
+			uint32_t dt = kt == NF_KT_Q4_K ? NF_DTYPE_Q4_K : kt == NF_KT_Q5_K ? NF_DTYPE_Q5_K : NF_DTYPE_Q6_K;
+			size_t bs = nf_dtype_block_size(dt), doff = kt == NF_KT_Q6_K ? bs - 2 : 0;
+			for (size_t b = 0; b < N_COLS / NF_QK_K; b++) {
+				uint16_t d = nf_fp32_to_fp16(0.001f * (float)(1 + (b + r) % 7));
+				memcpy(row + b * bs + doff, &d, 2);
+				if (kt != NF_KT_Q6_K)
+					memcpy(row + b * bs + 2, &d, 2);
+			}
 		} else {
 			size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
 			for (size_t b = 0; b < N_COLS / NF_QK; b++) {
@@ -155,9 +180,12 @@ static void gemv_pass(struct nf_pool *p, struct gemv_job *j, const char *w, size
 
 int main(int argc, char **argv)
 {
-	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16 };
-	static const char *const type_names[] = { "q4_0", "q8_0", "f16" };
-	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16 };
+	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16, NF_KT_Q4_K, NF_KT_Q5_K,
+					       NF_KT_Q6_K };
+	static const char *const type_names[] = { "q4_0", "q8_0", "f16", "q4_K", "q5_K", "q6_K" };
+	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16, NF_DTYPE_Q4_K,
+						NF_DTYPE_Q5_K, NF_DTYPE_Q6_K };
+	const int n_types = (int)(sizeof(types) / sizeof(types[0]));
 	const char *all_isas[] = NF_BENCH_ISAS; /* scalar: name it on the command line */
 	const char **isas = all_isas;
 	int nisa = (int)(sizeof(all_isas) / sizeof(all_isas[0]));
@@ -198,26 +226,36 @@ int main(int argc, char **argv)
 	       "cpu_memread_GB_per_s\tcpu_ratio\tGFLOP_per_s\tcpu_GFLOP_per_s\n");
 	fflush(stdout);
 
-	for (int ti = 0; ti < 3; ti++) {
+	for (int ti = 0; ti < n_types; ti++) {
 		enum nf_ktype kt = types[ti];
 		size_t rb = nf_dtype_row_size(type_dtypes[ti], N_COLS), mat = rb * N_ROWS;
 		size_t nmat = (SET_BYTES + mat - 1) / mat;
-		char *w = alloc_huge(nmat * mat);
+		char *w = alloc_huge(nmat * mat), *wp = NULL;
 		fill_weights(kt, w, nmat * N_ROWS, rb, 7 + ti);
-		for (int ii = 0; ii < nisa; ii++) {
-			const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
-			if (!k)
+		/* Q4_0 and Q8_0 also in 8-row groups (the form nf_model_repack
+		 * gives matrices in memory), for the tables that have kernels */
+		if (kt == NF_KT_Q4_0 || kt == NF_KT_Q8_0) {
+			wp = alloc_huge(nmat * mat);
+			nf_repack_x8(kt, wp, w, N_COLS, nmat * N_ROWS);
+		}
+		for (int vi = 0; vi < 2 * nisa; vi++) {
+			const struct nf_kernels *k = nf_kernels_isa(isas[vi / 2]);
+			int pk = vi % 2;
+			if (!k || (pk && (!wp || !k->gemv_x8[kt])))
 				continue;
+			char tname[16];
+			snprintf(tname, sizeof(tname), "%s%s", type_names[ti], pk ? "x8" : "");
+			const char *wv = pk ? wp : w;
 			k->act_prepare[kt](x, xq, N_COLS);
 			for (int nt = 1; nt <= 2; nt++) {
 				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = N_ROWS,
-						      .row_bytes = rb, .xq = xq, .y = y };
+						      .row_bytes = rb, .xq = xq, .y = y, .packed = pk };
 				double t[REPS], c[REPS], mt[REPS], mc[REPS], d0, d1;
-				gemv_pass(pools[nt], &j, w, nmat, mat, &d0, &d1); /* warm-up */
+				gemv_pass(pools[nt], &j, wv, nmat, mat, &d0, &d1); /* warm-up */
 				memread_pass(pools[nt], &rj, &d0, &d1);
 				for (int r = 0; r < REPS; r++) {
 					memread_pass(pools[nt], &rj, &mt[r], &mc[r]);
-					gemv_pass(pools[nt], &j, w, nmat, mat, &t[r], &c[r]);
+					gemv_pass(pools[nt], &j, wv, nmat, mat, &t[r], &c[r]);
 				}
 				double bytes = (double)(nmat * mat);
 				double gbps = bytes / nf_bench_median(t, REPS) / 1e9;
@@ -226,7 +264,7 @@ int main(int argc, char **argv)
 				double mcgbps = (double)SET_BYTES / nf_bench_median(mc, REPS) / 1e9;
 				double flop = 2.0 * N_COLS * N_ROWS * (double)nmat;
 				printf("gemv\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\n", k->isa,
-				       type_names[ti], nt, gbps, mgbps, gbps / mgbps, cgbps, mcgbps, cgbps / mcgbps,
+				       tname, nt, gbps, mgbps, gbps / mgbps, cgbps, mcgbps, cgbps / mcgbps,
 				       flop / nf_bench_median(t, REPS) / 1e9, flop / nf_bench_median(c, REPS) / 1e9);
 				fflush(stdout);
 			}
@@ -240,8 +278,8 @@ int main(int argc, char **argv)
 			}
 			for (int nt = 1; nt <= 2; nt++) {
 				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = GEMM_ROWS,
-						      .row_bytes = rb, .w = w, .xq = xq, .y = y,
-						      .nb = GEMM_BATCH, .xq_stride = as };
+						      .row_bytes = rb, .w = wv, .xq = xq, .y = y,
+						      .nb = GEMM_BATCH, .xq_stride = as, .packed = pk };
 				double t[3], c[3];
 				for (int r = -1; r < 3; r++) {
 					double t0 = nf_cli_now();
@@ -253,12 +291,42 @@ int main(int argc, char **argv)
 				}
 				double flop = 2.0 * N_COLS * GEMM_ROWS * GEMM_BATCH;
 				printf("gemm%d\t%s\t%s\t%d\t-\t-\t-\t-\t-\t-\t%.1f\t%.1f\n", GEMM_BATCH, k->isa,
-				       type_names[ti], nt, flop / nf_bench_median(t, 3) / 1e9,
+				       tname, nt, flop / nf_bench_median(t, 3) / 1e9,
 				       flop / nf_bench_median(c, 3) / 1e9);
 				fflush(stdout);
 			}
 		}
 		free(w);
+		free(wp);
+	}
+	/* the peer: llama.cpp's decode on a whole model, its weight traffic
+	 * (file bytes x tokens/s) beside a memory read of the same threads just
+	 * before each run: what its gemv kernels reach inside a forward pass */
+	const char *llama = getenv("LLAMA_BENCH"), *lmodels = getenv("LLAMA_BENCH_MODELS");
+	if (llama && lmodels) {
+		char list[4096];
+		snprintf(list, sizeof(list), "%s", lmodels);
+		char *save = NULL;
+		for (char *f = strtok_r(list, ":", &save); f; f = strtok_r(NULL, ":", &save)) {
+			struct stat st;
+			if (stat(f, &st) < 0) {
+				fprintf(stderr, "bench_kernels: LLAMA_BENCH_MODELS: %s: %s\n", f, strerror(errno));
+				continue;
+			}
+			double t[REPS], mt[REPS], d1;
+			int ok = 0;
+			for (int r = 0; r < REPS; r++) {
+				memread_pass(pools[2], &rj, &mt[ok], &d1);
+				if (nf_bench_llama(llama, f, 2, 0, 16, &t[ok]) == 0)
+					ok++;
+			}
+			if (!ok)
+				continue;
+			double tps = nf_bench_median(t, (size_t)ok), mgbps = (double)SET_BYTES / nf_bench_median(mt, (size_t)ok) / 1e9;
+			double gbps = tps * (double)st.st_size / 1e9;
+			printf("decode\tllama.cpp\t%s\t2\t%.2f\t%.2f\t%.2f\t-\t-\t-\t-\t-\n", f, gbps, mgbps, gbps / mgbps);
+			fflush(stdout);
+		}
 	}
 	nf_pool_close(pools[1]);
 	nf_pool_close(pools[2]);

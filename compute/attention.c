@@ -162,6 +162,7 @@ int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0)
 		wk.data = d[1];
 		wv.data = d[2];
 		wo.data = d[3];
+		wq.packed = wk.packed = wv.packed = wo.packed = 0; /* the store's plain rows */
 	} else if (!wq.data) {
 		return NF_EUNSUPPORTED;
 	}

@@ -238,8 +238,13 @@ static void fit_plan(const struct nf_engine *e, struct nf_store *store, const st
 	uint64_t base = f->dense + nf_ctx_bytes(e->ctx) + f->engine + f->rec + e->info.overhead;
 	uint32_t sig = o->profile ? o->profile_sig_tokens : 0;
 	bool cold_auto = o->cold_slots < 0;
+	/* K-quant downs compute whole 256-neuron super-blocks: never fewer
+	 * cold slots than the sparse engine's chunk of them */
+	uint32_t kmin = nf_sparse_min_cold_slots(g);
 	uint32_t quarter = hp->n_ff / 4 > 256 ? hp->n_ff / 4 : 256;
-	uint32_t floor = g->n_neurons < MIN_COLD_SLOTS ? g->n_neurons : MIN_COLD_SLOTS;
+	uint32_t floor = MIN_COLD_SLOTS > kmin ? MIN_COLD_SLOTS : kmin;
+	quarter = quarter > floor ? quarter : floor;
+	floor = g->n_neurons < floor ? g->n_neurons : floor;
 	uint32_t upper = predictor_mode(e) && quarter < g->n_neurons ? quarter : g->n_neurons;
 	bool evaluated = false;
 	for (int streamed = 0; streamed < 2; streamed++) {
@@ -495,6 +500,17 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 	}
 	if ((rc = nf_sparse_open(e->ctx, &sp, &e->sparse, d)) < 0)
 		return nf_diag_prefix(d, rc, "%s", o->path);
+	/* A GGUF held in memory: the Q4_0/Q8_0 matrices only dense products read
+	 * go into the kernels' 8-row groups (same bits, faster; a no-op where
+	 * the kernels have none), the FFN's too when the built-in FFN runs it
+	 * (the sparse FFN gathers plain rows). */
+	if (!streamed && !o->io_mmap && !nf_model_store(e->model)) {
+		unsigned what = NF_REPACK_ATTN | NF_REPACK_OUTPUT;
+		if (nf_sparse_mode_of(e->sparse) == NF_SPARSE_OFF)
+			what |= NF_REPACK_FFN;
+		if ((rc = nf_model_repack(e->model, what)) < 0)
+			return nf_diag_fail(d, rc, "%s: repacking Q4_0/Q8_0 matrices: %s", o->path, nf_strerror(rc));
+	}
 	e->info.reserved = nf_ctx_bytes(e->ctx) + nf_sparse_bytes(e->sparse) + e->info.profile_rec;
 	e->info.n_ctx = nf_ctx_n_ctx(e->ctx);
 	char fitted[96] = "";

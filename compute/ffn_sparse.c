@@ -44,9 +44,7 @@ void nf_sparse_params_init(struct nf_sparse_params *p)
 
 static int tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
-	/* K-quant downs: token by token (their exact down needs a layer's
-	 * activations per token; the batch path keeps none) */
-	if (s->cache && io->nb > 1 && io->nb <= s->n_batch && s->kgroups == 1) {
+	if (s->cache && io->nb > 1 && io->nb <= s->n_batch) {
 		int rc = nf_sp_batch_forward(s, env, io);
 		if (rc != BATCH_TOO_BIG)
 			return rc;
@@ -159,6 +157,11 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    (!(s->kact = zalloc(s, s->F * sizeof(float))) ||
 	     !(s->kx = zalloc(s, (size_t)(s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
 	     !(s->kacc = zalloc(s, (size_t)s->E * KACC * sizeof(float)))))
+		return -ENOMEM;
+	if (s->n_batch > 1 && s->kgroups > 1 &&
+	    (!(s->bkact = zalloc(s, (size_t)s->n_batch * s->F * sizeof(float))) ||
+	     !(s->bkx = zalloc(s, (size_t)s->nth * (s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
+	     !(s->bkacc = zalloc(s, (size_t)s->nth * s->E * KACC * sizeof(float)))))
 		return -ENOMEM;
 	if (s->n_batch > 1 &&
 	    (!(s->bxq = zalloc(s, (size_t)s->n_batch * s->xq_size)) ||
@@ -482,6 +485,11 @@ fail:
 	return rc;
 }
 
+uint32_t nf_sparse_min_cold_slots(const struct nf_cache_geom *g)
+{
+	return g->down_form == NF_CACHE_DOWN_QCOL && nf_dtype_is_kquant(g->down_dtype) ? CHUNK_MAX : 1;
+}
+
 uint64_t nf_sparse_bytes_for(const struct nf_ctx *ctx, const struct nf_cache_geom *g)
 {
 	struct nf_sparse s = { .count_only = true, .bytes = sizeof(struct nf_sparse) };
@@ -526,6 +534,9 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->kact);
 	free(s->kx);
 	free(s->kacc);
+	free(s->bkact);
+	free(s->bkx);
+	free(s->bkacc);
 	free(s->gmask);
 	free(s->bxq);
 	free(s->bmask);

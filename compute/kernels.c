@@ -12,6 +12,9 @@
  *    forces a table; a name the CPU or build cannot run falls back to the
  *    best table it can, with one line on stderr.
  */
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -60,6 +63,14 @@ const struct nf_kernels *nf_kernels_ref(void)
 }
 
 #if defined(__x86_64__)
+/* F16C from CPUID leaf 1 (ECX bit 29): clang 14 has no "f16c" for
+ * __builtin_cpu_supports, and the fuzz build compiles this file with it. */
+static bool cpu_has_f16c(void)
+{
+	unsigned int a, b, c, d;
+	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 /* Best first. */
 static const char *const isa_order[] = { "avx512", "avx2", "scalar" };
 
@@ -67,10 +78,10 @@ static const struct nf_kernels *isa_table(const char *isa)
 {
 	__builtin_cpu_init();
 	if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") &&
-	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+	    __builtin_cpu_supports("fma") && cpu_has_f16c())
 		return &nf_kernels_table_avx2;
 	if (!strcmp(isa, "avx512") && __builtin_cpu_supports("avx2") &&
-	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+	    __builtin_cpu_supports("fma") && cpu_has_f16c() &&
 	    __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
 	    __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16"))
@@ -160,4 +171,44 @@ void nf_rope(float *x, size_t n_head, size_t head_dim, int64_t pos, float freq_b
 		}
 		theta *= theta_scale;
 	}
+}
+
+/* ---- Q4_0 and Q8_0 in 8-row groups (kernels.h) ----------------------------- */
+
+/* One group: 8 plain rows <-> nb grouped blocks; bs the plain block's size
+ * (the fp16 scale, then bs - 2 quant bytes). */
+static void x8_group(unsigned char *plain, unsigned char *grp, size_t nb, size_t bs, size_t row_bytes,
+		     int pack)
+{
+	size_t q = bs - 2;
+	for (size_t i = 0; i < nb; i++) {
+		unsigned char *g = grp + i * 8 * bs;
+		for (int r = 0; r < 8; r++) {
+			unsigned char *b = plain + (size_t)r * row_bytes + i * bs;
+			memcpy(pack ? g + 2 * r : b, pack ? b : g + 2 * r, 2);
+			for (size_t m = 0; m < q / 4; m++) {
+				unsigned char *gq = g + 16 + 32 * m + 4 * (size_t)r, *bq = b + 2 + 4 * m;
+				memcpy(pack ? gq : bq, pack ? bq : gq, 4);
+			}
+		}
+	}
+}
+
+static void x8_convert(enum nf_ktype kt, unsigned char *plain, unsigned char *grp, size_t n, size_t nrows,
+		       int pack)
+{
+	size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
+	size_t nb = n / NF_QK, row_bytes = nb * bs;
+	for (size_t g = 0; g < nrows / 8; g++)
+		x8_group(plain + g * 8 * row_bytes, grp + g * 8 * row_bytes, nb, bs, row_bytes, pack);
+}
+
+void nf_repack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows)
+{
+	x8_convert(kt, (unsigned char *)src, dst, n, nrows, 1);
+}
+
+void nf_unpack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows)
+{
+	x8_convert(kt, dst, (unsigned char *)src, n, nrows, 0);
 }

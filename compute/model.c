@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "nflash/model.h" /* declares struct nf_gguf before gguf.h uses it */
 #include "nflash/dtype.h"
@@ -467,11 +470,123 @@ fail:
 	return rc;
 }
 
+/* A matrix nf_model_repack can put into 8-row groups for table k. */
+static bool repackable(const struct nf_weight *w, const struct nf_kernels *k)
+{
+	if (!w->data || w->packed || (w->kt != NF_KT_Q4_0 && w->kt != NF_KT_Q8_0) || !k->gemv_x8[w->kt] ||
+	    !k->gemm_x8[w->kt])
+		return false;
+	size_t bs = w->kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
+	return w->n_expert == 1 && w->nrows % 8 == 0 && w->row_bytes == (size_t)w->n / NF_QK * bs;
+}
+
+struct repack_item {
+	struct nf_weight *w;
+	unsigned char *dst;
+};
+
+struct repack_job {
+	struct repack_item *it;
+	size_t n;
+	int nth;
+	int ith;
+};
+
+/* Thread ith of nth: its share of every matrix's groups. */
+static void *repack_worker(void *arg)
+{
+	struct repack_job *j = arg;
+	for (size_t i = 0; i < j->n; i++) {
+		const struct nf_weight *w = j->it[i].w;
+		size_t g = w->nrows / 8, g0 = g * (size_t)j->ith / (size_t)j->nth;
+		size_t g1 = g * (size_t)(j->ith + 1) / (size_t)j->nth, off = g0 * 8 * w->row_bytes;
+		nf_repack_x8((enum nf_ktype)w->kt, j->it[i].dst + off, (const unsigned char *)w->data + off, w->n,
+			     (g1 - g0) * 8);
+	}
+	return NULL;
+}
+
+int nf_model_repack(struct nf_model *m, unsigned what)
+{
+	const struct nf_kernels *k = nf_kernels_get();
+	if (m->store || !m->g)
+		return 0;
+	/* the matrices, in a list, and the bytes they take */
+	size_t cap = (size_t)m->hp.n_layer * 7 + 1, n = 0, bytes = 0;
+	struct repack_item *it = calloc(cap, sizeof(*it));
+	if (!it)
+		return -ENOMEM;
+	for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+		struct nf_layer_weights *L = &m->layers[il];
+		struct nf_weight *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+		for (int i = 0; i < 7; i++)
+			if ((what & (i < 4 ? NF_REPACK_ATTN : NF_REPACK_FFN)) && repackable(ws[i], k))
+				it[n++].w = ws[i];
+	}
+	if ((what & NF_REPACK_OUTPUT) && m->output.data != m->tok_embd.data && repackable(&m->output, k))
+		it[n++].w = &m->output;
+	int rc = 0;
+	if (!n)
+		goto done;
+	if (m->n_packed_maps == NF_REPACK_MAPS) {
+		rc = -ENOSPC;
+		goto done;
+	}
+	for (size_t i = 0; i < n; i++)
+		bytes += (it[i].w->row_bytes * it[i].w->nrows + 63) & ~(size_t)63;
+	/* anonymous memory the model owns; not MADV_HUGEPAGE: with the
+	 * kernel's defrag=madvise the faults compacted memory for seconds */
+	void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (mem == MAP_FAILED) {
+		rc = -errno;
+		goto done;
+	}
+	m->packed[m->n_packed_maps].p = mem;
+	m->packed[m->n_packed_maps++].len = bytes;
+	unsigned char *p = mem;
+	for (size_t i = 0; i < n; i++) {
+		it[i].dst = p;
+		p += (it[i].w->row_bytes * it[i].w->nrows + 63) & ~(size_t)63;
+	}
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int nth = ncpu < 1 ? 1 : ncpu > 8 ? 8 : (int)ncpu;
+	pthread_t th[8];
+	struct repack_job jobs[8];
+	int started = 1;
+	for (int t = 0; t < nth; t++)
+		jobs[t] = (struct repack_job){ .it = it, .n = n, .nth = nth, .ith = t };
+	for (int t = 1; t < nth && pthread_create(&th[t], NULL, repack_worker, &jobs[t]) == 0; t++)
+		started = t + 1;
+	for (int t = started; t < nth; t++) /* threads that did not start: done here */
+		repack_worker(&jobs[t]);
+	repack_worker(&jobs[0]);
+	for (int t = 1; t < started; t++)
+		pthread_join(th[t], NULL);
+	/* the file's pages are no longer read: drop them from this process
+	 * (they stay in the page cache, reclaimable) */
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	for (size_t i = 0; i < n; i++) {
+		struct nf_weight *w = it[i].w;
+		uintptr_t a = ((uintptr_t)w->data + pg - 1) & ~(uintptr_t)(pg - 1);
+		uintptr_t e = ((uintptr_t)w->data + w->row_bytes * w->nrows) & ~(uintptr_t)(pg - 1);
+		if (e > a)
+			madvise((void *)a, e - a, MADV_DONTNEED);
+		w->data = it[i].dst;
+		w->packed = 1;
+	}
+	rc = (int)n;
+done:
+	free(it);
+	return rc;
+}
+
 void nf_model_free(struct nf_model *m)
 {
 	if (!m)
 		return;
 	free(m->layers);
+	for (int i = 0; i < m->n_packed_maps; i++)
+		munmap(m->packed[i].p, m->packed[i].len);
 	nf_gguf_close(m->g);
 	nf_model_store_free(m);
 	free(m);

@@ -98,12 +98,20 @@ static void mm_worker(void *arg, int ith, int nth)
 		const struct nf_mm *m = &j->mm[i];
 		const struct nf_weight *w = m->w;
 		size_t r0, r1;
-		/* Row slices in multiples of 16 keep SIMD kernels on full tiles. */
-		nf_split(w->nrows, w->nrows >= 16 * (size_t)nth ? 16 : 1, ith, nth, &r0, &r1);
+		/* Row slices in multiples of 16 keep SIMD kernels on full tiles;
+		 * 8-row groups are never cut. */
+		nf_split(w->nrows, w->nrows >= 16 * (size_t)nth ? 16 : w->packed ? 8 : 1, ith, nth, &r0, &r1);
 		if (r0 >= r1)
 			continue;
 		const char *wr = (const char *)w->data + r0 * w->row_bytes;
-		if (j->nb == 1)
+		if (w->packed) {
+			/* packed by nf_model_repack for the best table */
+			const struct nf_kernels *k = j->k->gemv_x8[w->kt] ? j->k : nf_kernels_get();
+			if (j->nb == 1)
+				k->gemv_x8[w->kt](w->n, r1 - r0, wr, j->xq, m->y + r0);
+			else
+				k->gemm_x8[w->kt](w->n, r1 - r0, wr, j->nb, j->xq, j->xq_stride, m->y + r0, m->ldy);
+		} else if (j->nb == 1)
 			j->k->gemv[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->xq, m->y + r0);
 		else
 			j->k->gemm[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->nb, j->xq, j->xq_stride,

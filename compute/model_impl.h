@@ -27,6 +27,9 @@ struct nf_model_ffn {
 	const uint16_t *scales;     /* QCOL: into the dense memory; else NULL */
 };
 
+/* Calls of nf_model_repack that may add matrices (one mapping each). */
+#define NF_REPACK_MAPS 4
+
 struct nf_model {
 	struct nf_gguf *g;          /* the GGUF, or the store's metadata blob */
 	/* store-backed models (compute/model_store.c); all NULL/0 for a GGUF */
@@ -53,6 +56,9 @@ struct nf_model {
 	const float *output_norm;
 	struct nf_layer_weights *layers;
 	uint64_t weight_bytes;
+	/* nf_model_repack's anonymous mappings (the repacked matrices) */
+	struct { void *p; size_t len; } packed[NF_REPACK_MAPS];
+	int n_packed_maps;
 };
 
 /* One matrix product: y[b * ldy + r] = W row r . x row b, b < nb. */

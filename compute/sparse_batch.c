@@ -30,8 +30,12 @@ static void batch_worker(void *arg, int ith, int nth)
 	size_t b0 = nb * (size_t)ith / (size_t)nth, b1 = nb * (size_t)(ith + 1) / (size_t)nth;
 	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
 	float *g = s->bsum + (size_t)ith * E;
+	uint32_t kdt = s->tabs[s->cur_layer].dt_down;
+	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(kdt);
 	for (size_t b = b0; b < b1; b++) {
 		memset(s->cur_out + b * E, 0, E * sizeof(float));
+		if (kq)
+			memset(s->bkact + b * s->F, 0, s->F * sizeof(float));
 		s->bchunk[2 * b] = 0;
 		s->bchunk[2 * b + 1] = 0;
 	}
@@ -57,12 +61,25 @@ static void batch_worker(void *arg, int ith, int nth)
 				continue;
 			}
 			memset(g, 0, E * sizeof(float));
-			nf_sp_chunk_compute(s, open[0], last ? s->n_groups : gi + 1, bm, s->bxq + b * s->xq_size, g, scratch);
+			nf_sp_chunk_compute(s, open[0], last ? s->n_groups : gi + 1, bm, s->bxq + b * s->xq_size, g, scratch,
+					    kq ? s->bkact + b * s->F : NULL);
 			float *out = s->cur_out + b * E;
 			for (size_t r = 0; r < E; r++)
 				out[r] += g[r];
 			open[1] = 0;
 		}
+	}
+	/* K-quant down: every group landed, each token's down in ggml's
+	 * dense order from its activations (as nf_sp_token_forward's) */
+	if (!kq)
+		return;
+	struct nf_block_q8_K *kx = s->bkx + (size_t)ith * (s->F / NF_QK_K);
+	float *kacc = s->bkacc + (size_t)ith * E * KACC;
+	for (size_t b = b0; b < b1; b++) {
+		nf_quantize_row_q8_K(s->bkact + b * s->F, kx, s->F);
+		memset(kacc, 0, E * KACC * sizeof(float));
+		nf_sp_kdown_rows(s, kdt, kx, kacc, 0, s->F / NF_QK_K, 0, (uint32_t)E);
+		nf_sp_kdown_finish(kdt, kacc, 0, (uint32_t)E, s->cur_out + b * E);
 	}
 }
 

@@ -81,8 +81,8 @@ static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, co
 }
 
 
-static void kdown_rows(const struct nf_sparse *s, uint32_t dt, uint32_t kb0, uint32_t kb1,
-		       uint32_t r0, uint32_t r1)
+void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx, float *kacc,
+		      uint32_t kb0, uint32_t kb1, uint32_t r0, uint32_t r1)
 {
 	uint32_t E = s->E, layer = s->cur_layer, bits = nf_kquant_bits(dt);
 	int32_t off = nf_kquant_offset(dt);
@@ -91,7 +91,7 @@ static void kdown_rows(const struct nf_sparse *s, uint32_t dt, uint32_t kb0, uin
 	uint8_t blk[256];
 	memset(blk, 0, sizeof(blk));
 	for (uint32_t kb = kb0; kb < kb1; kb++) {
-		const struct nf_block_q8_K *x = &s->kx[kb];
+		const struct nf_block_q8_K *x = &kx[kb];
 		if (x->d == 0.0f)
 			continue; /* no neuron of the block is active: adds exact zeros */
 		uint32_t nz = 0, lane[NF_QK_K], sub[NF_QK_K];
@@ -111,7 +111,7 @@ static void kdown_rows(const struct nf_sparse *s, uint32_t dt, uint32_t kb0, uin
 		for (uint32_t r = r0; r < r1; r++) {
 			const uint8_t *h = heads + (size_t)r * hb;
 			struct nf_kblock k;
-			float *acc = s->kacc + (size_t)r * KACC;
+			float *acc = kacc + (size_t)r * KACC;
 			memcpy(blk, h, qoff);
 			memcpy(blk + qoff + qlen, h + qoff, bs - qoff - qlen);
 			nf_kblock_unpack_scales(dt, blk, &k);
@@ -143,33 +143,37 @@ static void kdown_rows(const struct nf_sparse *s, uint32_t dt, uint32_t kb0, uin
 }
 
 
-void nf_sp_kdown_worker(void *arg, int ith, int nth)
+void nf_sp_kdown_finish(uint32_t dt, const float *kacc, uint32_t r0, uint32_t r1, float *out)
 {
-	struct kdown_job *j = arg;
-	uint32_t E = j->s->E, r0 = (uint32_t)((uint64_t)E * ith / nth), r1 = (uint32_t)((uint64_t)E * (ith + 1) / nth);
-	if (!j->out) {
-		kdown_rows(j->s, j->dt, j->kb0, j->kb1, r0, r1);
-		return;
-	}
 	for (uint32_t r = r0; r < r1; r++) {
-		const float *a = j->s->kacc + (size_t)r * KACC;
+		const float *a = kacc + (size_t)r * KACC;
 		float t[4];
 		for (int i = 0; i < 4; i++)
 			t[i] = a[i] + a[i + 4];
 		float v = (t[0] + t[2]) + (t[1] + t[3]);
-		if (j->dt == NF_DTYPE_Q4_K)
+		if (dt == NF_DTYPE_Q4_K)
 			v += (a[8] + a[10]) + (a[9] + a[11]);
-		else if (j->dt == NF_DTYPE_Q5_K)
+		else if (dt == NF_DTYPE_Q5_K)
 			v += a[12];
-		j->out[r] = v;
+		out[r] = v;
 	}
+}
+
+void nf_sp_kdown_worker(void *arg, int ith, int nth)
+{
+	struct kdown_job *j = arg;
+	uint32_t E = j->s->E, r0 = (uint32_t)((uint64_t)E * ith / nth), r1 = (uint32_t)((uint64_t)E * (ith + 1) / nth);
+	if (!j->out)
+		nf_sp_kdown_rows(j->s, j->dt, j->s->kx, j->s->kacc, j->kb0, j->kb1, r0, r1);
+	else
+		nf_sp_kdown_finish(j->dt, j->s->kacc, r0, r1, j->out);
 }
 
 /* Computes the neurons of groups [g0, g1) of the current layer that mask
  * (indexed by group) selects, for the token whose prepared input is xq,
  * into out (E floats). */
 void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const uint32_t *mask, const void *xq,
-			  float *out, char *scratch)
+			  float *out, char *scratch, float *kact)
 {
 	const struct nf_kernels *k = s->k;
 	uint32_t layer = s->cur_layer, E = s->E;
@@ -243,7 +247,7 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 			/* the down product waits for the layer's activations (kdown_rows) */
 			for (uint32_t j = j0; j < j1; j++)
 				if (dp[j])
-					s->kact[ids[j]] = a[ids[j] % unit];
+					kact[ids[j]] = a[ids[j] % unit];
 		} else if (s->form == DOWN_QCOL) {
 			qcol_down(s, gi, a, ids + j0, dp + j0, j1 - j0, out, scratch);
 		} else if (nf_dtype_block_len(dt_down) > 1) {

@@ -45,11 +45,15 @@
  *  6. Mixture-of-experts layers (from a cache only) route as the built-in
  *     FFN and run each routed expert as a dense FFN of (layer, expert).
  *  7. K-quant down matrices (QCOL of Q2_K..Q6_K, types may differ per
- *     layer): the activations of a 256-neuron super-block are quantized
- *     together to Q8_K (ggml's rule), so chunks close only at super-block
- *     boundaries (kgroups) and a chunk holds whole super-blocks; per row
- *     the block's integer sum of sc * q_w * q_x over the active neurons
- *     and the min term from the Q8_K sums give the block's contribution.
+ *     layer): chunks compute gate, up and the activations only, into the
+ *     token's activation vector; chunks close only at 256-neuron
+ *     super-block boundaries (kgroups), so a window of chunks holds whole
+ *     super-blocks. Once a window's chunks are done (a batch: once every
+ *     group landed) the down product runs in ggml's dense order
+ *     (nf_sp_kdown_rows): the activations as Q8_K blocks, per row one chain
+ *     of lane accumulators over the super-blocks in ascending order. Where
+ *     every neuron runs, the output is llama.cpp's dense product bit for
+ *     bit; skipped neurons contribute what a zero activation does.
  */
 #ifndef NF_SPARSE_IMPL_H
 #define NF_SPARSE_IMPL_H
@@ -124,6 +128,9 @@ struct nf_sparse {
 	float *kact;                 /* K-quant downs: the layer's activations (n_ff) */
 	struct nf_block_q8_K *kx;    /* and as Q8_K blocks (n_ff / 256) */
 	float *kacc;                 /* per row: the dense product's accumulators (n_embd x KACC) */
+	float *bkact;                /* batches: each token's activations (n_batch x n_ff) */
+	struct nf_block_q8_K *bkx;   /* batches, per thread: kx and kacc */
+	float *bkacc;
 	uint32_t down_off_bundle;    /* cache bundles: byte offset of the down row */
 	uint32_t up_off_bundle;
 	struct layer_tab *tabs;
@@ -217,8 +224,15 @@ static inline double nf_sp_now(void)
 }
 
 void nf_sp_kdown_worker(void *arg, int ith, int nth);
+/* K-quant down of super-blocks [kb0, kb1) for rows [r0, r1): Q8_K
+ * activations kx, row accumulators kacc (n_embd x KACC) continued; then
+ * the rows' outputs from their accumulators. */
+void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx, float *kacc,
+		      uint32_t kb0, uint32_t kb1, uint32_t r0, uint32_t r1);
+void nf_sp_kdown_finish(uint32_t dt, const float *kacc, uint32_t r0, uint32_t r1, float *out);
+/* kact: where a K-quant down's activations go (n_ff floats of the token) */
 void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const uint32_t *mask, const void *xq,
-			  float *out, char *scratch);
+			  float *out, char *scratch, float *kact);
 void nf_sp_ready_push(struct nf_sparse *s, uint32_t ci);
 void nf_sp_on_ready(void *user, const uint32_t *neurons, uint32_t n, int result);
 bool nf_sp_reap_some(struct nf_sparse *s, int ith);

@@ -81,7 +81,7 @@ void nf_sp_worker(void *arg, int ith, int nth)
 			float *out = s->gout + (size_t)ci * s->E;
 			memset(out, 0, s->E * sizeof(float));
 			const struct chunk_state *c = &s->chunks[ci];
-			nf_sp_chunk_compute(s, c->g0, c->g1, s->gmask, s->xq, out, scratch);
+			nf_sp_chunk_compute(s, c->g0, c->g1, s->gmask, s->xq, out, scratch, s->kact);
 			continue;
 		}
 		/* Nothing ready: reap completions. */

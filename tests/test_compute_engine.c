@@ -15,6 +15,7 @@
 #include "nflash/sampler.h"
 #include "nflash/store.h"
 #include "util_pipeline.h"
+#include "util_ref.h"
 
 #define MODELS "../shared/testdata/models/"
 
@@ -244,13 +245,26 @@ static double hot_share_of(struct nf_engine *e, const int32_t *ids, size_t n, in
 	nf_ctx_reset(ctx);
 	cr_assert_eq(nf_ctx_eval(ctx, ids, 8), 0);
 	int32_t id = 0;
+	struct nf_cache_stats w0, w1;
+	nf_cache_stats_get(c, &w0);
+	char line[512];
+	size_t at = 0;
 	for (size_t i = 0; i < n; i++) {
 		if (i == n / 2)
 			nf_cache_stats_get(c, &a);
 		id = nf_sampler_argmax(nf_ctx_logits(ctx), nv);
 		out_ids[i] = id;
 		cr_assert_eq(nf_ctx_eval(ctx, &id, 1), 0);
+		if ((i + 1) % 16 == 0) {
+			/* the hot hit rate of each 16 tokens, for the record */
+			nf_cache_stats_get(c, &w1);
+			uint64_t lk = w1.lookups - w0.lookups;
+			at += (size_t)snprintf(line + at, sizeof(line) - at, " %.3f",
+					       lk ? (double)(w1.hits_hot - w0.hits_hot) / (double)lk : 0.0);
+			w0 = w1;
+		}
 	}
+	cr_log_info("hot hit rate per 16 tokens:%s", line);
 	nf_cache_stats_get(c, &b);
 	memcpy(last, nf_ctx_logits(ctx), nv * sizeof(float));
 	uint64_t look = b.lookups - a.lookups;
@@ -330,4 +344,48 @@ Test(engine, online_replanning_recovers_a_wrong_hot_set_with_the_same_bits, .fin
 		  share[0], share[1]);
 	free(l_off);
 	free(l_on);
+}
+
+/* A K-quant store (Q4_K_M: Q4_K and Q6_K downs) under the smallest budget
+ * the engine states: the cold segment keeps one chunk of whole 256-neuron
+ * super-blocks (nf_sparse_min_cold_slots) and is still less than a layer,
+ * and the logits are llama.cpp's (F32 KV cache, as the reference). */
+Test(engine, kquant_store_under_the_smallest_budget)
+{
+	const char *kgguf = "../shared/testdata/kquant/tiny-llama-q4_k_m.gguf";
+	struct nf_ref r;
+	if (nf_ref_load("../shared/testdata/kquant/tiny-llama-q4_k_m.ref.txt", &r, NULL) < 0)
+		cr_skip_test("no ../shared/testdata/kquant");
+	char sp[256];
+	pl_import(kgguf, sp, sizeof(sp));
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.path = sp;
+	o.n_ctx = 64;
+	o.n_threads = 2;
+	o.kv_type = NF_KV_F32;
+	o.overhead = 24ull << 20;
+	o.budget = 4ull << 20;
+	struct nf_engine *e;
+	struct nf_diag d = { 0 };
+	int rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, NF_EBUDGET, "%s", nf_diag_msg(&d, rc));
+	o.budget = (uint64_t)((stated_min_mib(d.msg) + 0.1) * 1048576.0);
+	memset(&d, 0, sizeof(d));
+	rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	const struct nf_model_hparams *hp = nf_model_hparams(nf_engine_model(e));
+	cr_expect(info.cold_slots >= 319 && info.cold_slots < hp->n_ff, "cold %u slots", info.cold_slots);
+	float *lg = malloc(hp->n_vocab * sizeof(float));
+	int32_t g[8];
+	pl_run(nf_engine_ctx(e), r.input, r.n_input, lg, g, 8);
+	double md = pl_max_diff(r.logits, lg, hp->n_vocab);
+	cr_expect(md <= 1e-3, "%.3g off llama.cpp", md);
+	cr_expect(!memcmp(g, r.greedy, sizeof(g)), "greedy ids differ from llama.cpp's");
+	nf_engine_close(e);
+	free(lg);
+	unlink(sp);
+	nf_ref_free(&r);
 }

@@ -690,3 +690,85 @@ Test(kernels, arm64_picks_by_hwcap)
 	cr_skip_test("not an arm64 build: only checked that the NEON tables are absent");
 #endif
 }
+
+/*
+ * Q4_0 and Q8_0 in 8-row groups: repack and unpack are inverses; every
+ * table that has gemv_x8/gemm_x8 for a type gives the reference's bits on
+ * the plain rows (its gemv/gemm), on rows of 1 to over 512 blocks (the
+ * kernels' table chunking), for 8 to 40 rows and 1 to 9 activation rows,
+ * never writing outside y.
+ */
+static void check_x8(enum nf_ktype kt, int *tables)
+{
+	const struct nf_kernels *ref = nf_kernels_ref();
+	struct rng r = { 13 };
+	const size_t ns[] = { 32, 96, 4096 + 32, 16384 + 64 };
+	const size_t row_counts[] = { 8, 16, 24, 40 }, nbs[] = { 1, 2, 5, 9, 17 };
+	for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+		const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+		if (!k || !k->gemv_x8[kt])
+			continue;
+		cr_assert_not_null(k->gemm_x8[kt]);
+		(*tables)++;
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+			size_t n = ns[ni], rb = nf_dtype_row_size(kt_dtype[kt], n), rows_max = 40, nb_max = 17;
+			size_t as = nf_act_size(kt, n);
+			float *xf = xmalloc(n * sizeof(float));
+			char *w = xmalloc(rows_max * rb), *wp = xmalloc(rows_max * rb), *back = xmalloc(rows_max * rb);
+			char *xq = xmalloc(nb_max * as);
+			for (size_t i = 0; i < rows_max; i++) {
+				fill(&r, xf, n);
+				quant_row(kt, xf, w + i * rb, n);
+			}
+			for (size_t b = 0; b < nb_max; b++) {
+				fill(&r, xf, n);
+				ref->act_prepare[kt](xf, xq + b * as, n);
+			}
+			nf_repack_x8(kt, wp, w, n, rows_max);
+			cr_assert(memcmp(wp, w, rows_max * rb), "repack changed nothing");
+			nf_unpack_x8(kt, back, wp, n, rows_max);
+			cr_assert(!memcmp(back, w, rows_max * rb), "kt %d n %zu: unpack(repack(w)) != w", kt, n);
+			size_t ldy = rows_max + 3;
+			float *ya = xmalloc(nb_max * ldy * sizeof(float)), *yb = xmalloc(nb_max * ldy * sizeof(float));
+			for (size_t ri = 0; ri < sizeof(row_counts) / sizeof(row_counts[0]); ri++) {
+				size_t rows = row_counts[ri];
+				/* a repacked matrix's first rows are its first groups */
+				yb[rows] = -7.0f;
+				ref->gemv[kt](n, rows, w, rb, xq, ya);
+				k->gemv_x8[kt](n, rows, wp, xq, yb);
+				cr_assert_eq(yb[rows], -7.0f, "%s gemv_x8 wrote past y", k->isa);
+				for (size_t i = 0; i < rows; i++)
+					cr_assert(!memcmp(&ya[i], &yb[i], sizeof(float)),
+						  "%s gemv_x8 kt %d n %zu rows %zu row %zu: %.9g vs ref %.9g",
+						  k->isa, kt, n, rows, i, yb[i], ya[i]);
+				for (size_t bi = 0; bi < sizeof(nbs) / sizeof(nbs[0]); bi++) {
+					size_t nb = nbs[bi];
+					for (size_t i = 0; i < nb_max * ldy; i++)
+						ya[i] = yb[i] = -7.0f;
+					ref->gemm[kt](n, rows, w, rb, nb, xq, as, ya, ldy);
+					k->gemm_x8[kt](n, rows, wp, nb, xq, as, yb, ldy);
+					for (size_t i = 0; i < nb_max * ldy; i++)
+						cr_assert(!memcmp(&ya[i], &yb[i], sizeof(float)),
+							  "%s gemm_x8 kt %d n %zu rows %zu nb %zu at %zu: %.9g vs ref %.9g",
+							  k->isa, kt, n, rows, nb, i, yb[i], ya[i]);
+				}
+			}
+			free(xf);
+			free(w);
+			free(wp);
+			free(back);
+			free(xq);
+			free(ya);
+			free(yb);
+		}
+	}
+}
+
+Test(kernels, x8_matches_ref, .timeout = 60)
+{
+	int tables = 0;
+	check_x8(NF_KT_Q4_0, &tables);
+	check_x8(NF_KT_Q8_0, &tables);
+	if (!tables)
+		cr_skip_test("no kernel table with 8-row group kernels on this CPU");
+}

@@ -191,6 +191,71 @@ Test(model, fidelity_real_testdata_models, .timeout = 120 * NF_TEST_SLOWDOWN)
 	check_dir("../shared/testdata/real");
 }
 
+/*
+ * Q4_0 and Q8_0 matrices repacked into 8-row groups (nf_model_repack): the
+ * same logits, bit for bit, as the plain rows, batched and token by token,
+ * on 1 and 2 threads, with every table (a table without the grouped
+ * kernels uses the best one's for packed matrices), and the reference's
+ * greedy tokens.
+ */
+static void check_repacked(const char *name)
+{
+	struct nf_ref r;
+	char path[256], refp[256];
+	snprintf(path, sizeof(path), MODELS_DIR "/%s.gguf", name);
+	snprintf(refp, sizeof(refp), MODELS_DIR "/%s.ref.txt", name);
+	if (access(path, R_OK) != 0)
+		cr_skip_test("%s is absent", path);
+	cr_assert_eq(nf_ref_load(refp, &r, NULL), 0);
+	struct nf_model *plain = load(path), *packed = load(path);
+	int n = nf_model_repack(packed, NF_REPACK_ATTN | NF_REPACK_FFN | NF_REPACK_OUTPUT);
+	cr_assert_geq(n, 0, "nf_model_repack: %d", n);
+	int kt = nf_model_layer(packed, 0)->wq.kt;
+	if (!nf_kernels_get()->gemv_x8[kt]) {
+		cr_assert_eq(n, 0, "repacked without kernels for it");
+		cr_skip_test("the %s table has no 8-row kernels for %s", nf_kernels_get()->isa, name);
+	}
+	const struct nf_model_hparams *hp = nf_model_hparams(packed);
+	cr_assert_eq(n, (int)hp->n_layer * 7 + 1, "%s: repacked %d matrices", name, n);
+	cr_assert(nf_model_layer(packed, 0)->wq.packed && !nf_model_layer(plain, 0)->wq.packed);
+	cr_assert_eq(nf_model_repack(packed, NF_REPACK_ATTN), 0, "a second repack must be a no-op");
+	uint32_t nv = hp->n_vocab;
+	float *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+	int32_t *ga = malloc(r.n_greedy * sizeof(int32_t)), *gb = malloc(r.n_greedy * sizeof(int32_t));
+	cr_assert(la && lb && ga && gb);
+	for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+		const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+		if (!k)
+			continue;
+		for (int threads = 1; threads <= 2; threads++)
+			for (int batched = 1; batched >= 0; batched--) {
+				struct nf_ctx *c = open_ctx(plain, k, threads, 512, NF_KV_F32);
+				run(c, &r, batched, la, ga, r.n_greedy, nv);
+				nf_ctx_close(c);
+				c = open_ctx(packed, k, threads, 512, NF_KV_F32);
+				run(c, &r, batched, lb, gb, r.n_greedy, nv);
+				nf_ctx_close(c);
+				for (uint32_t i = 0; i < nv; i++)
+					cr_assert(!memcmp(&la[i], &lb[i], sizeof(float)),
+						  "%s [%s, %d threads, %s] logit %u: packed %.9g, plain %.9g", name,
+						  k->isa, threads, batched ? "batched" : "token by token", i, lb[i], la[i]);
+				for (size_t i = 0; i < r.n_greedy; i++)
+					cr_expect_eq(gb[i], r.greedy[i], "%s [%s] greedy token %zu: %d, reference %d",
+						     name, k->isa, i, gb[i], r.greedy[i]);
+			}
+	}
+	free(la);
+	free(lb);
+	free(ga);
+	free(gb);
+	nf_model_free(plain);
+	nf_model_free(packed);
+	nf_ref_free(&r);
+}
+
+Test(model, repacked_q4_0_same_bits, .timeout = 60) { check_repacked("tiny-llama-q4_0"); }
+Test(model, repacked_q8_0_same_bits, .timeout = 60) { check_repacked("tiny-llama-q8_0"); }
+
 Test(model, f16_kv_cache_close_to_f32)
 {
 	struct nf_ref r;

@@ -15,10 +15,12 @@
 #include <unistd.h>
 
 #include "nflash/cache.h"
+#include "nflash/dtype.h"
 #include "nflash/model.h"
 #include "nflash/sampler.h"
 #include "nflash/sparse.h"
 #include "nflash/store.h"
+#include "nflash/synth.h"
 #include "util_pipeline.h"
 #include "util_ref.h"
 
@@ -202,4 +204,29 @@ Test(pipeline, kquant_from_store_match_llama_cpp)
 	if (access("../shared/testdata/kquant", R_OK) != 0)
 		cr_skip_test("no K-quant files in ../shared/testdata/kquant");
 	cr_expect(check_with_refs("../shared/testdata/kquant/*.gguf", true) >= 4);
+}
+
+/* A mixture of experts in K-quants (synthetic: Q4_K experts): the routed
+ * experts stream from the store as dense FFNs with K-quant downs and equal
+ * the built-in MoE FFN in memory. */
+Test(pipeline, kquant_moe_from_store_equals_memory)
+{
+	char p[256];
+	struct nf_synth_params sp;
+	struct nf_diag d = { 0 };
+	nf_synth_params_init(&sp);
+	cr_assert_eq(nf_synth_shape(&sp, "tiny", &d), 0);
+	sp.n_embd = 256;
+	sp.n_ff = 512;
+	sp.n_expert = 4;
+	sp.n_expert_used = 2;
+	sp.act = NF_SYNTH_ACT_SILU;
+	sp.dtype = NF_DTYPE_Q4_K;
+	sp.predictor = false;
+	sp.n_threads = 1;
+	cr_assert_eq(nf_synth_validate(&sp, &d), 0, "%s", d.msg);
+	pl_tmp_path(p, sizeof(p), "synth-moe-q4k");
+	cr_assert_eq(nf_synth_write(&sp, p, &d), 0, "%s", d.msg);
+	check_model(p, NULL);
+	unlink(p);
 }

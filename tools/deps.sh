@@ -43,7 +43,11 @@ if [ "$(id -u)" != 0 ]; then
 fi
 missing=""
 for p in $PKGS; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
+	# Criterion for this machine's architecture: an arm64 copy installed by
+	# hand (it cannot sit beside this one) must not count
+	q=$p
+	[ "$p" = libcriterion-dev ] && q=$p:$host
+	dpkg-query -W -f='${Status}' "$q" 2>/dev/null | grep -q 'ok installed' || missing="$missing $q"
 done
 [ -z "$missing" ] && { crit_arm64; exit $?; }
 

@@ -94,6 +94,10 @@ struct nf_weight {
 	size_t row_bytes;
 	uint32_t n_expert;     /* 1 for 2-D tensors */
 	size_t expert_bytes;
+	/* 1: Q4_0/Q8_0 rows repacked into 8-row groups (struct
+	 * nf_block_q4_0x8 / nf_block_q8_0x8, nf_model_repack); read only
+	 * through the kernels' gemv_x8/gemm_x8. */
+	uint32_t packed;
 };
 
 /* One layer's weights. Unused matrices have data == NULL. */
@@ -148,6 +152,33 @@ int nf_model_load(const char *path, const struct nf_model_opts *opts, struct nf_
 		  struct nf_diag *diag);
 /* Accepts NULL. */
 void nf_model_free(struct nf_model *m);
+
+/* What nf_model_repack may repack. */
+enum {
+	NF_REPACK_ATTN = 1,   /* attn_q, attn_k, attn_v, attn_output of every layer */
+	NF_REPACK_FFN = 2,    /* ffn_gate, ffn_up, ffn_down of dense layers */
+	NF_REPACK_OUTPUT = 4, /* output.weight, unless tied to the embedding */
+};
+
+/*
+ * nf_model_repack - copy the Q4_0 and Q8_0 matrices named by what (a mask
+ * of NF_REPACK_*) into 8-row groups (struct nf_block_q4_0x8 / q8_0x8) in
+ * anonymous memory the model owns, for the best kernel table's gemv_x8 and
+ * gemm_x8 (docs/KERNELS.md), which give the same bits as the plain
+ * rows, faster. The weights' data then point there and the file's pages
+ * are dropped from the process, so the memory held stays the weights'
+ * size (nf_model_weight_bytes is unchanged). Only for a GGUF held in
+ * memory. Matrices whose rows are read other than by nf_ctx's products
+ * (the sparse FFN's row gathers) must not be named: pass NF_REPACK_FFN
+ * only when the built-in dense FFN runs. A no-op (returns 0) where the
+ * table has no such kernel (NFLASH_ISA=scalar, AVX-512), for a
+ * store-backed model, and for matrices that are not Q4_0/Q8_0 with a
+ * multiple of 8 rows or are packed already. Uses one thread per CPU. Call before
+ * the first evaluation; not thread-safe. Returns the number of matrices
+ * repacked, -ENOMEM, -ENOSPC (more than 4 calls that repacked), or
+ * another -errno from mmap.
+ */
+int nf_model_repack(struct nf_model *m, unsigned what);
 
 const struct nf_model_hparams *nf_model_hparams(const struct nf_model *m);
 const struct nf_layer_weights *nf_model_layer(const struct nf_model *m, uint32_t il);

@@ -143,6 +143,10 @@ uint64_t nf_sparse_bytes(const struct nf_sparse *s);
  * type has no kernel. */
 struct nf_cache_geom;
 uint64_t nf_sparse_bytes_for(const struct nf_ctx *ctx, const struct nf_cache_geom *g);
+/* The fewest cold slots the engine can run on for a store of geometry g:
+ * one chunk of whole 256-neuron super-blocks (319) for K-quant QCOL downs,
+ * else 1. Sizing code must not give a cache fewer. */
+uint32_t nf_sparse_min_cold_slots(const struct nf_cache_geom *g);
 
 /* The FFN ops the engine installed and their self, for callers that wrap
  * them (tests comparing against a reference, tracing). */
