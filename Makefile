@@ -184,7 +184,7 @@ $(B)/tests/nflash-tests: $(TEST_OBJ) $(TEST_RUNNER) $(TOOL_LIB_OBJ) $(B)/libnfla
 TEST_JOBS ?= 2
 test: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
-	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
+	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(if $(findstring address,$(SANITIZE)),LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
 
 # ---- nflash serve with real clients: curl's view of SSE, the OpenAI Node SDK
 # (installed from npm into $(B)/openai-sdk; skipped with a reason without node)
