@@ -120,7 +120,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 # tools/ objects other than main() are reusable by tests and benches.
 TOOL_LIB_OBJ := $(filter-out $(B)/tools/nflash.o,$(TOOL_OBJ))
 
-.PHONY: all deps test test-run demo bench install clean fuzz
+.PHONY: all deps test test-run demo bench install clean
 # deps runs first, alone: with -j2 a compile must not start before deps has
 # installed the headers it needs on a fresh machine.
 all: deps
@@ -163,9 +163,20 @@ ifneq ($(CROSS),)
 TEST_OBJ += $(B)/tests/qemu_exec.o
 $(TEST_OBJ): CFLAGS += -DNF_TEST_NFLASH='"$(B)/nflash"' -DNF_TEST_SLOWDOWN=10
 endif
-$(B)/tests/nflash-tests: $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a
+# Under ThreadSanitizer Criterion cannot start (Snaipe/Criterion#274): the
+# same tests compile against tests/tsan/criterion/ and run under its own
+# runner (each test forked, one at a time; `make test SANITIZE=thread`).
+ifneq ($(findstring thread,$(SANITIZE)),)
+CFLAGS      += -Itests/tsan
+TEST_RUNNER := $(B)/tests/tsan/runner.o
+LDLIBS_TEST := -lcurl -ldl
+export TSAN_OPTIONS ?= halt_on_error=0 second_deadlock_stack=1
+else
+TEST_RUNNER :=
+endif
+$(B)/tests/nflash-tests: $(TEST_OBJ) $(TEST_RUNNER) $(TOOL_LIB_OBJ) $(B)/libnflash.a
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS) $(LDLIBS_TEST)
+	$(Q)$(CC) $(LDFLAGS_SAN) -o $@ $(TEST_OBJ) $(TEST_RUNNER) $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS) $(LDLIBS_TEST)
 
 # TEST_FILTER='storage/*' runs one suite; TEST_JOBS sets Criterion's workers.
 # TEST_ISA=neon runs it with NFLASH_ISA forced (ARCH=arm64: QEMU_CPU=cortex-a57,
@@ -173,7 +184,7 @@ $(B)/tests/nflash-tests: $(TEST_OBJ) $(TOOL_LIB_OBJ) $(B)/libnflash.a
 TEST_JOBS ?= 2
 test: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
-	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
+	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(if $(findstring address,$(SANITIZE)),LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
 
 # ---- nflash serve with real clients: curl's view of SSE, the OpenAI Node SDK
 # (installed from npm into $(B)/openai-sdk; skipped with a reason without node)
@@ -215,27 +226,63 @@ bench-decode: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash
 	$(Q)sh bench/bench_decode_budget.sh $(B)
 
-# ---- fuzzing: the GGUF reader (tests/fuzz/) --------------------------------
-# make fuzz [FUZZ_TIME=600]: libFuzzer + ASan + UBSan on one core. Seeds are
-# made fresh from ../shared/testdata by fuzz_seeds into build-fuzz/seeds (never
-# committed); the grown corpus, log and any crash-* stay in build-fuzz/.
-FUZZ_B    := build-fuzz
-FUZZ_TIME ?= 600
+# ---- fuzzing: every format nflash reads (tests/fuzz/) ----------------------
+# make fuzz [FUZZ_TIME=600]: libFuzzer + ASan + UBSan on one core, one target
+# after the other, FUZZ_TIME seconds each: fuzz_gguf (the GGUF reader),
+# fuzz_store (the store reader: superblocks, object table, permutations,
+# bundle checksums, profile and plan sections), fuzz_model (model loading
+# from a GGUF or a store), then fuzz_tok (make fuzz-tok). FUZZ_TARGETS picks
+# some. Seeds are made fresh by fuzz_seeds (from ../shared/testdata and
+# small generated stores and models) into build-fuzz/<target>/seeds, never
+# committed; the grown corpus, log and any crash-* stay in build-fuzz/.
+FUZZ_B       := build-fuzz
+FUZZ_TIME    ?= 600
+FUZZ_TARGETS ?= gguf store model tok
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -I$(FUZZ_B) -DNF_HAVE_BPF=0 -DNF_VERSION='"$(VERSION)"'
 FUZZ_SRC  := storage/gguf.c storage/dtype.c storage/dtype_kquant.c storage/error.c storage/io_sys.c storage/io_file.c
 $(FUZZ_B)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) include/nflash/gguf.h
 	$(call msg,FUZZ,$@)
 	$(Q)mkdir -p $(@D)
-	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined \
-		-fno-sanitize-recover=undefined -o $@ tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -laio -luring -lm
+	$(Q)$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -laio -luring -lm
+# The store and model targets link the library built with coverage and the
+# sanitizers (per-ISA flags as in the main build).
+FUZZ_LIB_SRC := $(sort $(wildcard storage/*.c compute/*.c planner/*.c))
+FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_B)/obj/%.o)
+.SECONDARY: $(FUZZ_LIB_OBJ)
+# The per-ISA kernel files are compiled by $(CC), uninstrumented (clang 14
+# refuses some of their intrinsics' arguments; they parse no input).
+$(FUZZ_B)/obj/%.o: %.c
+	$(call msg,FUZZCC,$@)
+	$(Q)mkdir -p $(@D)
+	$(Q)$(if $(findstring _avx,$<),$(CC) $(FUZZ_CFLAGS) -O2 -MMD -MP $(if $(findstring _avx512,$<),$(ISA_AVX512),$(ISA_AVX2)),$(CLANG) $(FUZZ_CFLAGS) -MMD -MP -fsanitize=fuzzer-no-link $(FUZZ_SAN)) -c $< -o $@
+-include $(FUZZ_LIB_OBJ:.o=.d)
+$(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_fix.c tests/fuzz/fuzz_fix.h $(FUZZ_LIB_OBJ)
+	$(call msg,FUZZ,$@)
+	$(Q)$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $< tests/fuzz/fuzz_fix.c $(FUZZ_LIB_OBJ) \
+		-laio -luring -lnuma -lm -lpthread
 $(FUZZ_B)/fuzz_seeds: tests/fuzz/fuzz_seeds.c $(B)/libnflash.a
 	$(call msg,CCLD,$@)
 	$(Q)mkdir -p $(@D)
 	$(Q)$(CC) $(CFLAGS) -o $@ $< $(B)/libnflash.a $(LDLIBS)
-fuzz: $(FUZZ_B)/fuzz_gguf $(FUZZ_B)/fuzz_seeds
-	$(Q)rm -rf $(FUZZ_B)/seeds && mkdir -p $(FUZZ_B)/seeds $(FUZZ_B)/corpus
-	$(Q)$(FUZZ_B)/fuzz_seeds $(FUZZ_B)/seeds ../shared/testdata/*/*.gguf
-	$(Q)cd $(FUZZ_B) && ./fuzz_gguf -jobs=1 -workers=1 -max_total_time=$(FUZZ_TIME) \
-		-max_len=16384 -timeout=10 corpus seeds; s=$$?; tail -n 15 fuzz-0.log; exit $$s
+# one target: make fuzz-run-T (seeds, then FUZZ_TIME seconds on one core)
+FUZZ_MAXLEN_gguf  := 16384
+FUZZ_MAXLEN_store := 65536
+FUZZ_MAXLEN_model := 262144
+.PHONY: fuzz fuzz-run-tok
+fuzz: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/libnflash.a
+	$(Q)for t in $(FUZZ_TARGETS); do $(MAKE) --no-print-directory fuzz-run-$$t || exit 1; done
+fuzz-run-tok:
+	$(Q)$(MAKE) --no-print-directory fuzz-tok
+fuzz-run-%: $(FUZZ_B)/fuzz_% $(FUZZ_B)/fuzz_seeds
+	$(Q)rm -rf $(FUZZ_B)/$*/seeds && mkdir -p $(FUZZ_B)/$*/seeds $(FUZZ_B)/$*/corpus
+	$(Q)if [ $* = gguf ]; then $(FUZZ_B)/fuzz_seeds $(FUZZ_B)/$*/seeds ../shared/testdata/*/*.gguf; \
+	else $(FUZZ_B)/fuzz_seeds --stores $(FUZZ_B)/$*/seeds; fi
+	$(Q)if [ $* = store ]; then rm -f $(FUZZ_B)/$*/seeds/*.gguf; fi
+	$(Q)cd $(FUZZ_B)/$* && ../fuzz_$* -jobs=1 -workers=1 -max_total_time=$(FUZZ_TIME) \
+		-max_len=$(FUZZ_MAXLEN_$*) -timeout=10 -rss_limit_mb=4096 corpus seeds; \
+		s=$$?; tail -n 15 fuzz-0.log; exit $$s
 
 # make fuzz-tok [FUZZ_TIME=600]: the tokenizers on arbitrary text, one core.
 TOK_FUZZ_SRC := $(FUZZ_SRC) $(wildcard compute/tok*.c) compute/unicode_tables.c

@@ -81,6 +81,23 @@ static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, co
 }
 
 
+/* n raw b-bit values (low bits first) from c, minus off, into q */
+static inline void kcol_unpack(const uint8_t *c, uint32_t bits, uint32_t n, int32_t off, int16_t *q)
+{
+	uint32_t buf = 0, have = 0, mask = (1u << bits) - 1;
+	for (uint32_t i = 0; i < n; i++) {
+		if (have < bits) {
+			buf |= (uint32_t)*c++ << have;
+			have += 8;
+		}
+		q[i] = (int16_t)((int32_t)(buf & mask) - off);
+		buf >>= bits;
+		have -= bits;
+	}
+}
+
+#define KTILE 256u /* rows per pass: the tile's scales, quants and lanes stay in L1 */
+
 void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx, float *kacc,
 		      uint32_t kb0, uint32_t kb1, uint32_t r0, uint32_t r1)
 {
@@ -108,40 +125,63 @@ void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_bl
 			col[nz++] = (const uint8_t *)d;
 		}
 		const uint8_t *heads = (const uint8_t *)s->cur_scales + (size_t)kb * E * hb;
-		for (uint32_t r = r0; r < r1; r++) {
-			const uint8_t *h = heads + (size_t)r * hb;
+		/* rows in tiles: the tile's scales decoded once, each active
+		 * neuron's column unpacked once, the exact integer lanes summed
+		 * neuron by neuron (any order: integers), then per row the fmas
+		 * in ggml's order */
+		for (uint32_t t0 = r0; t0 < r1; t0 += KTILE) {
+			uint32_t nt = r1 - t0 < KTILE ? r1 - t0 : KTILE;
+			int16_t sc[16][KTILE], mn[KTILE][16], q[KTILE];
+			float d[KTILE], dm[KTILE];
+			int32_t li[8][KTILE];
 			struct nf_kblock k;
-			float *acc = kacc + (size_t)r * KACC;
-			memcpy(blk, h, qoff);
-			memcpy(blk + qoff + qlen, h + qoff, bs - qoff - qlen);
-			nf_kblock_unpack_scales(dt, blk, &k);
-			const float dd = x->d * k.d, dmin = -x->d * k.dmin;
-			if (dt == NF_DTYPE_Q2_K) {
-				for (int m = 0; m < 8; m++)
-					acc[m] = fmaf(dmin, (float)(k.mn[2 * m] * x->bsums[2 * m] +
-								    k.mn[2 * m + 1] * x->bsums[2 * m + 1]), acc[m]);
-			} else if (dt == NF_DTYPE_Q4_K || dt == NF_DTYPE_Q5_K) {
-				int32_t tot = 0;
-				for (int q = 0; q < 4; q++) {
-					int32_t p = k.mn[4 * q] * (x->bsums[4 * q] + x->bsums[4 * q + 1]) +
-						    k.mn[4 * q + 2] * (x->bsums[4 * q + 2] + x->bsums[4 * q + 3]);
-					tot += p;
-					if (dt == NF_DTYPE_Q4_K)
-						acc[8 + q] = fmaf(dmin, (float)p, acc[8 + q]);
-				}
-				if (dt == NF_DTYPE_Q5_K)
-					acc[12] = fmaf(dmin, (float)tot, acc[12]);
+			for (uint32_t r = 0; r < nt; r++) {
+				const uint8_t *h = heads + (size_t)(t0 + r) * hb;
+				memcpy(blk, h, qoff);
+				memcpy(blk + qoff + qlen, h + qoff, bs - qoff - qlen);
+				nf_kblock_unpack_scales(dt, blk, &k);
+				for (int j = 0; j < 16; j++)
+					sc[j][r] = k.sc[j];
+				memcpy(mn[r], k.mn, sizeof(mn[r]));
+				d[r] = k.d;
+				dm[r] = k.dmin;
 			}
-			int32_t li[8] = { 0 };
-			for (uint32_t j = 0; j < nz; j++)
-				li[lane[j]] += k.sc[sub[j]] *
-					       (((int32_t)nf_bundle_kcol_get(col[j], r, bits) - off) * qx[j]);
 			for (int m = 0; m < 8; m++)
-				acc[m] = fmaf(dd, (float)li[m], acc[m]);
+				memset(li[m], 0, nt * sizeof(int32_t));
+			for (uint32_t j = 0; j < nz; j++) {
+				/* t0 is a multiple of 8 rows: a whole byte of every column */
+				kcol_unpack(col[j] + (size_t)t0 * bits / 8, bits, nt, off, q);
+				const int16_t *scj = sc[sub[j]];
+				int32_t xq = qx[j], *lj = li[lane[j]];
+				for (uint32_t r = 0; r < nt; r++)
+					lj[r] += scj[r] * (q[r] * xq);
+			}
+			for (uint32_t r = 0; r < nt; r++) {
+				const int16_t *m16 = mn[r];
+				float *acc = kacc + (size_t)(t0 + r) * KACC;
+				const float dd = x->d * d[r], dmin = -x->d * dm[r];
+				if (dt == NF_DTYPE_Q2_K) {
+					for (int m = 0; m < 8; m++)
+						acc[m] = fmaf(dmin, (float)(m16[2 * m] * x->bsums[2 * m] +
+									    m16[2 * m + 1] * x->bsums[2 * m + 1]), acc[m]);
+				} else if (dt == NF_DTYPE_Q4_K || dt == NF_DTYPE_Q5_K) {
+					int32_t tot = 0;
+					for (int m = 0; m < 4; m++) {
+						int32_t p = m16[4 * m] * (x->bsums[4 * m] + x->bsums[4 * m + 1]) +
+							    m16[4 * m + 2] * (x->bsums[4 * m + 2] + x->bsums[4 * m + 3]);
+						tot += p;
+						if (dt == NF_DTYPE_Q4_K)
+							acc[8 + m] = fmaf(dmin, (float)p, acc[8 + m]);
+					}
+					if (dt == NF_DTYPE_Q5_K)
+						acc[12] = fmaf(dmin, (float)tot, acc[12]);
+				}
+				for (int m = 0; m < 8; m++)
+					acc[m] = fmaf(dd, (float)li[m][r], acc[m]);
+			}
 		}
 	}
 }
-
 
 void nf_sp_kdown_finish(uint32_t dt, const float *kacc, uint32_t r0, uint32_t r1, float *out)
 {
@@ -162,7 +202,12 @@ void nf_sp_kdown_finish(uint32_t dt, const float *kacc, uint32_t r0, uint32_t r1
 void nf_sp_kdown_worker(void *arg, int ith, int nth)
 {
 	struct kdown_job *j = arg;
-	uint32_t E = j->s->E, r0 = (uint32_t)((uint64_t)E * ith / nth), r1 = (uint32_t)((uint64_t)E * (ith + 1) / nth);
+	/* rows split in multiples of 8: a slice starts on a whole byte of
+	 * every K column (8 rows of b bits are b bytes) */
+	uint32_t E = j->s->E, E8 = E / 8;
+	uint32_t r0 = (uint32_t)((uint64_t)E8 * ith / nth) * 8, r1 = (uint32_t)((uint64_t)E8 * (ith + 1) / nth) * 8;
+	if (ith == nth - 1)
+		r1 = E;
 	if (!j->out)
 		nf_sp_kdown_rows(j->s, j->dt, j->s->kx, j->s->kacc, j->kb0, j->kb1, r0, r1);
 	else

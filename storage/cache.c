@@ -1197,14 +1197,27 @@ const uint64_t *nf_cache_signatures(const struct nf_cache *c, uint32_t layer, ui
 	return f->sig;
 }
 
+const char *nf_cache_error_detail(const struct nf_cache *c)
+{
+	return c && c->io ? nf_io_ctx_error_detail(c->io) : "";
+}
+
 void nf_cache_stats_get(const struct nf_cache *c, struct nf_cache_stats *out)
 {
 	*out = c->st;
+	struct nf_io_stats io;
+	nf_io_ctx_stats(c->io, &io);
+	out->verify_ns = io.verify_ns - c->st.verify_ns;     /* st holds the base at reset */
+	out->verified = io.verified - c->st.verified;
 }
 
 void nf_cache_stats_reset(struct nf_cache *c)
 {
 	memset(&c->st, 0, sizeof(c->st));
+	struct nf_io_stats io;
+	nf_io_ctx_stats(c->io, &io);
+	c->st.verify_ns = io.verify_ns;
+	c->st.verified = io.verified;
 }
 
 void nf_cache_layout_get(const struct nf_cache *c, struct nf_cache_layout *out)

@@ -59,6 +59,7 @@ static int aio_be_submit(struct nf_io_be *be, struct nf_io_seg **segs, unsigned 
 		io_prep_pread(&s->iocb, be->fd, s->buf, s->len, (long long)s->offset);
 		s->iocb.data = s;
 		p->cbs[i] = &s->iocb;
+		NF_TSAN_RELEASE(s);     /* the kernel orders this before the reap */
 	}
 	int r;
 	do
@@ -92,6 +93,7 @@ static int aio_be_reap(struct nf_io_be *be, unsigned int min, unsigned int max, 
 		return r;
 	for (int i = 0; i < r; i++) {
 		struct nf_io_seg *s = p->ev[i].data;
+		NF_TSAN_ACQUIRE(s);
 		s->res = (long)p->ev[i].res;
 		out[i] = s;
 	}

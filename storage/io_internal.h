@@ -17,6 +17,31 @@
 
 struct nf_io_req;
 
+/*
+ * A segment is filled by the submitting thread (seg_add, the backend's
+ * prep) and read by the thread that reaps its completion; the kernel
+ * orders the two (io_submit / io_uring_submit happen before the event is
+ * returned), which ThreadSanitizer cannot see. NF_TSAN_RELEASE before the
+ * submit and NF_TSAN_ACQUIRE after the reap tell it, so a TSan report on
+ * the I/O path is a real race.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define NF_IO_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define NF_IO_TSAN 1
+#endif
+#endif
+#ifdef NF_IO_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define NF_TSAN_RELEASE(p) __tsan_release(p)
+#define NF_TSAN_ACQUIRE(p) __tsan_acquire(p)
+#else
+#define NF_TSAN_RELEASE(p) ((void)(p))
+#define NF_TSAN_ACQUIRE(p) ((void)(p))
+#endif
+
 struct nf_io_seg {
 	struct nf_io_req *req;
 	uint64_t offset;

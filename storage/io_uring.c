@@ -48,6 +48,7 @@ static int uring_be_submit(struct nf_io_be *be, struct nf_io_seg **segs, unsigne
 			break;
 		io_uring_prep_read(sqe, be->fd, segs[i]->buf, segs[i]->len, segs[i]->offset);
 		io_uring_sqe_set_data(sqe, segs[i]);
+		NF_TSAN_RELEASE(segs[i]);   /* the kernel orders this before the reap */
 	}
 	if (i == 0)
 		return 0;
@@ -74,6 +75,7 @@ static int uring_be_reap(struct nf_io_be *be, unsigned int min, unsigned int max
 		struct io_uring_cqe *cqe;
 		while (got < max && io_uring_peek_cqe(ring, &cqe) == 0) {
 			struct nf_io_seg *s = io_uring_cqe_get_data(cqe);
+			NF_TSAN_ACQUIRE(s);
 			s->res = cqe->res;
 			io_uring_cqe_seen(ring, cqe);
 			out[got++] = s;

@@ -108,7 +108,8 @@ int nf_store_table_encode(const struct nf_store_object *const *objs, uint32_t n,
 	uint64_t total = (uint64_t)n * sizeof(struct nf_store_obj_disk);
 	for (uint32_t i = 0; i < n; i++)
 		if (objs[i]->kind == NF_STORE_KIND_FFN)
-			total += 4ull * ((uint64_t)objs[i]->n_extents + objs[i]->n_bundles);
+			total += 4ull * ((uint64_t)objs[i]->n_extents + objs[i]->n_bundles +
+					 (objs[i]->bundle_crc ? objs[i]->n_bundles : 0));
 	uint8_t *buf = malloc(total ? total : 1);
 	if (!buf)
 		return -ENOMEM;
@@ -128,6 +129,14 @@ int nf_store_table_encode(const struct nf_store_object *const *objs, uint32_t n,
 			e.aux_offset = htole64(aux_off);
 			e.aux_length = htole64(4 * k);
 			aux_off += 4 * k;
+			if (o->bundle_crc) {     /* item 22: after the aux arrays */
+				uint32_t *b = (uint32_t *)(buf + aux_off);
+				for (uint32_t j = 0; j < o->n_bundles; j++)
+					b[j] = htole32(o->bundle_crc[j]);
+				e.bcrc_offset = htole64(aux_off);
+				e.bcrc_crc = htole32(nf_crc32c(0, b, 4ull * o->n_bundles));
+				aux_off += 4ull * o->n_bundles;
+			}
 		}
 		memcpy(buf + (uint64_t)i * sizeof(e), &e, sizeof(e));
 	}
@@ -449,6 +458,19 @@ static int obj_decode(struct nf_store *s, uint32_t i, const struct nf_store_sb_d
 		aux[k] = le32toh(aux[k]);
 	o->extent_crc = aux;
 	o->perm = aux + o->n_extents;
+	uint64_t bc_off = le64toh(e.bcrc_offset), bc_len = 4ull * o->n_bundles, bc_end;
+	if (bc_off) {      /* item 22; 0: a store written before bundle checksums */
+		if (bc_off % 4 || bc_off < tbl_entries || __builtin_add_overflow(bc_off, bc_len, &bc_end) ||
+		    bc_end > sb->table_length || (bc_off < aux_end && bc_end > aux_off))
+			return OBJFAIL(NF_EFORMAT, "bcrc_offset %llu outside the object table or over its aux arrays",
+				       (unsigned long long)bc_off);
+		uint32_t *bc = (uint32_t *)(s->table + bc_off);
+		if (nf_crc32c(0, bc, bc_len) != le32toh(e.bcrc_crc))
+			return OBJFAIL(NF_ECHECKSUM, "crc32c of bundle checksums (%s)", "array damaged");
+		for (uint64_t k = 0; k < o->n_bundles; k++)
+			bc[k] = le32toh(bc[k]);
+		o->bundle_crc = bc;
+	}
 	/* The permutation must be a bijection onto the slots. */
 	uint8_t *seen = calloc(o->n_bundles, 1);
 	if (!seen)
@@ -785,4 +807,11 @@ int nf_store_extent_check(const struct nf_store_object *obj, uint32_t e, const v
 int nf_store_object_check(const struct nf_store_object *obj, const void *buf)
 {
 	return nf_crc32c(0, buf, obj->length) == obj->crc ? 0 : NF_ECHECKSUM;
+}
+
+int nf_store_bundle_check(const struct nf_store_object *obj, uint32_t slot, const void *buf)
+{
+	if (!obj->bundle_crc)
+		return 1;
+	return nf_crc32c(0, buf, obj->bundle_bytes) == obj->bundle_crc[slot] ? 0 : NF_ECHECKSUM;
 }

@@ -42,7 +42,10 @@
 #define NF_STORE_COMPAT_PROFILE      (1ULL << 0)
 /* Compat: the superblock points at a plan section (item 20). */
 #define NF_STORE_COMPAT_PLAN         (1ULL << 1)
-#define NF_STORE_COMPAT_KNOWN   (NF_STORE_COMPAT_PROFILE | NF_STORE_COMPAT_PLAN)
+/* Compat: every FFN object has bundle checksums (item 22); a reader that
+ * does not know them reads the store as before. */
+#define NF_STORE_COMPAT_BUNDLE_CRC   (1ULL << 2)
+#define NF_STORE_COMPAT_KNOWN   (NF_STORE_COMPAT_PROFILE | NF_STORE_COMPAT_PLAN | NF_STORE_COMPAT_BUNDLE_CRC)
 #define NF_STORE_INCOMPAT_KNOWN (NF_STORE_INCOMPAT_DOWN_FORMS | NF_STORE_INCOMPAT_BLOB)
 
 /* Object entry flags. */
@@ -108,9 +111,13 @@ struct nf_store_obj_disk {
 	uint32_t down_dtype;              /* FFN with NF_STORE_OBJ_DOWN_DTYPE, else 0 */
 	uint64_t aux_offset;              /* FFN: u32 extent_crc[n_extents], u32 perm[n_bundles] */
 	uint64_t aux_length;              /* FFN: 4 * (n_extents + n_bundles) */
-	uint8_t reserved[72];             /* zero */
+	uint64_t bcrc_offset;             /* FFN: u32 bundle_crc[n_bundles] in the table, or 0 (item 22) */
+	uint32_t bcrc_crc;                /* FFN: crc32c of that array */
+	uint8_t reserved[60];             /* zero */
 };
 _Static_assert(sizeof(struct nf_store_obj_disk) == 256, "object entry is 256 bytes");
+_Static_assert(offsetof(struct nf_store_obj_disk, bcrc_offset) == 184 &&
+	       offsetof(struct nf_store_obj_disk, bcrc_crc) == 192, "bundle checksum fields (docs/FORMAT.md item 9)");
 
 /* The profile section (docs/FORMAT.md item 19): this header, then n_ffn
  * entries, then each entry's n_bundles u32 counts, indexed by neuron id. */

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "nflash/crc32c.h"
+#include "nflash/io.h"
 #include "nflash/store.h"
 #include "store_format.h"
 
@@ -199,16 +200,9 @@ int nf_store_section_read(const struct nf_store *s, uint64_t off, uint64_t len, 
 		rc = PFAIL(-errno, "%s: cannot open: %s", path, nf_strerror(-errno));
 		goto out;
 	}
-	for (uint64_t done = 0; done < len;) {
-		ssize_t r = sys->pread(fd, buf + done, len - done, (off_t)(off + done));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			rc = r < 0 ? -errno : NF_ETRUNCATED;
-			PFAIL(rc, "%s: reading the %s: %s", path, what, nf_strerror(rc));
-			goto out;
-		}
-		done += (uint64_t)r;
+	if ((rc = nf_io_pread_full(sys, fd, buf, len, off)) < 0) {
+		PFAIL(rc, "%s: reading the %s: %s", path, what, nf_strerror(rc));
+		goto out;
 	}
 	if (nf_crc32c(0, buf, len) != crc)
 		rc = PFAIL(NF_ECHECKSUM, "%s: %s: crc32c mismatch", path, what);

@@ -39,6 +39,7 @@ struct wobj {
 	struct nf_store_object o;
 	uint32_t *extent_crc;    /* owned */
 	uint32_t *perm;          /* owned */
+	uint32_t *bundle_crc;    /* owned */
 };
 
 struct nf_store_writer {
@@ -305,15 +306,18 @@ int nf_store_writer_add_ffn(struct nf_store_writer *w, const char *name, uint32_
 	x->length = (uint64_t)n_bundles * stride;
 	o->extent_crc = calloc(x->n_extents, sizeof(uint32_t));
 	o->perm = malloc((size_t)n_bundles * sizeof(uint32_t));
-	if (!o->extent_crc || !o->perm) {
+	o->bundle_crc = calloc(n_bundles, sizeof(uint32_t));
+	if (!o->extent_crc || !o->perm || !o->bundle_crc) {
 		free(o->extent_crc);
 		free(o->perm);
+		free(o->bundle_crc);
 		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < n_bundles; i++)
 		o->perm[i] = i;
 	x->extent_crc = o->extent_crc;
 	x->perm = o->perm;
+	x->bundle_crc = o->bundle_crc;
 	w->n++;
 	return 0;
 }
@@ -467,7 +471,7 @@ int nf_store_writer_begin(struct nf_store_writer *w, struct nf_diag *d)
 		pos = o->offset + o->length;
 		w->total += o->length;
 		if (o->kind == NF_STORE_KIND_FFN) {
-			aux += 4ull * ((uint64_t)o->n_extents + o->n_bundles);
+			aux += 4ull * ((uint64_t)o->n_extents + 2ull * o->n_bundles);   /* + bundle_crc */
 			if (o->stride > max_stride)
 				max_stride = o->stride;
 		}
@@ -573,6 +577,7 @@ static int put_bundle(struct nf_store_writer *w, const void *gate, const void *u
 	uint32_t slot = (uint32_t)w->cur_done;
 	uint32_t e = slot / o->extent_bundles;
 	w->run_crc = nf_crc32c(w->run_crc, p, o->stride);
+	w->objs[w->cur].bundle_crc[slot] = nf_crc32c(0, p, o->bundle_bytes);
 	if ((slot + 1) % o->extent_bundles == 0 || slot + 1 == o->n_bundles) {
 		w->objs[w->cur].extent_crc[e] = w->run_crc;
 		w->run_crc = 0;
@@ -711,6 +716,7 @@ int nf_store_writer_finish(struct nf_store_writer *w, struct nf_diag *d)
 		    (o->down_form != NF_DOWN_ROW || o->down_dtype != o->dtype))
 			in.incompat |= NF_STORE_INCOMPAT_DOWN_FORMS;
 	}
+	in.compat |= NF_STORE_COMPAT_BUNDLE_CRC;   /* every FFN written here has them (item 22) */
 	for (int slot = 0; slot < 2; slot++) {
 		struct nf_store_sb_disk sb;
 		in.generation = (uint64_t)slot;
@@ -757,6 +763,7 @@ void nf_store_writer_close(struct nf_store_writer *w)
 	for (uint32_t i = 0; i < w->n; i++) {
 		free(w->objs[i].extent_crc);
 		free(w->objs[i].perm);
+		free(w->objs[i].bundle_crc);
 	}
 	free(w->objs);
 	nf_store_profile_free(w->profile);

@@ -286,3 +286,28 @@ Test(guard, stale_temporary_files_are_reported_and_cleaned)
 	nf_store_writer_close(w);
 	ts_dir_remove(&t);
 }
+
+/* Defect 2: corrupt FFN bytes are never computed on: a PowerInfer store
+ * with bits flipped in blk.0.ffn extent 9 makes predictor-mode eval with
+ * -b 1 (single-bundle reads) fail, naming the object. */
+Test(guard, corrupt_bundles_are_not_computed_on)
+{
+	need_cli();
+	char store[256];
+	pl_import("../shared/testdata/powerinfer/tiny-relullama-ff1024-f32.pwri.gguf", store, sizeof(store));
+	struct nf_store *s;
+	cr_assert_eq(nf_store_open(store, NULL, &s, NULL), 0);
+	const struct nf_store_object *o = nf_store_ffn_find(s, 0, 0);
+	cr_assert_not_null(o);
+	uint32_t first, n;
+	nf_store_extent_bundles(o, 9, &first, &n);
+	for (uint32_t b = first; b < first + n; b++)   /* an exponent bit of a down value */
+		ts_flip(store, nf_store_bundle_offset(o, b) + o->down_off + 3, 5);
+	nf_store_close(s);
+	int rc = sh("eval -m %s --ids 1,278,263,13,300,72 -b 1 --sparse-mode predictor", store);
+	cr_expect_eq(rc, 1, "eval computed on corrupt bundles (exit %d)", rc);
+	cr_expect(strstr(err, "blk.0.ffn") && strstr(err, "offset"), "%s", err);
+	rc = sh("generate -m %s --ids 1,278,263,13 -n 8 -b 1 --temp 0", store);
+	cr_expect_eq(rc, 1, "generate computed on corrupt bundles (exit %d)", rc);
+	unlink(store);
+}

@@ -92,7 +92,7 @@ int nf_cmd_eval(int argc, char **argv)
 	int rc = nf_ctx_eval(mc.ctx, ids, n_ids);
 	double t_eval = nf_cli_now() - t0;
 	if (rc < 0) {
-		nf_cli_err("%s: evaluation failed: %s", mc.path, nf_strerror(rc));
+		nf_cli_err("%s: evaluation failed: %s", mc.path, nf_model_cli_strerror(&mc, rc));
 		goto done;
 	}
 	nf_model_cli_stats_total(&mc, stderr, t_eval);

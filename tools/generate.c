@@ -281,7 +281,7 @@ int nf_cmd_generate(int argc, char **argv)
 	rc = nf_ctx_eval(mc.ctx, o.ids, o.n_ids);
 	double t_prompt = nf_cli_now() - t0, t_eval = 0, t_sample = 0;
 	if (rc < 0) {
-		nf_cli_err("%s: prompt evaluation failed: %s", mc.path, nf_strerror(rc));
+		nf_cli_err("%s: prompt evaluation failed: %s", mc.path, nf_model_cli_strerror(&mc, rc));
 		goto done;
 	}
 	nf_model_cli_stats_step(&mc, stderr, "prompt");
@@ -336,7 +336,7 @@ int nf_cmd_generate(int argc, char **argv)
 		t_eval += nf_cli_now() - te;
 		n_evals++;
 		if (rc < 0) {
-			nf_cli_err("%s: evaluation failed: %s", mc.path, nf_strerror(rc));
+			nf_cli_err("%s: evaluation failed: %s", mc.path, nf_model_cli_strerror(&mc, rc));
 			goto done;
 		}
 		char label[32];

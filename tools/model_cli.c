@@ -342,6 +342,7 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 		nf_json_u64(j, "profile_tokens", cl.profile_tokens);
 		nf_json_u64(j, "hot_bytes", c.hot_bytes);
 		nf_json_u64(j, "hot_requests", c.hot_requests);
+		nf_json_dbl(j, "verify_ms", c.verify_ns / 1e6);
 	}
 	nf_json_u64(j, "hot_loads", st.hot_loads);
 	nf_json_dbl(j, "hot_load_ms", st.t_hot * 1e3);
@@ -458,6 +459,12 @@ int nf_model_cli_profile_save(struct nf_model_cli *mc, uint64_t tokens)
 		return NF_EXIT_FAIL;
 	}
 	return NF_EXIT_OK;
+}
+
+const char *nf_model_cli_strerror(const struct nf_model_cli *mc, int rc)
+{
+	const char *why = nf_cache_error_detail(mc->cache);
+	return why[0] ? why : nf_strerror(rc);
 }
 
 void nf_model_cli_close(struct nf_model_cli *mc)

@@ -75,6 +75,9 @@ void nf_model_cli_help(FILE *f);
  */
 int nf_model_cli_open(struct nf_model_cli *mc);
 void nf_model_cli_close(struct nf_model_cli *mc);
+/* What made evaluation fail with rc: the store's object and offset when a
+ * read or checksum failed, else nf_strerror(rc). */
+const char *nf_model_cli_strerror(const struct nf_model_cli *mc, int rc);
 
 /* --stats: one line on f for the tokens since the previous call (label
  * names them), and the totals; JSON: the "stats" object and vm_hwm_bytes

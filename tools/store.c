@@ -447,6 +447,21 @@ static void verify_done(void *cookie, int result)
 		add_bad(v, sl->obj, -1, result);
 		if (!v->io_err)
 			v->io_err = result;
+	} else if (sl->obj->kind == NF_STORE_KIND_FFN) {
+		/* the extents are sound: their bundle checksums must agree */
+		uint64_t base, len, off;
+		nf_store_extent_span(sl->obj, sl->first, &base, &len);
+		for (uint32_t e = sl->first; e < sl->first + sl->count; e++) {
+			uint32_t f, c;
+			nf_store_extent_bundles(sl->obj, e, &f, &c);
+			nf_store_extent_span(sl->obj, e, &off, &len);
+			for (uint32_t b = 0; b < c; b++)
+				if (nf_store_bundle_check(sl->obj, f + b, sl->buf + (off - base) +
+							  (uint64_t)b * sl->obj->stride) < 0) {
+					add_bad(v, sl->obj, e, NF_ECHECKSUM);
+					break;
+				}
+		}
 	}
 }
 

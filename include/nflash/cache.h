@@ -114,6 +114,8 @@ struct nf_cache_stats {
 	uint64_t errors;
 	uint64_t gap_bundles;      /* not requested, read to join two misses in one read */
 	uint64_t promotions;       /* neurons moved from the cold segment to the hot (rebalance) */
+	uint64_t verify_ns;        /* CPU time of crc32c checks in the completion path */
+	uint64_t verified;         /* bytes those checks covered */
 };
 
 struct nf_cache;
@@ -240,6 +242,9 @@ int nf_cache_pin_object(struct nf_cache *c, const struct nf_store_object *obj, c
 			struct nf_diag *d);
 
 void nf_cache_stats_get(const struct nf_cache *c, struct nf_cache_stats *out);
+/* The first failed read or checksum mismatch of the cache's I/O, naming
+ * the object and file offset (nf_io_ctx_error_detail), or "". */
+const char *nf_cache_error_detail(const struct nf_cache *c);
 void nf_cache_stats_reset(struct nf_cache *c);
 
 /* Bytes of each segment, and of the arena in total. */

@@ -293,6 +293,10 @@ uint32_t nf_io_ctx_align(const struct nf_io_ctx *io);
 const char *nf_io_ctx_warning(const struct nf_io_ctx *io);
 /* The sticky error, 0 if none. */
 int nf_io_ctx_error(const struct nf_io_ctx *io);
+/* The first failed read or checksum of the context, named ("blk.0.ffn:
+ * bundle 150 at offset 1961984: crc32c mismatch"), or "" when none. Valid
+ * until the context is closed. */
+const char *nf_io_ctx_error_detail(const struct nf_io_ctx *io);
 
 struct nf_io_stats {
 	uint64_t requests;     /* completed */

@@ -90,6 +90,8 @@ struct nf_store_object {
 	uint32_t n_extents;
 	const uint32_t *extent_crc;/* [n_extents]: crc32c of each extent's bytes */
 	const uint32_t *perm;      /* [n_bundles]: neuron id -> bundle slot */
+	const uint32_t *bundle_crc;/* [n_bundles] by slot: crc32c of the bundle's bundle_bytes,
+				    * or NULL (a store from before docs/FORMAT.md item 22) */
 	/* The down part of a bundle (nflash/bundle.h): ROW (a row of dim values
 	 * in down_dtype, which is dtype unless the store says otherwise) or QCOL
 	 * (quants only; scales in the dense object nf_store_ffn_scales()). */
@@ -183,6 +185,9 @@ void nf_store_extent_span(const struct nf_store_object *obj, uint32_t e, uint64_
 int nf_store_extent_check(const struct nf_store_object *obj, uint32_t e, const void *buf);
 /* 0 if buf (a dense object's length bytes) matches its crc32c, else NF_ECHECKSUM. */
 int nf_store_object_check(const struct nf_store_object *obj, const void *buf);
+/* 0 if buf (bundle slot's bytes) matches its crc32c, NF_ECHECKSUM if not;
+ * 1 when the store has no bundle checksums (nothing was checked). */
+int nf_store_bundle_check(const struct nf_store_object *obj, uint32_t slot, const void *buf);
 
 /* ---- writing ------------------------------------------------------------ */
 

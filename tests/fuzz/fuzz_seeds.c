@@ -2,6 +2,7 @@
  * fuzz_seeds.c - write a small seed corpus for fuzz_gguf from real files.
  *
  *	fuzz_seeds OUTDIR FILE.gguf...
+ *	fuzz_seeds --stores OUTDIR     seeds for fuzz_store and fuzz_model
  *
  * For each input it writes (1) a shrunken copy made with the nflash writer:
  * every key kept, arrays cut to 8 elements, every tensor kept with its type
@@ -17,6 +18,9 @@
 
 #include "nflash/dtype.h"
 #include "nflash/gguf.h"
+#include "nflash/import.h"
+#include "nflash/store.h"
+#include "nflash/synth.h"
 
 static int shrink(const char *in, const char *out)
 {
@@ -74,8 +78,71 @@ static int head(const char *in, const char *out)
 	return rc;
 }
 
+/* Small real stores (block size 512, so a few KiB each): a fake one, the
+ * same with a profile, and tiny synthetic models as GGUF (llama.cpp and
+ * PowerInfer flavours) and as imported stores. */
+static int stores(const char *dir)
+{
+	char p[4096], q[4096];
+	struct nf_diag d = {0};
+	struct nf_store_fake_opts fo;
+	nf_store_fake_opts_default(&fo);
+	fo.dim = 32;
+	fo.ffn = 40;
+	fo.vocab = 8;
+	fo.dtype = NF_DTYPE_Q8_0;
+	fo.create.block_size = 512;
+	fo.create.extent_bundles = 4;
+	snprintf(p, sizeof(p), "%s/fake.nfs", dir);
+	int rc = nf_store_fake_create(p, &fo, &d);
+	snprintf(q, sizeof(q), "%s/fake-profile.nfs", dir);
+	if (rc == 0)
+		rc = nf_store_fake_create(q, &fo, &d);
+	struct nf_store *s = NULL;
+	struct nf_store_profile *prof = NULL;
+	if (rc == 0 && (rc = nf_store_open(q, NULL, &s, &d)) == 0 &&
+	    (rc = nf_store_profile_alloc(s, &prof)) == 0) {
+		for (uint32_t i = 0; i < prof->n_objects; i++)
+			for (uint32_t j = 0; j < prof->lens[i]; j++)
+				prof->counts[i][j] = (j * 7 + i) % 11;
+		prof->tokens = 3;
+		rc = nf_store_update_profile(q, NULL, prof, &d);
+	}
+	nf_store_profile_free(prof);
+	nf_store_close(s);
+	for (int pred = 0; rc == 0 && pred < 2; pred++) {
+		struct nf_synth_params sp;
+		nf_synth_params_init(&sp);
+		sp.shape = "custom";
+		sp.n_embd = 128;
+		sp.n_ff = 128;
+		sp.dtype = NF_DTYPE_Q4_0;
+		sp.n_layer = 1;
+		sp.n_head = 4;
+		sp.n_head_kv = 4;
+		sp.n_vocab = 259;
+		sp.n_ctx = 32;
+		sp.pred_rank = 4;
+		sp.predictor = pred;
+		snprintf(p, sizeof(p), "%s/model%s.gguf", dir, pred ? "-pwri" : "");
+		if ((rc = nf_synth_validate(&sp, &d)) < 0 || (rc = nf_synth_write(&sp, p, &d)) < 0)
+			break;
+		snprintf(q, sizeof(q), "%s/model%s.nfs", dir, pred ? "-pwri" : "");
+		struct nf_import_opts io;
+		nf_import_opts_default(&io);
+		io.block_size = 512;
+		io.extent_bundles = 8;
+		rc = nf_import(p, q, &io, NULL, &d);
+	}
+	if (rc < 0)
+		fprintf(stderr, "fuzz_seeds: %s\n", nf_diag_msg(&d, rc));
+	return rc < 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 3 && !strcmp(argv[1], "--stores"))
+		return stores(argv[2]);
 	if (argc < 3) {
 		fprintf(stderr, "usage: fuzz_seeds OUTDIR FILE.gguf...\n");
 		return 2;
