@@ -76,9 +76,10 @@ uint64_t nf_engine_vm_hwm(void)
 
 uint64_t nf_engine_overhead_now(void)
 {
-	/* rounded up to whole MiB, so the minimum a message states does not
-	 * move with a few pages between runs */
-	return ((proc_status_bytes("VmRSS") + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1)) + NF_ENGINE_SLACK;
+	/* rounded up to 4 MiB, so the minimum a message states does not move
+	 * with the few hundred KiB a fresh process's resident set varies by
+	 * from run to run */
+	return ((proc_status_bytes("VmRSS") + (4u << 20) - 1) & ~(uint64_t)((4u << 20) - 1)) + NF_ENGINE_SLACK;
 }
 
 static double mib(uint64_t b)

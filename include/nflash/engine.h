@@ -145,7 +145,7 @@ void nf_engine_info(const struct nf_engine *e, struct nf_engine_info *out);
 /* Peak resident set (VmHWM) of this process in bytes, 0 if unknown. */
 uint64_t nf_engine_vm_hwm(void);
 /* The fixed overhead nf_engine_open would count now: the resident set
- * (VmRSS) rounded up to a MiB, plus NF_ENGINE_SLACK. */
+ * (VmRSS) rounded up to 4 MiB, plus NF_ENGINE_SLACK. */
 uint64_t nf_engine_overhead_now(void);
 
 #ifdef __cplusplus
