@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "nflash/engine.h"
 #include "../tools/serve.h"
 #include "util_pipeline.h"
 
@@ -29,21 +30,14 @@ static struct serve_server *srv;
 static char base[64];
 
 /*
- * A memory budget mib MiB above what this process holds now: the engine
- * counts the resident set at open (plus 8 MiB of slack) as the fixed
- * overhead, which differs between builds (sanitizers) and machines.
+ * A memory budget mib MiB above the fixed overhead the engine would count
+ * in this process now (its resident set, rounded up, plus slack), which
+ * differs between builds (sanitizers) and machines; minus the 8 MiB of
+ * slack, which the budgets below already allow for.
  */
 static uint64_t budget_over_rss(double mib)
 {
-	FILE *f = fopen("/proc/self/status", "r");
-	cr_assert_not_null(f);
-	char line[256];
-	unsigned long long kb = 0;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
-			break;
-	fclose(f);
-	return kb * 1024 + (uint64_t)(mib * 1048576.0);
+	return nf_engine_overhead_now() - NF_ENGINE_SLACK + (uint64_t)(mib * 1048576.0);
 }
 
 static void setup(void)
