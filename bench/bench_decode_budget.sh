@@ -311,7 +311,7 @@ if command -v gnuplot >/dev/null 2>&1; then
 		echo "set ylabel 'tokens/s (log scale)'"
 		echo 'set logscale y'
 		echo 'set grid'
-		echo 'set key top left'
+		echo 'set key bottom right'
 		echo 'set datafile separator "\t"'
 		echo 'set datafile missing "-"'
 		echo 'set xrange [0.75:3.25]'
