@@ -242,7 +242,8 @@ Test(guard, profile_on_a_read_only_store_fails_first)
 
 /* Defect 6: a killed writer's temporary file is recognisable; `store clean`
  * removes it (and only it: a live writer's file stays), and the next import
- * into that directory reports it. */
+ * into that directory, `store verify DIR` and `store verify` of a store
+ * there report it. */
 Test(guard, stale_temporary_files_are_reported_and_cleaned)
 {
 	need_cli();
@@ -274,10 +275,30 @@ Test(guard, stale_temporary_files_are_reported_and_cleaned)
 	cr_expect(strstr(err, "nflash-tmp") && strstr(err, "store clean"), "import does not report it: %s", err);
 	cr_expect_eq(ts_dir_count(&t), 3);
 
+	/* `store verify DIR` lists the dead writer's file (not the live one's)
+	 * and exits 1; verify of a store in that directory names it too but
+	 * stays 0 (the store is intact) */
+	rc = sh("store verify %s", t.dir);
+	cr_expect_eq(rc, 1, "verify DIR with a stale temporary: exit %d: %s%s", rc, out, err);
+	cr_expect(strstr(out, "stale") && strstr(out, ".dead.nfs.nflash-tmp."), "%s", out);
+	cr_expect_null(strstr(out, ".live.nfs.nflash-tmp."), "it listed the live writer's file: %s", out);
+	cr_expect(strstr(out, "1 stale temporary file") && strstr(out, "store clean"), "%s", out);
+	rc = sh("store verify %s --json", t.dir);
+	cr_expect_eq(rc, 1, "%s", err);
+	cr_expect(strstr(out, "\"stale_temporaries\"") && strstr(out, ".dead.nfs.nflash-tmp."), "%s", out);
+	rc = sh("store verify %s", model);
+	cr_expect_eq(rc, 0, "%s", err);
+	cr_expect(strstr(err, ".dead.nfs.nflash-tmp.") && strstr(err, "store clean"),
+		  "verify of a store does not report the stale file beside it: %s", err);
+	cr_expect_null(strstr(err, ".live.nfs.nflash-tmp."), "%s", err);
+
 	rc = sh("store clean %s", t.dir);
 	cr_expect_eq(rc, 0, "%s", err);
 	cr_expect(strstr(out, "removed") && strstr(out, "nflash-tmp"), "%s", out);
 	cr_expect_eq(ts_dir_count(&t), 2, "clean left the dead writer's file or took the live one's");
+	rc = sh("store verify %s", t.dir);
+	cr_expect_eq(rc, 0, "verify DIR after clean: %s%s", out, err);
+	cr_expect(strstr(out, "0 stale temporary files"), "%s", out);
 	cr_assert_eq(nf_store_writer_add_dense(w, "x", NF_DTYPE_F32, 1, (const uint64_t[]){ 16 }, NULL), 0);
 	cr_assert_eq(nf_store_writer_begin(w, NULL), 0);
 	static const uint8_t zero[64];

@@ -8,10 +8,12 @@
  * only, after a short warm-up.
  */
 #include <errno.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "nflash/bundle.h"
 #include "nflash/dtype.h"
@@ -323,11 +325,15 @@ static int cmd_inspect(int argc, char **argv)
 /* ---- verify ---------------------------------------------------------- */
 
 static const char verify_usage[] =
-	"usage: nflash store verify STORE [--json] [--backend aio|uring|sync]\n"
+	"usage: nflash store verify STORE|DIR [--json] [--backend aio|uring|sync]\n"
 	"\n"
 	"Reads every object and extent and checks every crc32c, then every section\n"
 	"beside them (the profile, the plan). Exits 0 when all are intact, 1 naming each bad\n"
-	"object, extent or section (or on a read error).\n";
+	"object, extent or section (or on a read error). Temporary files killed writers\n"
+	"left beside the store (.NAME.nflash-tmp.PID.HEX) are reported too.\n"
+	"\n"
+	"With a directory: lists the temporary files killed writers left in it, as\n"
+	"`store clean --dry-run` does; exits 0 when there are none, 1 when there are.\n";
 
 #define VERIFY_SLOTS 8
 #define VERIFY_CHUNK (8u << 20)
@@ -477,6 +483,88 @@ static struct vslot *free_slot(struct verify *v, struct nf_io_ctx *io)
 	}
 }
 
+/* The temporaries killed writers left in a directory (nf_io_tmp_sweep). */
+struct stale {
+	char **paths;
+	uint64_t *bytes;
+	size_t n, cap;
+	uint64_t total;
+};
+
+static void stale_add(void *user, const char *path, uint64_t bytes, int rc)
+{
+	struct stale *st = user;
+	(void)rc;
+	if (st->n == st->cap) {
+		size_t cap = st->cap ? st->cap * 2 : 8;
+		char **p = realloc(st->paths, cap * sizeof(*p));
+		if (p)
+			st->paths = p;
+		uint64_t *b = p ? realloc(st->bytes, cap * sizeof(*b)) : NULL;
+		if (!b)
+			return;            /* out of memory: the count stays short */
+		st->bytes = b;
+		st->cap = cap;
+	}
+	char *copy = strdup(path);
+	if (!copy)
+		return;
+	st->paths[st->n] = copy;
+	st->bytes[st->n++] = bytes;
+	st->total += bytes;
+}
+
+static void stale_free(struct stale *st)
+{
+	for (size_t i = 0; i < st->n; i++)
+		free(st->paths[i]);
+	free(st->paths);
+	free(st->bytes);
+}
+
+static void stale_json(struct nf_json *j, const struct stale *st)
+{
+	nf_json_arr_begin(j, "stale_temporaries");
+	for (size_t i = 0; i < st->n; i++) {
+		nf_json_obj_begin(j, NULL);
+		nf_json_str(j, "path", st->paths[i]);
+		nf_json_u64(j, "bytes", st->bytes[i]);
+		nf_json_obj_end(j);
+	}
+	nf_json_arr_end(j);
+}
+
+/* `store verify DIR`: the stale temporaries in DIR; exit 1 when there are. */
+static int verify_dir(const char *dir, bool json)
+{
+	struct stale st = { 0 };
+	int rc = nf_io_tmp_sweep(dir, false, stale_add, &st);
+	if (rc < 0) {
+		nf_cli_err("%s: %s", dir, nf_strerror(rc));
+		return NF_EXIT_FAIL;
+	}
+	if (json) {
+		struct nf_json j;
+		nf_json_init(&j, stdout, true);
+		nf_json_obj_begin(&j, NULL);
+		nf_json_str(&j, "path", dir);
+		nf_json_bool(&j, "ok", st.n == 0);
+		stale_json(&j, &st);
+		nf_json_obj_end(&j);
+		nf_json_finish(&j);
+	} else {
+		for (size_t i = 0; i < st.n; i++)
+			printf("stale %s (%.1f MB)\n", st.paths[i], st.bytes[i] / 1e6);
+		printf("%s: %zu stale temporary file%s, %.1f MB", dir, st.n, st.n == 1 ? "" : "s", st.total / 1e6);
+		if (st.n)
+			printf("; `nflash store clean %s` removes them", dir);
+		putchar('\n');
+	}
+	int ret = st.n ? NF_EXIT_FAIL : NF_EXIT_OK;
+	stale_free(&st);
+	return ret;
+}
+
 static int cmd_verify(int argc, char **argv)
 {
 	const char *path = NULL;
@@ -512,9 +600,17 @@ static int cmd_verify(int argc, char **argv)
 		nf_cli_err("store verify: STORE is required");
 		return NF_EXIT_USAGE;
 	}
+	struct stat pst;
+	if (stat(path, &pst) == 0 && S_ISDIR(pst.st_mode))
+		return verify_dir(path, json);
 	struct nf_store *s;
 	if (open_store(path, &s) < 0)
 		return NF_EXIT_FAIL;
+	/* the temporaries killed writers left beside the store */
+	struct stale st = { 0 };
+	char *pdir = strdup(path);
+	if (pdir)
+		nf_io_tmp_sweep(dirname(pdir), false, stale_add, &st);
 	struct nf_diag d = {0};
 	struct nf_io_ctx *io = NULL;
 	struct verify v;
@@ -626,6 +722,7 @@ static int cmd_verify(int argc, char **argv)
 			nf_json_obj_end(&j);
 		}
 		nf_json_arr_end(&j);
+		stale_json(&j, &st);
 		nf_json_obj_end(&j);
 		nf_json_finish(&j);
 	} else {
@@ -652,9 +749,15 @@ static int cmd_verify(int argc, char **argv)
 		       (unsigned long long)v.objects, (unsigned long long)v.extents, secs,
 		       v.bytes / 1073741824.0,
 		       v.n_bad || v.io_err ? "DAMAGED" : "ok");
+		/* not the store's damage (exit status unchanged), but worth knowing */
+		for (size_t k = 0; k < st.n; k++)
+			nf_cli_warn("%s (%.1f MB) was left by a writer that is gone; `nflash store clean %s` removes it",
+				    st.paths[k], st.bytes[k] / 1e6, pdir);
 	}
 	ret = v.n_bad || v.io_err ? NF_EXIT_FAIL : NF_EXIT_OK;
 out:
+	stale_free(&st);
+	free(pdir);
 	nf_io_ctx_close(io);
 	for (int i = 0; i < VERIFY_SLOTS; i++)
 		nf_io_buf_free(v.slot[i].buf);
