@@ -3,7 +3,7 @@
  * written in place as a new generation and read back; the entry for a
  * budget is the nearest at or below it; a plan a reader would refuse is
  * never written; a damaged section is refused on read (never followed) but
- * the store still opens; a crash at any write of the update leaves a valid
+ * the store still opens, and `store verify` names it; a crash at any write of the update leaves a valid
  * store; the profile and the plan live side by side.
  */
 #include <criterion/criterion.h>
@@ -195,6 +195,16 @@ Test(storage, plan_damaged_is_refused_but_the_store_opens)
 	cr_expect(strstr(d.msg, "plan") != NULL, "%s", d.msg);
 	cr_expect_null(q);
 	nf_store_close(s);
+	/* `store verify` checks the plan section too, naming it */
+	char out[8192];
+	char *const argv[] = { "store", "verify", t.path, NULL };
+	rc = ts_run_store_cmd(argv, out, sizeof(out));
+	cr_expect_eq(rc, 1, "a damaged plan passes verify: %s", out);
+	cr_expect(strstr(out, "bad: plan"), "%s", out);
+	ts_patch(t.path, at, (uint8_t[]){ b ^ 0x40 }, 1);
+	rc = ts_run_store_cmd(argv, out, sizeof(out));
+	cr_expect_eq(rc, 0, "%s", out);
+	cr_expect(strstr(out, "plan") && strstr(out, ": ok"), "verify does not mention the plan: %s", out);
 	ts_dir_remove(&t);
 }
 

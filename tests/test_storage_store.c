@@ -361,8 +361,10 @@ Test(storage, store_truncated_and_table_past_end)
 	ts_dir_remove(&t);
 }
 
-/* Rewrite object entry i through f, fixing the table and superblock crcs. */
-static void forge_entry(const char *path, uint32_t i, void (*f)(struct nf_store_obj_disk *))
+/* Read the object table, let f change it, write it back with the table
+ * and superblock crcs fixed. */
+static void forge_table(const char *path, void (*f)(uint8_t *tbl, uint64_t tlen, uint32_t i, void *arg),
+			uint32_t i, void *arg)
 {
 	struct nf_store_sb_disk sb0, sb1;
 	read_sb(path, 0, &sb0);
@@ -371,16 +373,28 @@ static void forge_entry(const char *path, uint32_t i, void (*f)(struct nf_store_
 	uint8_t *tbl = malloc(tlen);
 	cr_assert(tbl);
 	ts_read(path, toff, tbl, tlen);
-	struct nf_store_obj_disk e;
-	memcpy(&e, tbl + i * sizeof(e), sizeof(e));
-	f(&e);
-	memcpy(tbl + i * sizeof(e), &e, sizeof(e));
+	f(tbl, tlen, i, arg);
 	ts_patch(path, toff, tbl, tlen);
 	uint32_t crc = nf_crc32c(0, tbl, tlen);
 	sb0.table_crc = sb1.table_crc = htole32(crc);
 	write_sb(path, 0, &sb0);
 	write_sb(path, 1, &sb1);
 	free(tbl);
+}
+
+static void entry_through(uint8_t *tbl, uint64_t tlen, uint32_t i, void *arg)
+{
+	void (*f)(struct nf_store_obj_disk *) = *(void (**)(struct nf_store_obj_disk *))arg;
+	struct nf_store_obj_disk e;
+	memcpy(&e, tbl + i * sizeof(e), sizeof(e));
+	f(&e);
+	memcpy(tbl + i * sizeof(e), &e, sizeof(e));
+}
+
+/* Rewrite object entry i through f, fixing the table and superblock crcs. */
+static void forge_entry(const char *path, uint32_t i, void (*f)(struct nf_store_obj_disk *))
+{
+	forge_table(path, entry_through, i, &f);
 }
 
 static void huge_shape(struct nf_store_obj_disk *e) { e->shape[1] = htole64(1ull << 62); }
@@ -430,6 +444,45 @@ Test(storage, store_forged_entries_are_refused)
 	cr_assert_eq(open_err(t.path, &d), NF_ECHECKSUM);
 	cr_assert(strstr(d.msg, "object table"), "%s", d.msg);
 	ts_dir_remove(&t);
+}
+
+/* Neuron 1 of FFN entry i takes neuron 0's slot, the entry's aux crc
+ * fixed (*fix true) or left (then it mismatches). */
+static void perm_dup(uint8_t *tbl, uint64_t tlen, uint32_t i, void *arg)
+{
+	struct nf_store_obj_disk e;
+	memcpy(&e, tbl + i * sizeof(e), sizeof(e));
+	cr_assert_eq(le32toh(e.kind), NF_STORE_KIND_FFN);
+	uint64_t aux = le64toh(e.aux_offset), perm = aux + 4ull * le32toh(e.n_extents);
+	cr_assert(perm + 8 <= tlen);
+	memcpy(tbl + perm + 4, tbl + perm, 4);
+	if (*(bool *)arg) {
+		e.crc = htole32(nf_crc32c(0, tbl + aux, le64toh(e.aux_length)));
+		memcpy(tbl + i * sizeof(e), &e, sizeof(e));
+	}
+}
+
+/* The FFN permutations are checked at open, so `store verify` reports a
+ * damaged one (defect 5: verify checks every section), naming the object:
+ * a flipped entry by its crc, a forged one (crcs fixed) as not a bijection. */
+Test(storage, store_damaged_permutation_refused_by_open_and_verify)
+{
+	char out[4096];
+	for (int fix = 0; fix < 2; fix++) {
+		struct ts_dir t;
+		fresh(&t);
+		bool f = fix;
+		forge_table(t.path, perm_dup, 2, &f);
+		struct nf_diag d;
+		int rc = open_err(t.path, &d);
+		cr_expect_eq(rc, fix ? NF_EFORMAT : NF_ECHECKSUM, "%s", d.msg);
+		cr_expect(strstr(d.msg, fix ? "repeated" : "permutation"), "%s", d.msg);
+		char *argv[] = { "store", "verify", t.path, NULL };
+		rc = ts_run_store_cmd(argv, out, sizeof(out));
+		cr_expect_eq(rc, 1, "verify passed a damaged permutation: %s", out);
+		cr_expect(strstr(out, fix ? "repeated" : "permutation") && strstr(out, "object"), "%s", out);
+		ts_dir_remove(&t);
+	}
 }
 
 Test(storage, store_flipped_bit_caught_on_read_and_by_verify)
