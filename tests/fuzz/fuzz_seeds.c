@@ -17,8 +17,10 @@
 #include <string.h>
 
 #include "nflash/dtype.h"
+#include "nflash/engine.h"
 #include "nflash/gguf.h"
 #include "nflash/import.h"
+#include "nflash/plan.h"
 #include "nflash/store.h"
 #include "nflash/synth.h"
 
@@ -78,9 +80,47 @@ static int head(const char *in, const char *out)
 	return rc;
 }
 
+/* Stores with a plan (docs/PLAN.md, FORMAT.md item 20), as `nflash plan
+ * STORE --memory-budget B` writes one: the tiny model imported again and
+ * planned for two budgets (device and kernels measured for half a second,
+ * calibrated on 16 tokens, laid out in the profile's order), and a fake
+ * store holding that same plan (small enough for fuzz_store's length cap). */
+static int plan_seeds(const char *dir, const struct nf_store_fake_opts *fo, struct nf_diag *d)
+{
+	char gguf[4096], store[4096], fake[4096];
+	snprintf(gguf, sizeof(gguf), "%s/model.gguf", dir);
+	snprintf(store, sizeof(store), "%s/model-plan.nfs", dir);
+	snprintf(fake, sizeof(fake), "%s/fake-plan.nfs", dir);
+	struct nf_import_opts io;
+	nf_import_opts_default(&io);
+	io.block_size = 512;
+	io.extent_bundles = 8;
+	int rc = nf_import(gguf, store, &io, NULL, d);
+	if (rc < 0)
+		return rc;
+	/* budgets above what this process holds: the planner counts it as overhead */
+	uint64_t base = nf_engine_overhead_now() >> 20 << 20;
+	uint64_t budgets[2] = { base + (64ull << 20), base + (128ull << 20) };
+	struct nf_plan_opts po;
+	nf_plan_opts_default(&po);
+	po.store = store;
+	po.budgets = budgets;
+	po.n_budgets = 2;
+	po.calib_tokens = 16;
+	po.n_threads = 1;
+	po.device.seconds = 0.5;
+	struct nf_store_plan *p = NULL;
+	if ((rc = nf_plan_run(&po, &p, d)) < 0)
+		return rc;
+	if ((rc = nf_store_fake_create(fake, fo, d)) == 0)
+		rc = nf_store_update_plan(fake, NULL, p, d);
+	nf_store_plan_free(p);
+	return rc;
+}
+
 /* Small real stores (block size 512, so a few KiB each): a fake one, the
- * same with a profile, and tiny synthetic models as GGUF (llama.cpp and
- * PowerInfer flavours) and as imported stores. */
+ * same with a profile, tiny synthetic models as GGUF (llama.cpp and
+ * PowerInfer flavours) and as imported stores, and two with a plan. */
 static int stores(const char *dir)
 {
 	char p[4096], q[4096];
@@ -134,6 +174,8 @@ static int stores(const char *dir)
 		io.extent_bundles = 8;
 		rc = nf_import(p, q, &io, NULL, &d);
 	}
+	if (rc == 0)
+		rc = plan_seeds(dir, &fo, &d);
 	if (rc < 0)
 		fprintf(stderr, "fuzz_seeds: %s\n", nf_diag_msg(&d, rc));
 	return rc < 0;
