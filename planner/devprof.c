@@ -234,7 +234,7 @@ struct kjob {
 	float *y;
 	const char *rbuf;
 	size_t rbytes;
-	volatile uint64_t sink;
+	uint64_t sink;              /* keeps the reads; threads add to it atomically */
 };
 
 static void gemv_fn(void *arg, int ith, int nth)
@@ -252,7 +252,7 @@ static void read_fn(void *arg, int ith, int nth)
 	uint64_t acc = 0;
 	for (size_t i = i0; i < i1; i++)
 		acc += v[i];
-	j->sink += acc;
+	__atomic_fetch_add(&j->sink, acc, __ATOMIC_RELAXED);   /* every thread adds: no race */
 }
 
 /* Best of three passes over the set, GB/s. */

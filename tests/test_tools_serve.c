@@ -139,7 +139,7 @@ static char *answer_text(const struct resp *r, bool chat, const char **finish)
 	json_t *t = chat ? json_object_get(json_object_get(c0, "message"), "content") : json_object_get(c0, "text");
 	cr_assert(json_is_string(t), "%s", r->body);
 	char *s = strdup(json_string_value(t));
-	static char fin[16];
+	static _Thread_local char fin[16];   /* the load test's clients call this at once */
 	snprintf(fin, sizeof(fin), "%s", json_string_value(json_object_get(c0, "finish_reason")));
 	if (finish)
 		*finish = fin;
