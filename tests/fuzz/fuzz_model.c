@@ -35,7 +35,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 		snprintf(path, sizeof(path), "/proc/self/fd/%d", mfd);
 	}
-	if (ftruncate(mfd, 0) < 0 || (size && pwrite(mfd, data, size, 0) != (ssize_t)size))
+	/* overwrite, then cut to size: the memfd keeps its pages from run to
+	 * run (truncating to 0 first freed and refaulted them every run) */
+	if ((size && pwrite(mfd, data, size, 0) != (ssize_t)size) || ftruncate(mfd, (off_t)size) < 0)
 		abort();
 	struct nf_model *m = NULL;
 	struct nf_diag d = { 0 };
