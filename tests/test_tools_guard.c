@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,6 +76,19 @@ Test(guard, writers_refuse_a_target_that_is_not_a_regular_file)
 	rc = sh("synth -o %s", fifo);
 	cr_expect_neq(rc, 0, "synth over a FIFO: exit %d: %s", rc, err);
 	cr_expect(is_fifo(fifo), "synth replaced the FIFO");
+
+	/* a character device, as /dev/null was (a node of our own: mknod
+	 * needs root, which the original report had too) */
+	char dev[256];
+	snprintf(dev, sizeof(dev), "%s/null", t.dir);
+	if (mknod(dev, S_IFCHR | 0666, makedev(1, 3)) == 0) {
+		rc = sh("import %s %s --force", TINY, dev);
+		cr_expect_neq(rc, 0, "import --force over a character device: exit %d: %s", rc, err);
+		cr_expect(strstr(err, "not a regular file"), "%s", err);
+		struct stat st;
+		cr_expect(lstat(dev, &st) == 0 && S_ISCHR(st.st_mode), "import replaced the device");
+		unlink(dev);
+	}
 
 	/* the library refuses too (relayout and every other writer go through it) */
 	struct nf_store_writer *w = NULL;
