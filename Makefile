@@ -165,7 +165,8 @@ $(TEST_OBJ): CFLAGS += -DNF_TEST_NFLASH='"$(B)/nflash"' -DNF_TEST_SLOWDOWN=10
 endif
 # Under ThreadSanitizer Criterion cannot start (Snaipe/Criterion#274): the
 # same tests compile against tests/tsan/criterion/ and run under its own
-# runner (each test forked, one at a time; `make test SANITIZE=thread`).
+# runner (each test forked, TEST_JOBS at a time, time limits scaled by
+# NF_TSAN_SLOWDOWN, default 10; `make test SANITIZE=thread`).
 ifneq ($(findstring thread,$(SANITIZE)),)
 CFLAGS      += -Itests/tsan
 TEST_RUNNER := $(B)/tests/tsan/runner.o
@@ -185,6 +186,20 @@ TEST_JOBS ?= 2
 test: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
 	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(if $(findstring address,$(SANITIZE)),LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
+
+# ---- the part of the suite CI runs under ThreadSanitizer -----------------
+# (`make test-tsan-ci`; docs/KERNELS.md "Under ThreadSanitizer"): every test
+# where threads meet: the I/O engine and its completion threads, the fault
+# backend and the store's locks (storage), the thread pool, the neuron
+# cache, attention streaming and the predictor on several threads
+# (pipeline), and the server's 32-client load test (serve). The rest of
+# the suite is model numerics on the same code paths; TSan slows its scalar
+# reference kernels 10-16x, so the whole suite stays `make test
+# SANITIZE=thread`, run by hand.
+TSAN_CI_FILTER := @(storage/*|pool/*|serve/*|pipeline/@(cache_*|attn_stream_read_errors*|read_error*|predictor_*|batch_*|store_backed*|attn_streamed_equals_pinned*))
+.PHONY: test-tsan-ci
+test-tsan-ci:
+	$(Q)$(MAKE) --no-print-directory test SANITIZE=thread TEST_FILTER='$(TSAN_CI_FILTER)'
 
 # ---- nflash serve with real clients: curl's view of SSE, the OpenAI Node SDK
 # (installed from npm into $(B)/openai-sdk; skipped with a reason without node)
