@@ -226,6 +226,13 @@ bench-decode: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash
 	$(Q)sh bench/bench_decode_budget.sh $(B)
 
+# ---- make bench-serve: nflash serve with 1-8 clients, batched vs one at a time --
+# (bench/bench_serve.sh: the 7B store bench-decode builds, under 2 GiB)
+.PHONY: bench-serve
+bench-serve: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+	$(Q)sh bench/bench_serve.sh $(B)
+
 # ---- fuzzing: every format nflash reads (tests/fuzz/) ----------------------
 # make fuzz [FUZZ_TIME=600]: libFuzzer + ASan + UBSan on one core, one target
 # after the other, FUZZ_TIME seconds each: fuzz_gguf (the GGUF reader),

@@ -377,32 +377,37 @@ static int exit_code(int rc)
 	return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
 }
 
+void nf_model_cli_engine_opts(const struct nf_model_cli *mc, struct nf_engine_opts *o)
+{
+	nf_engine_opts_default(o);
+	o->path = mc->path;
+	o->ffn_store = mc->ffn_store;
+	o->budget = mc->budget;
+	o->n_ctx = (uint32_t)mc->n_ctx;
+	o->n_batch = (uint32_t)mc->n_batch;
+	o->n_threads = (int)mc->n_threads;
+	o->kv_type = mc->kv_type;
+	o->sparse_mode = mc->sparse_mode;
+	o->threshold_set = mc->threshold_set;
+	o->threshold = (float)mc->threshold;
+	o->io_backend = mc->io_backend ? nf_io_backend_parse(mc->io_backend) : -1;
+	o->io_mmap = mc->io_mmap;
+	o->qd = (uint32_t)mc->qd;
+	o->read_gap = (int)mc->read_gap;
+	o->stream_attn = mc->stream_attn;
+	o->attn_pin = (uint32_t)mc->attn_pin;
+	o->cold_slots = (int)mc->cold_slots;
+	o->replan_moves = (int)mc->replan_moves;
+	o->profile = mc->profile;
+	o->profile_sig_tokens = NF_PROFILE_SIG_TOKENS;
+	o->measure_recall = mc->stats;
+	o->log = stderr;
+}
+
 int nf_model_cli_open(struct nf_model_cli *mc)
 {
 	struct nf_engine_opts o;
-	nf_engine_opts_default(&o);
-	o.path = mc->path;
-	o.ffn_store = mc->ffn_store;
-	o.budget = mc->budget;
-	o.n_ctx = (uint32_t)mc->n_ctx;
-	o.n_batch = (uint32_t)mc->n_batch;
-	o.n_threads = (int)mc->n_threads;
-	o.kv_type = mc->kv_type;
-	o.sparse_mode = mc->sparse_mode;
-	o.threshold_set = mc->threshold_set;
-	o.threshold = (float)mc->threshold;
-	o.io_backend = mc->io_backend ? nf_io_backend_parse(mc->io_backend) : -1;
-	o.io_mmap = mc->io_mmap;
-	o.qd = (uint32_t)mc->qd;
-	o.read_gap = (int)mc->read_gap;
-	o.stream_attn = mc->stream_attn;
-	o.attn_pin = (uint32_t)mc->attn_pin;
-	o.cold_slots = (int)mc->cold_slots;
-	o.replan_moves = (int)mc->replan_moves;
-	o.profile = mc->profile;
-	o.profile_sig_tokens = NF_PROFILE_SIG_TOKENS;
-	o.measure_recall = mc->stats;
-	o.log = stderr;
+	nf_model_cli_engine_opts(mc, &o);
 	struct nf_diag d = { 0 };
 	/* --profile writes the store at the end: find out now, not after minutes */
 	const char *upd = mc->ffn_store ? mc->ffn_store : mc->path;

@@ -74,6 +74,9 @@ void nf_model_cli_help(FILE *f);
  * file is bad), after printing the error.
  */
 int nf_model_cli_open(struct nf_model_cli *mc);
+/* The engine options mc's flags give (what nf_model_cli_open opens), for
+ * a front end that opens the engine itself (the server). */
+void nf_model_cli_engine_opts(const struct nf_model_cli *mc, struct nf_engine_opts *o);
 void nf_model_cli_close(struct nf_model_cli *mc);
 /* What made evaluation fail with rc: the store's object and offset when a
  * read or checksum failed, else nf_strerror(rc). */
