@@ -498,6 +498,30 @@ static int fsync_dir_of(const char *path)
 	return rc;
 }
 
+/* The relayout's block size: o->bundle_align, else the smallest the
+ * device's O_DIRECT reads of the store allow (at least 512): bundles
+ * packed that closely cost fewer bytes per neuron read and cached. */
+static int relayout_align(const struct nf_plan_opts *o, uint32_t *out, struct nf_diag *d)
+{
+	if (o->bundle_align) {
+		*out = o->bundle_align;
+		return 0;
+	}
+	struct nf_store *s = NULL;
+	struct nf_io_ctx *io = NULL;
+	struct nf_io_opts io_o;
+	nf_io_opts_default(&io_o);
+	io_o.quiet = true;
+	int rc = nf_store_open(o->store, NULL, &s, d);
+	if (rc == 0 && (rc = nf_io_ctx_open(s, &io_o, &io, d)) == 0) {
+		uint32_t a = nf_io_ctx_align(io);
+		*out = a > NF_STORE_BLOCK_MIN ? a : NF_STORE_BLOCK_MIN;
+	}
+	nf_io_ctx_close(io);
+	nf_store_close(s);
+	return rc;
+}
+
 /* A complete, verified copy in the profile's layout beside the store,
  * renamed over it: the store is the old one or the new one, never half. */
 static int relayout_in_place(const struct nf_plan_opts *o, struct nf_diag *d)
@@ -513,7 +537,7 @@ static int relayout_in_place(const struct nf_plan_opts *o, struct nf_diag *d)
 	snprintf(orig, n, "%s.orig", o->store);
 	unlink(tmp);
 	struct nf_store_relayout_opts ro = { .progress = relayout_progress, .progress_user = (void *)o };
-	if ((rc = nf_store_relayout(o->store, tmp, &ro, d)) < 0)
+	if ((rc = relayout_align(o, &ro.block_size, d)) < 0 || (rc = nf_store_relayout(o->store, tmp, &ro, d)) < 0)
 		goto out;
 	if (o->keep_copy && link(o->store, orig) < 0) {
 		rc = nf_diag_fail(d, -errno, "%s: keeping the copy as %s: %s", o->store, orig, nf_strerror(-errno));
