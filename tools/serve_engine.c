@@ -8,8 +8,9 @@
  * and logits only (n_batch 1, one thread: no scratch to speak of).
  *
  * Invariants: all slots have the host's n_ctx and KV type; with a budget,
- * every slot's bytes are inside it; the fixed overhead is measured once,
- * at the first open; only the scheduler thread calls in.
+ * every slot's bytes are inside it, at every moment (the split is decided
+ * by a dry run, the engine opened once); the fixed overhead is measured
+ * once, at the first open; only the scheduler thread calls in.
  */
 #include <errno.h>
 #include <malloc.h>
@@ -37,6 +38,7 @@ struct serve_engine {
 	uint32_t n_rows;             /* the host's n_batch */
 	struct nf_tok *tok;
 	uint64_t slot_bytes;
+	uint64_t engine_budget;      /* of opts.budget, what the engine gets beside the slots (0: all) */
 	char *chat_template;
 	struct serve_engine_stats base;  /* counters of engines closed by reopen */
 	uint64_t steps, step_slots, batch_hist[SERVE_BATCH_BUCKETS];
@@ -109,32 +111,65 @@ static int open_engine(struct serve_engine *e, uint64_t budget)
 	return NF_EXIT_OK;
 }
 
-/* Open the engine and every slot from e->opts. Returns an exit code. */
-static int open_all(struct serve_engine *e)
+/*
+ * What the engine gets of a budget beside n_slots - 1 further KV caches: a
+ * dry run (nf_engine_opts.size_only: the model and a context, nothing
+ * else) tells what the engine would take and the context length, one slot
+ * context of that length what a KV cache takes; the engine gets the
+ * budget less the slots' share when both do not fit. The dry run also
+ * measures the fixed overhead, before anything else is allocated. Opening
+ * the real engine first and reopening it smaller would hold the first
+ * engine beside the slots for a moment: above the budget.
+ */
+static int split_budget(struct serve_engine *e)
 {
 	uint64_t budget = e->opts.budget;
-	int ret = open_engine(e, budget);
-	if (ret != NF_EXIT_OK)
-		return ret;
-	uint64_t extra = (uint64_t)(e->n_slots - 1) * e->slot_bytes;
+	struct nf_engine_opts o = e->opts;
+	struct nf_diag d = { 0 };
+	o.size_only = true;
+	o.log = NULL;
+	int rc = nf_engine_open(&o, &e->eng, &d);
+	if (rc < 0) {
+		nf_cli_err("%s", nf_diag_msg(&d, rc));
+		return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
+	}
 	struct nf_engine_info ei;
 	nf_engine_info(e->eng, &ei);
+	e->opts.overhead = ei.overhead;
+	e->host = nf_engine_ctx(e->eng);
+	int ret = NF_EXIT_FAIL;
+	if (open_slot(e, 1) < 0)
+		goto done;
+	e->slot_bytes = nf_ctx_bytes(e->slots[1]);
+	uint64_t extra = (uint64_t)(e->n_slots - 1) * e->slot_bytes;
 	uint64_t used = ei.weights + ei.arena + ei.attn_buffers + ei.reserved + ei.overhead;
-	if (!budget || !extra || used + extra <= budget)
-		return NF_EXIT_OK;
-	/* every slot's KV cache inside the budget: reopen with the other
-	 * slots' share taken off what the engine gets (it takes no more than
-	 * the model needs, so a roomy budget holds the slots without this) */
-	close_all(e);
+	ret = NF_EXIT_USAGE;
 	if (extra >= budget) {
 		nf_cli_err("--memory-budget %.1f MiB cannot hold %u slots' KV caches of %.1f MiB each (-c %u); "
 			   "lower --parallel or -c", mib(budget), e->n_slots, mib(e->slot_bytes), ei.n_ctx);
-		return NF_EXIT_USAGE;
+		goto done;
 	}
-	ret = open_engine(e, budget - extra);
-	if (ret != NF_EXIT_OK)
+	/* the engine takes no more than the model needs: a roomy budget
+	 * holds the slots beside it as it is */
+	e->engine_budget = used + extra > budget ? budget - extra : budget;
+	ret = NF_EXIT_OK;
+done:
+	close_all(e);
+	return ret;
+}
+
+/* Open the engine and every slot from e->opts. Returns an exit code. */
+static int open_all(struct serve_engine *e)
+{
+	if (e->opts.budget && e->n_slots > 1 && !e->engine_budget) {
+		int ret = split_budget(e);
+		if (ret != NF_EXIT_OK)
+			return ret;
+	}
+	int ret = open_engine(e, e->engine_budget ? e->engine_budget : e->opts.budget);
+	if (ret != NF_EXIT_OK && e->engine_budget && e->engine_budget < e->opts.budget)
 		nf_cli_err("--memory-budget %.1f MiB: %u slots' KV caches take %.1f MiB of it; lower --parallel or -c",
-			   mib(budget), e->n_slots, mib(extra));
+			   mib(e->opts.budget), e->n_slots, mib(e->opts.budget - e->engine_budget));
 	return ret;
 }
 
