@@ -126,7 +126,9 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	for (uint32_t i = 0; i < 2; i++) {
 		const struct nf_store_plan_entry *e = &p->entries[i];
 		cr_expect_eq(e->budget, budgets[i]);
-		cr_expect(e->tok_per_s > 0 && e->bytes_per_token > 0 && e->io_wait_share <= 1);
+		cr_expect(e->tok_per_s > 0 && e->bytes_per_token >= 0 && e->io_wait_share <= 1,
+			  "budget %u: %.3g tok/s, %.3g bytes per token, I/O wait %.3g, cold %u, hot %u", i,
+			  e->tok_per_s, e->bytes_per_token, e->io_wait_share, e->cold_slots, e->hot_slots);
 		cr_expect_eq(e->kv_type, NF_KV_F16);
 	}
 	/* the store: laid out in the profile's order, its bundles packed at
