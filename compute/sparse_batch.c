@@ -30,7 +30,7 @@ static void batch_worker(void *arg, int ith, int nth)
 	size_t b0 = nb * (size_t)ith / (size_t)nth, b1 = nb * (size_t)(ith + 1) / (size_t)nth;
 	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
 	float *g = s->bsum + (size_t)ith * E;
-	uint32_t kdt = s->tabs[s->cur_layer].dt_down;
+	uint32_t kdt = s->cur_tab->dt_down;
 	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(kdt);
 	for (size_t b = b0; b < b1; b++) {
 		memset(s->cur_out + b * E, 0, E * sizeof(float));
@@ -93,9 +93,10 @@ static void batch_worker(void *arg, int ith, int nth)
 
 int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
-	const struct layer_tab *t = &s->tabs[io->layer];
+	const struct layer_tab *t = nf_sp_tab(s, io->layer, 0);
 	uint64_t later0 = s->st.groups_ready_later, active = 0;
 	s->cur_layer = io->layer;
+	s->cur_tab = t;
 	s->cur_scales = t->scales;
 	s->cur_nb = io->nb;
 	s->cur_out = io->out;

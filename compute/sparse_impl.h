@@ -8,7 +8,7 @@
  *   sparse_sched.c  the ready list and the workers that take ready chunks
  *   sparse_token.c  one token: predictor, masks, chunks, cache windows
  *   sparse_batch.c  a batch of tokens from the cache (prefill)
- *   sparse_moe.c    mixture-of-experts layers from the cache
+ *   sparse_moe.c    mixture-of-experts layers (routing, experts in turn)
  * Invariants of the engine (every part keeps them):
  *  1. Arithmetic follows ggml/PowerInfer: gate/up inputs rounded to their
  *     weight's dot type (act_prepare); the activation of a neuron fed to a
@@ -42,8 +42,14 @@
  *     own chunks from its own masks and adding each closed chunk straight
  *     into its output: the same sums in the same order as invariant 2, so
  *     a batch equals its tokens one by one, bit for bit.
- *  6. Mixture-of-experts layers (from a cache only) route as the built-in
- *     FFN and run each routed expert as a dense FFN of (layer, expert).
+ *  6. Mixture-of-experts layers route as the built-in FFN and run each
+ *     routed expert as the FFN (layer, expert) through this same machinery
+ *     in the engine's mode: its table is tabs[layer * nx + expert] (bytes
+ *     in memory, or bundles of FFN object (layer, expert) through the
+ *     cache; its own predictor), and each expert keeps invariants 1-2 and
+ *     7, so exact experts from a store equal them in memory bit for bit.
+ *     The experts' outputs are summed in rank order with the router's
+ *     weights, as the built-in FFN sums them.
  *  7. K-quant down matrices (QCOL of Q2_K..Q6_K, types may differ per
  *     layer): chunks compute gate, up and the activations only, into the
  *     token's activation vector; chunks close only at 256-neuron
@@ -84,17 +90,17 @@
 
 enum down_form { DOWN_ROW, DOWN_QCOL };
 
-/* Where one layer's neuron bytes live when served from memory. */
+/* One FFN (layer, expert): its predictor, its down type, and where its
+ * neuron bytes live when served from memory (tabs[layer * nx + expert]). */
 struct layer_tab {
-	bool sparse;                 /* false: built-in FFN (MoE) */
+	bool sparse;                 /* false: built-in FFN */
 	const char *gate, *up, *down;
 	size_t gate_stride, up_stride, down_stride;
 	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16; K: block heads */
 	uint32_t dt_down;            /* this layer's down type (K-quants vary per layer) */
 	int kt_down;
-	const uint16_t **xscales;    /* MoE from a cache: scales per expert */
 	void *owned;                 /* transposed / repacked down (ours) */
-	const struct nf_weight *fc1, *fc2;
+	struct nf_weight fc1, fc2;   /* predictor (this expert's view); data NULL: none */
 };
 
 struct group_state {
@@ -133,7 +139,8 @@ struct nf_sparse {
 	float *bkacc;
 	uint32_t down_off_bundle;    /* cache bundles: byte offset of the down row */
 	uint32_t up_off_bundle;
-	struct layer_tab *tabs;
+	struct layer_tab *tabs;      /* n_layer x nx */
+	uint32_t nx;                 /* FFNs per layer: max(1, n_expert) */
 	struct nf_ffn_ops ops;
 	uint64_t bytes;
 	bool count_only;             /* a sizing pass: zalloc counts, allocates nothing */
@@ -177,10 +184,11 @@ struct nf_sparse {
 	uint32_t *bchunk;            /* n_batch x 2: open chunk's first group, active neurons */
 	float *bsum;                 /* nth x E: one chunk's contribution */
 	size_t cur_nb;
-	/* mixture of experts (from a cache only): each token's routed experts
-	 * run as dense FFNs one after the other */
+	/* mixture of experts: each token's routed experts run one after the
+	 * other, each the FFN (layer, expert) in the engine's mode */
 	uint32_t n_expert, n_expert_used;
 	uint32_t cur_expert;
+	const struct layer_tab *cur_tab; /* (cur_layer, cur_expert) */
 	const uint16_t *cur_scales;  /* QCOL scales of (cur_layer, cur_expert) */
 	float *eout;                 /* n_expert_used x E: each routed expert's output */
 	const float *cur_x;          /* token being computed */
@@ -223,6 +231,11 @@ static inline double nf_sp_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static inline struct layer_tab *nf_sp_tab(const struct nf_sparse *s, uint32_t layer, uint32_t expert)
+{
+	return &s->tabs[(size_t)layer * s->nx + expert];
+}
+
 void nf_sp_kdown_worker(void *arg, int ith, int nth);
 /* K-quant down of super-blocks [kb0, kb1) for rows [r0, r1): Q8_K
  * activations kx, row accumulators kacc (n_embd x KACC) continued; then
@@ -244,7 +257,7 @@ void nf_sp_kdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 void nf_sp_reduce_worker(void *arg, int ith, int nth);
 void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid);
 uint32_t nf_sp_group_mask(const struct nf_sparse *s, uint32_t gi);
-void nf_sp_measure_recall(struct nf_sparse *s, uint32_t layer);
+void nf_sp_measure_recall(struct nf_sparse *s);
 int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
 			 const float *x, const float *resid, float *out);
 int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io);

@@ -1,7 +1,7 @@
 /*
- * sparse_moe.c - mixture-of-experts layers from the cache: route as the
- * built-in FFN, then run each routed expert as an FFN of (layer, expert)
- * (compute/sparse_impl.h invariant 6).
+ * sparse_moe.c - mixture-of-experts layers (in memory or from the cache):
+ * route as the built-in FFN, then run each routed expert as the FFN
+ * (layer, expert) in the engine's mode (compute/sparse_impl.h invariant 6).
  *
  * Invariants: the routed experts' outputs are combined in routing order
  * with the router's weights, as the built-in FFN combines them.
@@ -13,13 +13,13 @@
 
 #include "sparse_impl.h"
 
-/* ---- mixture of experts from a cache --------------------------------------------- */
+/* ---- mixture of experts --------------------------------------------------------- */
 
 /*
  * Each token: the router (the built-in FFN's, nf_ctx_moe_route), then each
- * routed expert in rank order as a dense FFN through the cache (one request
- * for its neurons), then out = sum over ranks of w * expert(x), summed as
- * the built-in FFN does.
+ * routed expert in rank order as the FFN (layer, expert) (from a cache: one
+ * request for its neurons), then out = sum over ranks of w * expert(x),
+ * summed as the built-in FFN does.
  */
 int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {

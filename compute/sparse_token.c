@@ -19,12 +19,13 @@
 void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid)
 {
 	const struct nf_kernels *k = s->k;
-	k->act_prepare[t->fc1->kt](resid, s->hq, s->E);
-	k->gemv[t->fc1->kt](t->fc1->n, t->fc1->nrows, t->fc1->data, t->fc1->row_bytes, s->hq, s->h1);
+	const struct nf_weight *fc1 = &t->fc1, *fc2 = &t->fc2;
+	k->act_prepare[fc1->kt](resid, s->hq, s->E);
+	k->gemv[fc1->kt](fc1->n, fc1->nrows, fc1->data, fc1->row_bytes, s->hq, s->h1);
 	for (uint32_t i = 0; i < s->rank; i++)
 		s->h1[i] = s->h1[i] > 0.0f ? s->h1[i] : 0.0f;
-	k->act_prepare[t->fc2->kt](s->h1, s->hq, s->rank);
-	k->gemv[t->fc2->kt](t->fc2->n, t->fc2->nrows, t->fc2->data, t->fc2->row_bytes, s->hq, s->score);
+	k->act_prepare[fc2->kt](s->h1, s->hq, s->rank);
+	k->gemv[fc2->kt](fc2->n, fc2->nrows, fc2->data, fc2->row_bytes, s->hq, s->score);
 }
 
 /* Neurons of group gi to compute: the predicted ones (score >= threshold,
@@ -41,9 +42,9 @@ uint32_t nf_sp_group_mask(const struct nf_sparse *s, uint32_t gi)
 }
 
 /* Gate values of every neuron (in memory) for recall. */
-void nf_sp_measure_recall(struct nf_sparse *s, uint32_t layer)
+void nf_sp_measure_recall(struct nf_sparse *s)
 {
-	const struct layer_tab *t = &s->tabs[layer];
+	const struct layer_tab *t = s->cur_tab;
 	if (s->cache || !t->gate)
 		return;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++)
@@ -61,10 +62,11 @@ void nf_sp_measure_recall(struct nf_sparse *s, uint32_t layer)
 int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
 			 const float *x, const float *resid, float *out)
 {
-	const struct layer_tab *t = &s->tabs[layer];
+	const struct layer_tab *t = nf_sp_tab(s, layer, s->cur_expert);
 	uint64_t later0 = s->st.groups_ready_later;
 	s->cur_layer = layer;
-	s->cur_scales = t->xscales ? t->xscales[s->cur_expert] : t->scales;
+	s->cur_tab = t;
+	s->cur_scales = t->scales;
 	s->cur_x = x;
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
 	if (s->mode == NF_SPARSE_PREDICTOR)
@@ -110,7 +112,7 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 	for (uint32_t i = 0; i < nc; i++)
 		s->ready[i] = UINT32_MAX;
 	if (s->measure_recall && s->mode == NF_SPARSE_PREDICTOR)
-		nf_sp_measure_recall(s, layer);
+		nf_sp_measure_recall(s);
 
 	if (!s->cache) {
 		for (uint32_t ci = 0; ci < nc; ci++) {

@@ -17,6 +17,7 @@
 #include "nflash/dtype.h"
 #include "nflash/import.h"
 #include "nflash/sampler.h"
+#include "nflash/sparse.h"
 #include "nflash/store.h"
 #include "nflash/synth.h"
 #include "util_pipeline.h"
@@ -106,6 +107,11 @@ out:
 
 int pl_synth_tiny(const char *path, const char *act, uint32_t dtype, bool predictor)
 {
+	return pl_synth_tiny_moe(path, act, dtype, predictor, 0);
+}
+
+int pl_synth_tiny_moe(const char *path, const char *act, uint32_t dtype, bool predictor, uint32_t n_expert)
+{
 	struct nf_synth_params p;
 	struct nf_diag d = { 0 };
 	nf_synth_params_init(&p);
@@ -117,10 +123,50 @@ int pl_synth_tiny(const char *path, const char *act, uint32_t dtype, bool predic
 	if (nf_dtype_is_kquant(dtype))
 		p.n_embd = 256; /* K-quant rows: whole super-blocks */
 	p.predictor = predictor;
+	if (n_expert) {
+		p.n_expert = n_expert;
+		p.n_expert_used = 2;
+	}
 	p.n_threads = 1;
 	if ((rc = nf_synth_validate(&p, &d)) < 0)
 		return rc;
 	return nf_synth_write(&p, path, &d);
+}
+
+struct nf_sparse *pl_engine(struct nf_ctx *c, enum nf_sparse_mode mode, struct nf_cache *cache)
+{
+	struct nf_sparse_params sp;
+	nf_sparse_params_init(&sp);
+	sp.mode = mode;
+	sp.cache = cache;
+	struct nf_sparse *s = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_sparse_open(c, &sp, &s, &d);
+	cr_assert_eq(rc, 0, "nf_sparse_open(%s): %s", nf_sparse_mode_name(mode), nf_diag_msg(&d, rc));
+	return s;
+}
+
+struct nf_cache *pl_open_cache(const char *store_path, struct nf_store **st, uint64_t arena,
+			       const struct nf_io_fault_rule *fault, uint32_t min_cold_slots)
+{
+	struct nf_diag d = { 0 };
+	int rc = nf_store_open(store_path, NULL, st, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.arena_bytes = arena;
+	o.min_cold_slots = min_cold_slots;
+	o.io.quiet = true;
+	if (fault) {
+		o.io.backend = NF_IO_FAULT;
+		o.io.fault.inner = NF_IO_AUTO;
+		o.io.fault.n_rules = 1;
+		o.io.fault.rules[0] = *fault;
+	}
+	struct nf_cache *c = NULL;
+	rc = nf_cache_open(*st, &o, &c, &d);
+	cr_assert_eq(rc, 0, "nf_cache_open: %s", nf_diag_msg(&d, rc));
+	return c;
 }
 
 double pl_max_diff(const float *a, const float *b, size_t n)
