@@ -118,3 +118,173 @@ Test(pipeline_moe, exact_equals_dense)
 	check_exact("relu", NF_DTYPE_Q8_0);  /* down in the QCOL form */
 	check_exact("relu", NF_DTYPE_Q4_K);  /* K-quant QCOL down: ggml's dense order */
 }
+
+/* ---- predictor mode == dense restricted to each expert's predicted set ------------ */
+
+/*
+ * Per FFN call: the reference (routing as the built-in FFN, then per
+ * routed expert its own predictor fc2 . relu(fc1 . resid) >= threshold,
+ * and the dense FFN of that expert over the predicted neurons only, every
+ * product in double, inputs rounded as the kernels round them), then the
+ * engine on the same input; the engine's output goes on. Tolerance
+ * relative to the output: where activations are rounded (Q8_0 down) one
+ * last-bit difference can move an activation by one step.
+ */
+struct moe_ref {
+	struct nf_ctx *c;
+	const struct nf_model *m;
+	float threshold;
+	const struct nf_ffn_ops *ops;
+	void *self;
+	float *tmp;
+	double worst;
+	uint64_t predicted, routed;
+	size_t calls;
+};
+
+/* Expert e of layer L on token (x, resid) restricted to its predicted set,
+ * times w, added into acc (n_embd doubles). */
+static void ref_expert(struct moe_ref *R, const struct nf_layer_weights *L, uint32_t e, double w, const float *x,
+		       const float *resid, double *acc)
+{
+	const struct nf_model_hparams *hp = nf_model_hparams(R->m);
+	uint32_t E = hp->n_embd, F = hp->n_ff;
+	struct nf_weight fc1 = nf_weight_expert(&L->fc1, e), fc2 = nf_weight_expert(&L->fc2, e);
+	struct nf_weight g = nf_weight_expert(&L->gate_exps, e), u = nf_weight_expert(&L->up_exps, e);
+	struct nf_weight dn = nf_weight_expert(&L->down_exps, e);
+	uint32_t rank = fc1.nrows, big = E > F ? E : F;
+	float *row = malloc(big * sizeof(float)), *hr = malloc(E * sizeof(float)), *xr = malloc(E * sizeof(float));
+	float *h1 = calloc(rank, sizeof(float)), *h1r = malloc(rank * sizeof(float));
+	float *a = calloc(F, sizeof(float)), *ar = malloc(F * sizeof(float));
+	pl_round_for(fc1.dtype, resid, hr, E);
+	for (uint32_t i = 0; i < rank; i++) {
+		double v = pl_dotd(&fc1, i, hr, row);
+		h1[i] = v > 0 ? (float)v : 0.0f;
+	}
+	pl_round_for(fc2.dtype, h1, h1r, rank);
+	pl_round_for(u.dtype, x, xr, E);
+	for (uint32_t j = 0; j < F; j++) {
+		if (!(pl_dotd(&fc2, j, h1r, row) >= R->threshold))
+			continue;
+		R->predicted++;
+		double gv = pl_dotd(&g, j, xr, row), uv = pl_dotd(&u, j, xr, row);
+		if (hp->act == NF_FFN_DRELU)
+			uv = uv > 0 ? uv : 0;
+		a[j] = (float)((gv > 0 ? gv : 0) * uv);
+	}
+	/* the activations as fed to the (regular) down matrix */
+	pl_round_for(dn.dtype, a, ar, F);
+	for (uint32_t r = 0; r < E; r++)
+		acc[r] += w * pl_dotd(&dn, r, ar, row);
+	free(row);
+	free(hr);
+	free(xr);
+	free(h1);
+	free(h1r);
+	free(a);
+	free(ar);
+}
+
+static int moe_cmp_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	struct moe_ref *R = self;
+	const struct nf_model_hparams *hp = nf_model_hparams(R->m);
+	const struct nf_layer_weights *L = nf_model_layer(R->m, io->layer);
+	size_t E = hp->n_embd, U = hp->n_expert_used;
+	const int32_t *sel;
+	const float *w;
+	int rc = nf_ctx_moe_route(R->c, io, &sel, &w);
+	if (rc < 0)
+		return rc;
+	double *acc = calloc(E, sizeof(double));
+	for (size_t b = 0; b < io->nb; b++) {
+		memset(acc, 0, E * sizeof(double));
+		for (size_t k = 0; k < U; k++)
+			ref_expert(R, L, (uint32_t)sel[b * U + k], w[b * U + k], io->x + b * E, io->resid + b * E, acc);
+		for (size_t r = 0; r < E; r++)
+			R->tmp[b * E + r] = (float)acc[r];
+		R->routed += U;
+	}
+	free(acc);
+	if ((rc = R->ops->forward(R->self, env, io)) < 0)
+		return rc;
+	double mx = 0, md = 0;
+	for (size_t i = 0; i < io->nb * E; i++) {
+		mx = fmax(mx, fabs(R->tmp[i]));
+		md = fmax(md, fabs((double)R->tmp[i] - io->out[i]));
+	}
+	R->worst = fmax(R->worst, md / fmax(mx, 1e-30));
+	R->calls++;
+	return 0;
+}
+
+static void check_predictor(uint32_t dtype, double tol)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "moe-pred");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", dtype, true, N_EXPERT), 0);
+	struct nf_model *m = pl_load(p, true, false);
+	const struct nf_model_hparams *hp = nf_model_hparams(m);
+	uint32_t nv = hp->n_vocab, E = hp->n_embd;
+	const char *what = nf_dtype_name(dtype);
+	cr_assert(nf_model_layer(m, 0)->fc1.data && nf_model_layer(m, 0)->fc1.n_expert == N_EXPERT,
+		  "%s: no per-expert predictors bound", what);
+
+	struct nf_ctx *c = pl_open_ctx(m, 2);
+	struct nf_sparse *s = pl_engine(c, NF_SPARSE_AUTO, NULL);
+	cr_assert_eq(nf_sparse_mode_of(s), NF_SPARSE_PREDICTOR, "%s: auto is not predictor", what);
+	struct moe_ref R = { .c = c, .m = m, .threshold = nf_sparse_threshold(s),
+			     .tmp = calloc((size_t)64 * E, sizeof(float)) };
+	nf_sparse_ffn_ops(s, &R.ops, &R.self);
+	static const struct nf_ffn_ops cmp_ops = { .name = "compare", .forward = moe_cmp_forward };
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		nf_ctx_set_ffn(c, il, &cmp_ops, &R);
+	cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
+	for (int t = 0; t < 4; t++) {
+		int32_t id = nf_sampler_argmax(nf_ctx_logits(c), nv);
+		cr_assert_eq(nf_ctx_eval(c, &id, 1), 0);
+	}
+	cr_expect_eq(R.calls, 5 * hp->n_layer, "%zu calls", R.calls);
+	cr_expect(R.worst <= tol, "%s: experts vs dense restricted to each predicted set: %.3g of the output", what,
+		  R.worst);
+	struct nf_sparse_stats st;
+	nf_sparse_stats_get(s, &st);
+	cr_expect_eq(st.ffn_calls, R.routed, "%s: %llu expert calls, %llu routed", what,
+		     (unsigned long long)st.ffn_calls, (unsigned long long)R.routed);
+	cr_expect_eq(st.neurons_active, R.predicted, "%s: engine computed %llu neurons, the reference predicted %llu",
+		     what, (unsigned long long)st.neurons_active, (unsigned long long)R.predicted);
+	cr_expect(R.predicted > 0 && R.predicted < st.neurons_total / 2, "%s: %llu predicted of %llu", what,
+		  (unsigned long long)R.predicted, (unsigned long long)st.neurons_total);
+	nf_sparse_close(s);
+
+	/* from a store, one FFN of cache: the same bits as in memory */
+	float *a = malloc(nv * sizeof(float)), *b = malloc(nv * sizeof(float));
+	int32_t ga[6], gb[6];
+	s = pl_engine(c, NF_SPARSE_PREDICTOR, NULL);
+	pl_run(c, pl_prompt, 8, a, ga, 6);
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+	struct from_store f;
+	store_open(&f, p, NULL);
+	c = pl_open_ctx(f.m, 2);
+	s = pl_engine(c, NF_SPARSE_AUTO, f.cache);
+	cr_expect_eq(nf_sparse_mode_of(s), NF_SPARSE_PREDICTOR, "%s: auto from the store is not predictor", what);
+	pl_run(c, pl_prompt, 8, b, gb, 6);
+	cr_expect(!memcmp(a, b, nv * sizeof(float)), "%s: predicted experts from the store vs in memory %.3g", what,
+		  pl_max_diff(a, b, nv));
+	cr_expect_arr_eq(ga, gb, sizeof(ga), "%s: greedy differs from the store", what);
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+	store_close(&f);
+	free(a);
+	free(b);
+	free(R.tmp);
+	nf_model_free(m);
+	unlink(p);
+}
+
+Test(pipeline_moe, predictor_equals_dense_restricted_to_predicted_sets)
+{
+	check_predictor(NF_DTYPE_F32, 1e-4);
+	check_predictor(NF_DTYPE_Q8_0, 1e-2);
+}

@@ -77,28 +77,6 @@ struct ref_ffn {
 	uint64_t predicted;
 };
 
-/* Round v (n values) as the kernels prepare an input for weight type dt. */
-static void round_for(uint32_t dt, const float *v, float *out, size_t n)
-{
-	if (dt == NF_DTYPE_F32) {
-		memcpy(out, v, n * sizeof(float));
-		return;
-	}
-	uint32_t dot = nf_ktype_dot_dtype(nf_ktype_of(dt));
-	void *q = malloc(nf_dtype_row_size(dot, n));
-	nf_quantize_row(dot, v, q, n);
-	nf_dequantize_row(dot, q, out, n);
-	free(q);
-}
-
-static double dotd(const struct nf_weight *w, uint32_t r, const float *x, float *row)
-{
-	nf_dequantize_row(w->dtype, (const char *)w->data + (size_t)r * w->row_bytes, row, w->n);
-	double s = 0;
-	for (uint32_t i = 0; i < w->n; i++)
-		s += (double)row[i] * (double)x[i];
-	return s;
-}
 
 static int ref_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
@@ -111,24 +89,24 @@ static int ref_forward(void *self, const struct nf_ffn_env *env, const struct nf
 		const float *h = io->resid + b * E, *x = io->x + b * E;
 		float *h1 = calloc(rank, sizeof(float)), *hr = malloc(E * sizeof(float));
 		float *a = calloc(F, sizeof(float)), *ar = malloc(F * sizeof(float));
-		round_for(L->fc1.dtype, h, hr, E);
+		pl_round_for(L->fc1.dtype, h, hr, E);
 		for (uint32_t i = 0; i < rank; i++) {
-			double v = dotd(&L->fc1, i, hr, R->row);
+			double v = pl_dotd(&L->fc1, i, hr, R->row);
 			h1[i] = v > 0 ? (float)v : 0.0f;
 		}
 		float *h1r = malloc(rank * sizeof(float));
-		round_for(L->fc2.dtype, h1, h1r, rank);
-		round_for(L->up.dtype, x, R->xr, E);
+		pl_round_for(L->fc2.dtype, h1, h1r, rank);
+		pl_round_for(L->up.dtype, x, R->xr, E);
 		for (uint32_t j = 0; j < F; j++) {
-			double sc = dotd(&L->fc2, j, h1r, R->row);
+			double sc = pl_dotd(&L->fc2, j, h1r, R->row);
 			if (!(sc >= R->threshold))
 				continue;
 			R->predicted++;
-			double g = dotd(&L->gate, j, R->xr, R->row), u = dotd(&L->up, j, R->xr, R->row);
+			double g = pl_dotd(&L->gate, j, R->xr, R->row), u = pl_dotd(&L->up, j, R->xr, R->row);
 			a[j] = (float)((g > 0 ? g : 0) * u);
 		}
 		/* the activation vector as fed to down_t: rounded to its dot type */
-		round_for(L->down_t.dtype, a, ar, F);
+		pl_round_for(L->down_t.dtype, a, ar, F);
 		for (uint32_t r2 = 0; r2 < E; r2++)
 			R->dv[r2] = 0;
 		for (uint32_t j = 0; j < F; j++) {

@@ -16,6 +16,7 @@
 
 #include "nflash/dtype.h"
 #include "nflash/import.h"
+#include "nflash/kernels.h"
 #include "nflash/sampler.h"
 #include "nflash/sparse.h"
 #include "nflash/store.h"
@@ -131,6 +132,29 @@ int pl_synth_tiny_moe(const char *path, const char *act, uint32_t dtype, bool pr
 	if ((rc = nf_synth_validate(&p, &d)) < 0)
 		return rc;
 	return nf_synth_write(&p, path, &d);
+}
+
+/* Round v (n values) as the kernels prepare an input for weight type dt. */
+void pl_round_for(uint32_t dt, const float *v, float *out, size_t n)
+{
+	if (dt == NF_DTYPE_F32) {
+		memcpy(out, v, n * sizeof(float));
+		return;
+	}
+	uint32_t dot = nf_ktype_dot_dtype(nf_ktype_of(dt));
+	void *q = malloc(nf_dtype_row_size(dot, n));
+	nf_quantize_row(dot, v, q, n);
+	nf_dequantize_row(dot, q, out, n);
+	free(q);
+}
+
+double pl_dotd(const struct nf_weight *w, uint32_t r, const float *x, float *row)
+{
+	nf_dequantize_row(w->dtype, (const char *)w->data + (size_t)r * w->row_bytes, row, w->n);
+	double s = 0;
+	for (uint32_t i = 0; i < w->n; i++)
+		s += (double)row[i] * (double)x[i];
+	return s;
 }
 
 struct nf_sparse *pl_engine(struct nf_ctx *c, enum nf_sparse_mode mode, struct nf_cache *cache)

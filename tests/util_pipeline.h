@@ -71,6 +71,11 @@ struct nf_cache *pl_open_cache(const char *store_path, struct nf_store **st, uin
  * (Criterion-asserting). */
 struct nf_sparse *pl_engine(struct nf_ctx *c, enum nf_sparse_mode mode, struct nf_cache *cache);
 
+/* Round v (n values) into out as the kernels prepare an input for weight
+ * type dt; row r of w times x in double (row: w->n floats of scratch). */
+void pl_round_for(uint32_t dt, const float *v, float *out, size_t n);
+double pl_dotd(const struct nf_weight *w, uint32_t r, const float *x, float *row);
+
 /* max |a[i] - b[i]| */
 double pl_max_diff(const float *a, const float *b, size_t n);
 
