@@ -154,7 +154,8 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    !(s->req = zalloc(s, 2ull * s->F * sizeof(uint32_t))) ||
 	    !(s->gout = zalloc(s, (size_t)s->max_chunks * s->E * sizeof(float))) ||
 	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
-	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))))
+	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))) ||
+	    (s->n_expert && !(s->xst = zalloc(s, (size_t)s->n_layer * s->n_expert * sizeof(*s->xst)))))
 		return -ENOMEM;
 	if (s->kgroups > 1 &&
 	    (!(s->kact = zalloc(s, s->F * sizeof(float))) ||
@@ -560,6 +561,7 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->bchunk);
 	free(s->bsum);
 	free(s->eout);
+	free(s->xst);
 	free(s);
 }
 
@@ -586,6 +588,13 @@ void nf_sparse_stats_get(const struct nf_sparse *s, struct nf_sparse_stats *out)
 void nf_sparse_stats_reset(struct nf_sparse *s)
 {
 	memset(&s->st, 0, sizeof(s->st));
+	if (s->xst)
+		memset(s->xst, 0, (size_t)s->n_layer * s->n_expert * sizeof(*s->xst));
+}
+
+const struct nf_sparse_expert_stats *nf_sparse_expert_stats(const struct nf_sparse *s)
+{
+	return s->xst;
 }
 void nf_sparse_ffn_ops(const struct nf_sparse *s, const struct nf_ffn_ops **ops, void **self)
 {

@@ -168,6 +168,7 @@ struct nf_sparse {
 	char *tscratch;              /* nth x act_stride */
 
 	struct nf_sparse_stats st;
+	struct nf_sparse_expert_stats *xst; /* mixture of experts: n_layer x n_expert */
 	uint32_t hot_after;
 	uint32_t replan_moves;       /* online re-planning: most moves per layer and step (0: off) */
 	bool replan_now;             /* this forward step re-plans each layer after it */

@@ -134,6 +134,8 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 				if (m & (1u << i))
 					s->req[n++] = gi * GROUP + i;
 		}
+		struct nf_cache_stats cs0;
+		nf_cache_stats_get(s->cache, &cs0);
 		bool whole = nf_cache_cold_needed(s->cache, layer, s->cur_expert, s->req, n) <= s->cap;
 		uint32_t c0 = 0;
 		while (c0 < nc) {
@@ -195,6 +197,13 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 			c0 = c1;
 		}
 		s->n_chunks = nc;
+		if (s->xst) {
+			struct nf_cache_stats cs1;
+			nf_cache_stats_get(s->cache, &cs1);
+			struct nf_sparse_expert_stats *xs = &s->xst[(size_t)layer * s->n_expert + s->cur_expert];
+			xs->lookups += cs1.lookups - cs0.lookups;
+			xs->hits += (cs1.hits_hot + cs1.hits_cold) - (cs0.hits_hot + cs0.hits_cold);
+		}
 	}
 	(void)later0;
 	if (!s->cache && atomic_load(&s->err) < 0)
@@ -209,5 +218,10 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 	s->st.ffn_calls++;
 	s->st.neurons_total += s->F;
 	s->st.neurons_active += active;
+	if (s->xst) {
+		struct nf_sparse_expert_stats *xs = &s->xst[(size_t)layer * s->n_expert + s->cur_expert];
+		xs->routed++;
+		xs->neurons_active += active;
+	}
 	return 0;
 }

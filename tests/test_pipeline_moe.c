@@ -288,3 +288,57 @@ Test(pipeline_moe, predictor_equals_dense_restricted_to_predicted_sets)
 	check_predictor(NF_DTYPE_F32, 1e-4);
 	check_predictor(NF_DTYPE_Q8_0, 1e-2);
 }
+
+/* ---- per-expert statistics (--stats, --json) ---------------------------------------- */
+
+/* The numbers after each "key": in json from p on, into v (at most n). */
+static size_t json_all(const char *p, const char *key, unsigned long long *v, size_t n)
+{
+	char k[64];
+	size_t got = 0;
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	while (got < n && (p = strstr(p, k)) != NULL) {
+		p += strlen(k);
+		v[got++] = strtoull(p, NULL, 10);
+	}
+	return got;
+}
+
+Test(pipeline_moe, stats_report_experts)
+{
+	char p[256], sp[256], cmd[1024];
+	static char out[1 << 16], err[1 << 16];
+	pl_tmp_path(p, sizeof(p), "moe-stats");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", NF_DTYPE_Q8_0, true, N_EXPERT), 0);
+	pl_import(p, sp, sizeof(sp));
+	snprintf(cmd, sizeof(cmd), "generate -m %s -p Hello -n 3 --seed 1 --json --stats", sp);
+	int rc = pl_run_cli(cmd, out, sizeof(out), err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s\n%s", out, err);
+	cr_expect(strstr(err, "layer 0 experts (tokens routed, cache hit rate): e0 ") &&
+			  strstr(err, "layer 1 experts"),
+		  "--stats: no per-expert lines:\n%s", err);
+	/* every token routed to 2 experts in each of the 2 layers */
+	unsigned long long evals = pl_json_u64(out, "prompt_tokens") + pl_json_u64(out, "gen_evals");
+	const char *xs = strstr(out, "\"experts\":[");
+	cr_assert(xs, "--json: no experts array:\n%s", out);
+	unsigned long long layer[16], routed[16], lookups[16], hits[16], sum[2] = { 0 }, lk = 0, ht = 0;
+	cr_assert_eq(json_all(xs, "layer", layer, 16), 2 * N_EXPERT);
+	cr_assert_eq(json_all(xs, "routed", routed, 16), 2 * N_EXPERT);
+	cr_assert_eq(json_all(xs, "lookups", lookups, 16), 2 * N_EXPERT);
+	cr_assert_eq(json_all(xs, "hits", hits, 16), 2 * N_EXPERT);
+	for (size_t i = 0; i < 2 * N_EXPERT; i++) {
+		cr_assert_lt(layer[i], 2);
+		sum[layer[i]] += routed[i];
+		lk += lookups[i];
+		ht += hits[i];
+		cr_expect(hits[i] <= lookups[i], "expert %zu: %llu hits of %llu", i, hits[i], lookups[i]);
+	}
+	cr_expect(sum[0] == 2 * evals && sum[1] == 2 * evals, "routed %llu, %llu for %llu tokens", sum[0], sum[1],
+		  evals);
+	/* the experts' lookups and hits add up to the cache's */
+	cr_expect_eq(lk, pl_json_u64(out, "lookups"));
+	cr_expect_eq(ht, pl_json_u64(out, "lookups") - pl_json_u64(out, "misses"));
+	cr_expect(ht > 0 && ht < lk, "hits %llu of %llu", ht, lk);
+	unlink(sp);
+	unlink(p);
+}

@@ -116,6 +116,13 @@ struct nf_sparse_stats {
 	uint64_t windows, batch_splits;
 };
 
+/* One expert (layer, expert) of a mixture of experts. */
+struct nf_sparse_expert_stats {
+	uint64_t routed;          /* tokens routed to it */
+	uint64_t neurons_active;  /* neurons it computed, over those tokens */
+	uint64_t lookups, hits;   /* from a cache: its neurons asked for, and found in memory */
+};
+
 struct nf_sparse;
 
 /*
@@ -128,6 +135,11 @@ struct nf_sparse;
  */
 int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct nf_sparse **out,
 		   struct nf_diag *diag);
+/* Per-expert statistics of a mixture of experts: n_layer x n_expert
+ * entries, layer-major (index layer * n_expert + expert), since open or the
+ * last nf_sparse_stats_reset; NULL for a dense model or mode OFF. */
+const struct nf_sparse_expert_stats *nf_sparse_expert_stats(const struct nf_sparse *s);
+
 /* Restores the built-in FFNs and frees. Accepts NULL. */
 void nf_sparse_close(struct nf_sparse *s);
 
