@@ -342,3 +342,75 @@ Test(pipeline_moe, stats_report_experts)
 	unlink(sp);
 	unlink(p);
 }
+
+/* ---- a read error during an expert's read ------------------------------------------ */
+
+/* The prompt, then one token, through a one-FFN cache whose read number
+ * nth fails (UINT64_MAX: none): the return codes of both evals, the
+ * logits after each that succeeded, and the reads each made. */
+struct fault_run {
+	int rc_prompt, rc_next;
+	uint64_t reads_prompt, reads_next;
+};
+
+static void run_with_fault(const char *gguf, uint64_t nth, float *lp, float *ln, struct fault_run *r)
+{
+	struct nf_io_fault_rule rule = { .kind = NF_IO_FAULT_EIO, .nth = nth };
+	struct from_store f;
+	store_open(&f, gguf, nth == UINT64_MAX ? NULL : &rule);
+	uint32_t nv = nf_model_hparams(f.m)->n_vocab;
+	struct nf_ctx *c = pl_open_ctx(f.m, 2);
+	struct nf_sparse *s = pl_engine(c, NF_SPARSE_PREDICTOR, f.cache);
+	struct nf_cache_stats cs;
+	memset(r, 0, sizeof(*r));
+	r->rc_next = 1;
+	r->rc_prompt = nf_ctx_eval(c, pl_prompt, 8);
+	nf_cache_stats_get(f.cache, &cs);
+	r->reads_prompt = cs.requests;
+	if (r->rc_prompt == 0) {
+		memcpy(lp, nf_ctx_logits(c), nv * sizeof(float));
+		int32_t id = nf_sampler_argmax(lp, nv);
+		r->rc_next = nf_ctx_eval(c, &id, 1);
+		nf_cache_stats_get(f.cache, &cs);
+		r->reads_next = cs.requests - r->reads_prompt;
+		if (r->rc_next == 0)
+			memcpy(ln, nf_ctx_logits(c), nv * sizeof(float));
+	}
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+	store_close(&f);
+}
+
+Test(pipeline_moe, read_error_fails_that_request)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "moe-eio");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", NF_DTYPE_Q8_0, true, N_EXPERT), 0);
+	struct nf_model *m = pl_load(p, false, false);
+	uint32_t nv = nf_model_hparams(m)->n_vocab;
+	nf_model_free(m);
+	float *gp = malloc(nv * sizeof(float)), *gn = malloc(nv * sizeof(float));
+	float *lp = malloc(nv * sizeof(float)), *ln = malloc(nv * sizeof(float));
+	struct fault_run good, r;
+	run_with_fault(p, UINT64_MAX, gp, gn, &good);
+	cr_assert(good.rc_prompt == 0 && good.rc_next == 0);
+	cr_assert(good.reads_prompt > 2 && good.reads_next > 2, "reads %llu, %llu",
+		  (unsigned long long)good.reads_prompt, (unsigned long long)good.reads_next);
+	/* an expert's read of the prompt fails: that eval fails with EIO */
+	run_with_fault(p, good.reads_prompt / 2, lp, ln, &r);
+	cr_expect_eq(r.rc_prompt, -EIO, "prompt with a failing expert read: %d (%s)", r.rc_prompt,
+		     nf_strerror(r.rc_prompt));
+	/* one of the next token's: the prompt's logits are right, the token's eval fails */
+	run_with_fault(p, good.reads_prompt + good.reads_next / 2, lp, ln, &r);
+	cr_expect_eq(r.rc_prompt, 0);
+	cr_expect(!memcmp(lp, gp, nv * sizeof(float)), "the prompt before the failing read changed");
+	cr_expect_eq(r.rc_next, -EIO, "token with a failing expert read: %d (%s)", r.rc_next, nf_strerror(r.rc_next));
+	/* a fresh cache computes the same logits again */
+	run_with_fault(p, UINT64_MAX, lp, ln, &r);
+	cr_expect(r.rc_prompt == 0 && r.rc_next == 0 && !memcmp(ln, gn, nv * sizeof(float)));
+	free(gp);
+	free(gn);
+	free(lp);
+	free(ln);
+	unlink(p);
+}
