@@ -157,6 +157,20 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))) ||
 	    (s->n_expert && !(s->xst = zalloc(s, (size_t)s->n_layer * s->n_expert * sizeof(*s->xst)))))
 		return -ENOMEM;
+	size_t U = s->n_expert_used;
+	if (s->cache && s->n_expert &&
+	    (!(s->xtag = zalloc(s, U * sizeof(*s->xtag))) ||
+	     !(s->xmask = zalloc(s, U * s->n_groups * sizeof(uint32_t))) ||
+	     !(s->xpend = zalloc(s, U * s->n_groups * sizeof(atomic_uint))) ||
+	     !(s->xptrs = zalloc(s, U * s->F * sizeof(void *))) ||
+	     !(s->xactive = zalloc(s, U * sizeof(uint64_t)))))
+		return -ENOMEM;
+	if (!s->count_only) {
+		s->tag0 = (struct sp_tag){ .s = s, .k = UINT32_MAX };
+		s->cur_k = UINT32_MAX;
+		for (uint32_t k = 0; s->xtag && k < U; k++)
+			s->xtag[k] = (struct sp_tag){ .s = s, .k = k };
+	}
 	if (s->kgroups > 1 &&
 	    (!(s->kact = zalloc(s, s->F * sizeof(float))) ||
 	     !(s->kx = zalloc(s, (size_t)(s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
@@ -562,6 +576,11 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->bsum);
 	free(s->eout);
 	free(s->xst);
+	free(s->xtag);
+	free(s->xmask);
+	free((void *)s->xpend);
+	free(s->xptrs);
+	free(s->xactive);
 	free(s);
 }
 

@@ -97,6 +97,7 @@ int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const
 	uint64_t later0 = s->st.groups_ready_later, active = 0;
 	s->cur_layer = io->layer;
 	s->cur_tab = t;
+	s->cur_ptrs = s->ptrs;
 	s->cur_scales = t->scales;
 	s->cur_nb = io->nb;
 	s->cur_out = io->out;
@@ -139,7 +140,7 @@ int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const
 	s->in_batch = true;
 	s->t_req = nf_sp_now();
 	atomic_store(&s->t_last_ready, 0.0);
-	int rc = nf_cache_request(s->cache, io->layer, 0, s->req, n, s->ptrs, nf_sp_on_ready, s);
+	int rc = nf_cache_request(s->cache, io->layer, 0, s->req, n, s->ptrs, nf_sp_on_ready, &s->tag0);
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 		if (!s->gmask[gi])
 			continue;

@@ -20,7 +20,7 @@
 static void neuron_addr(const struct nf_sparse *s, uint32_t j, const char **g, const char **u, const char **d)
 {
 	if (s->cache) {
-		const char *p = s->ptrs[j];
+		const char *p = s->cur_ptrs[j];
 		*g = p;
 		*u = p + s->up_off_bundle;
 		*d = p + s->down_off_bundle;

@@ -49,7 +49,12 @@
  *     cache; its own predictor), and each expert keeps invariants 1-2 and
  *     7, so exact experts from a store equal them in memory bit for bit.
  *     The experts' outputs are summed in rank order with the router's
- *     weights, as the built-in FFN sums them.
+ *     weights, as the built-in FFN sums them. From a cache a token's
+ *     experts are masked and requested together when they fit (tagged
+ *     requests, all misses in flight at once); a completion of rank k not
+ *     being computed counts down xpend[k] only, and rank k's chunks start
+ *     from what is still pending when it is computed (no thread reaps
+ *     while cur_k changes), so the sums are those of invariant 2.
  *  7. K-quant down matrices (QCOL of Q2_K..Q6_K, types may differ per
  *     layer): chunks compute gate, up and the activations only, into the
  *     token's activation vector; chunks close only at 256-neuron
@@ -114,6 +119,16 @@ struct chunk_state {
 	atomic_uint pending;         /* bundles not yet in memory */
 };
 
+struct nf_sparse;
+
+/* What the cache's callbacks receive (nf_sp_on_ready): the engine, and for
+ * the routed experts of a token requested together, the expert's rank k
+ * (UINT32_MAX: the FFN being computed). */
+struct sp_tag {
+	struct nf_sparse *s;
+	uint32_t k;
+};
+
 struct nf_sparse {
 	struct nf_ctx *ctx;
 	const struct nf_model *m;
@@ -158,6 +173,8 @@ struct nf_sparse {
 	uint32_t *ready;             /* chunk ids in the order they became ready */
 	atomic_uint n_ready, next;   /* appended / taken */
 	const void **ptrs;           /* cache: bundle address per neuron (n_ff) */
+	const void **cur_ptrs;       /* those of the FFN being computed (ptrs, or xptrs + k * n_ff) */
+	struct sp_tag tag0;          /* callbacks of the FFN being computed */
 	uint32_t *req;               /* cache: neuron ids requested (n_ff) */
 	atomic_int err;
 
@@ -192,6 +209,15 @@ struct nf_sparse {
 	const struct layer_tab *cur_tab; /* (cur_layer, cur_expert) */
 	const uint16_t *cur_scales;  /* QCOL scales of (cur_layer, cur_expert) */
 	float *eout;                 /* n_expert_used x E: each routed expert's output */
+	/* from a cache: a token's routed experts requested together (their
+	 * misses all in flight at once), then computed in rank order */
+	bool together;               /* this token's experts were requested together */
+	uint32_t cur_k;              /* rank being computed (UINT32_MAX: none) */
+	struct sp_tag *xtag;         /* n_expert_used */
+	uint32_t *xmask;             /* n_expert_used x n_groups: each expert's masks */
+	atomic_uint *xpend;          /* n_expert_used x n_groups: neurons not yet landed */
+	const void **xptrs;          /* n_expert_used x n_ff: bundle addresses */
+	uint64_t *xactive;           /* n_expert_used: active neurons */
 	const float *cur_x;          /* token being computed */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
@@ -257,6 +283,9 @@ void nf_sp_kdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 			 uint32_t g1);
 void nf_sp_reduce_worker(void *arg, int ith, int nth);
 void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid);
+/* FFN (layer, s->cur_expert)'s masks for token x into s->gmask (x prepared
+ * into s->xq); returns the active neurons. */
+uint64_t nf_sp_token_masks(struct nf_sparse *s, uint32_t layer, const float *x, const float *resid);
 uint32_t nf_sp_group_mask(const struct nf_sparse *s, uint32_t gi);
 void nf_sp_measure_recall(struct nf_sparse *s);
 int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,

@@ -16,10 +16,82 @@
 /* ---- mixture of experts --------------------------------------------------------- */
 
 /*
+ * From a cache: token x's routed experts sel[0..U) masked (each by its own
+ * predictor, in predictor mode) and requested together, before any is
+ * computed: every expert's misses in flight at once, at the I/O context's
+ * queue depth. Returns 0 (s->together set: nf_sp_token_forward computes
+ * each from its masks and pending counts; the caller releases), 1 when
+ * they do not fit one round of the cache (more neurons than an FFN has, or
+ * more cold slots than the segment; then each expert is requested on its
+ * own), or a request's error (released).
+ */
+static int request_together(struct nf_sparse *s, uint32_t layer, const int32_t *sel, const float *x,
+			    const float *resid)
+{
+	uint32_t U = s->n_expert_used, n = 0, cold = 0, base[64 + 1];
+	if (U > 64)
+		return 1;
+	for (uint32_t k = 0; k < U; k++) {
+		s->cur_expert = (uint32_t)sel[k];
+		s->xactive[k] = nf_sp_token_masks(s, layer, x, resid);
+		uint32_t *xm = s->xmask + (size_t)k * s->n_groups;
+		memcpy(xm, s->gmask, s->n_groups * sizeof(uint32_t));
+		base[k] = n;
+		if (n + s->xactive[k] > s->F)
+			return 1;
+		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+			atomic_store(&s->xpend[(size_t)k * s->n_groups + gi], (unsigned)__builtin_popcount(xm[gi]));
+			for (uint32_t m = xm[gi]; m; m &= m - 1)
+				s->req[n++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
+		}
+		cold += nf_cache_cold_needed(s->cache, layer, s->cur_expert, s->req + base[k], n - base[k]);
+		if (cold > s->cap)
+			return 1;
+	}
+	base[U] = n;
+	atomic_store(&s->err, 0);
+	s->cur_k = UINT32_MAX;
+	s->together = true;
+	s->st.moe_together++;
+	s->t_req = nf_sp_now();
+	atomic_store(&s->t_last_ready, 0.0);
+	for (uint32_t k = 0; k < U; k++) {
+		struct nf_cache_stats cs0, cs1;
+		nf_cache_stats_get(s->cache, &cs0);
+		int rc = nf_cache_request_tagged(s->cache, layer, (uint32_t)sel[k], s->req + base[k], base[k + 1] - base[k],
+						 s->xptrs + (size_t)k * s->F, nf_sp_on_ready, &s->xtag[k]);
+		nf_cache_stats_get(s->cache, &cs1);
+		struct nf_sparse_expert_stats *xs = &s->xst[(size_t)layer * s->n_expert + (uint32_t)sel[k]];
+		xs->lookups += cs1.lookups - cs0.lookups;
+		xs->hits += (cs1.hits_hot + cs1.hits_cold) - (cs0.hits_hot + cs0.hits_cold);
+		if (rc < 0) {
+			/* what was submitted must land before its slots are reused */
+			nf_cache_release(s->cache);
+			s->together = false;
+			return rc;
+		}
+	}
+	return 0;
+}
+
+/* End of a token whose experts were requested together. */
+static int release_together(struct nf_sparse *s, int rc)
+{
+	int rrc = nf_cache_release(s->cache);
+	double last = atomic_load(&s->t_last_ready);
+	if (last > s->t_req)
+		s->st.t_io += last - s->t_req;
+	s->together = false;
+	s->cur_k = UINT32_MAX;
+	return rc < 0 ? rc : rrc;
+}
+
+/*
  * Each token: the router (the built-in FFN's, nf_ctx_moe_route), then each
- * routed expert in rank order as the FFN (layer, expert) (from a cache: one
- * request for its neurons), then out = sum over ranks of w * expert(x),
- * summed as the built-in FFN does.
+ * routed expert in rank order as the FFN (layer, expert) (from a cache:
+ * the experts' requests together when they fit, else one request each),
+ * then out = sum over ranks of w * expert(x), summed as the built-in FFN
+ * does.
  */
 int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
@@ -28,10 +100,17 @@ int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const s
 	int rc = nf_ctx_moe_route(s->ctx, io, &sel, &w);
 	size_t E = s->E, U = s->n_expert_used;
 	for (size_t b = 0; b < io->nb && rc == 0; b++) {
+		const float *x = io->x + b * E, *resid = io->resid + b * E;
+		int tg = s->cache ? request_together(s, io->layer, sel + b * U, x, resid) : 1;
+		if (tg < 0)
+			return tg;
 		for (size_t k = 0; k < U && rc == 0; k++) {
 			s->cur_expert = (uint32_t)sel[b * U + k];
-			rc = nf_sp_token_forward(s, env, io->layer, io->x + b * E, io->resid + b * E, s->eout + k * E);
+			s->cur_k = tg == 0 ? (uint32_t)k : UINT32_MAX;
+			rc = nf_sp_token_forward(s, env, io->layer, x, resid, s->eout + k * E);
 		}
+		if (tg == 0)
+			rc = release_together(s, rc);
 		float *o = io->out + b * E;
 		for (size_t i = 0; i < E && rc == 0; i++) {
 			float acc = 0.0f;
@@ -43,7 +122,3 @@ int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const s
 	s->cur_expert = 0;
 	return rc;
 }
-
-/* Tokens of io: from a cache as one batch, or halves of it while the
- * union's misses outnumber the cold slots (each token's sums are its own,
- * so any split gives the same output), else one at a time. */

@@ -68,6 +68,7 @@ struct read_rec {
 	uint32_t n_slots;      /* cold slots the read fills (n, plus bridged gaps) */
 	uint32_t *neurons;     /* into run_neurons */
 	uint32_t *store_slots; /* into run_slots */
+	void *tag;             /* the request's tag: reap hands it to fn instead of its user */
 	int result;
 	bool queued;
 };
@@ -93,10 +94,13 @@ struct nf_cache {
 	bool hugepages, numa;
 	uint32_t sig_words;            /* co-activation record: words per neuron (0: off) */
 
-	/* the current request */
+	/* the current requests (several may go out before a release, their
+	 * misses laid out one after the other from run_base, n_neurons in all) */
 	struct read_rec *reads;        /* n_neurons at most */
 	uint32_t n_reads;
 	uint32_t *run_neurons, *run_slots, *order;
+	uint32_t run_base;
+	void *cur_tag;
 	uint64_t *sortbuf;
 	uint32_t *pinned_list;         /* cold slots pinned by the current layer */
 	uint32_t n_pinned_list;
@@ -673,7 +677,7 @@ static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t tak
 	}
 	struct read_rec *r = &c->reads[c->n_reads++];
 	*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take, .n_slots = span,
-				.neurons = c->run_neurons + k, .store_slots = c->run_slots + k };
+				.neurons = c->run_neurons + k, .store_slots = c->run_slots + k, .tag = c->cur_tag };
 	atomic_fetch_add(&c->outstanding, 1);
 	/* the I/O context holds a bounded number of requests: when it is full,
 	 * let some complete (their events wait in the queue) */
@@ -697,15 +701,10 @@ static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t tak
 	return 0;
 }
 
-int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
-		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user)
+static int request_at(struct nf_cache *c, uint32_t fi, const uint32_t *neurons, uint32_t n, const void **ptrs,
+		      nf_cache_ready_fn fn, void *user)
 {
-	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
-		return NF_EUSAGE;
-	uint32_t fi = layer * c->g.n_expert + expert;
 	struct ffn_ent *f = &c->ffns[fi];
-	if (!f->obj)
-		return NF_EUSAGE;
 	record_signature(c, f, neurons, n);
 	/* hits now (c->run_neurons is free until the misses are laid out) */
 	uint32_t n_hit;
@@ -736,13 +735,51 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 		/* neurons never submitted: report them failed */
 		struct read_rec *r = &c->reads[c->n_reads++];
 		*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = NO_SLOT, .n = n_miss - k,
-					.neurons = c->run_neurons + k, .result = rc };
+					.neurons = c->run_neurons + k, .tag = c->cur_tag, .result = rc };
 		atomic_fetch_add(&c->outstanding, 1);
 		ev_push(c, r);
 	}
 	if (rc < 0 && c->layer_err == 0)
 		c->layer_err = rc;
 	return rc;
+}
+
+/* A request whose hits are reported to user now; tag (NULL: none) goes
+ * with its reads to whoever reaps them. */
+static int request_any(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons, uint32_t n,
+		       const void **ptrs, nf_cache_ready_fn fn, void *user, void *tag)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NF_EUSAGE;
+	uint32_t fi = layer * c->g.n_expert + expert;
+	if (!c->ffns[fi].obj)
+		return NF_EUSAGE;
+	uint32_t base = c->run_base;
+	if (n > c->g.n_neurons - base)
+		return NF_EBUDGET;
+	/* this request's misses go after the earlier ones' (still in flight) */
+	c->run_neurons += base;
+	c->run_slots += base;
+	c->cur_tag = tag;
+	uint32_t misses0 = (uint32_t)c->st.misses;
+	int rc = request_at(c, fi, neurons, n, ptrs, fn, user);
+	c->run_base += (uint32_t)c->st.misses - misses0;
+	c->cur_tag = NULL;
+	c->run_neurons -= base;
+	c->run_slots -= base;
+	return rc;
+}
+
+int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user)
+{
+	return request_any(c, layer, expert, neurons, n, ptrs, fn, user, NULL);
+}
+
+int nf_cache_request_tagged(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+			    uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *tag)
+{
+	return request_any(c, layer, expert, neurons, n, ptrs, fn, tag, tag);
 }
 
 /* Undo the slots of a failed read (invariant 6). */
@@ -772,7 +809,7 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 				read_failed(c, r);
 				pthread_mutex_unlock(&c->ev_lock);
 			}
-			fn(user, r->neurons, r->n, r->result);
+			fn(r->tag ? r->tag : user, r->neurons, r->n, r->result);
 			atomic_fetch_sub(&c->outstanding, 1);
 			handed++;
 		}
@@ -794,7 +831,7 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 				read_failed(c, q);
 				pthread_mutex_unlock(&c->ev_lock);
 			}
-			fn(user, q->neurons, q->n, q->result);
+			fn(q->tag ? q->tag : user, q->neurons, q->n, q->result);
 			atomic_fetch_sub(&c->outstanding, 1);
 			handed++;
 		}
@@ -830,6 +867,7 @@ int nf_cache_release(struct nf_cache *c)
 		c->cold_meta[c->pinned_list[i]].pinned = 0;
 	c->n_pinned_list = 0;
 	c->n_reads = 0;
+	c->run_base = 0;
 	int err = c->layer_err;
 	c->layer_err = 0;
 	return err;

@@ -433,3 +433,49 @@ Test(pipeline, cache_hot_segment_goes_to_the_ffns_that_fire_most)
 	nf_cache_close(c);
 	fx_close(&f);
 }
+
+/* Tagged requests of two FFNs go out before one release: each reap hands
+ * every completion to its own request's tag (not the reaper's user), the
+ * bytes are each FFN's, and more neurons in all than an FFN has are
+ * refused. */
+Test(pipeline, cache_tagged_requests_go_out_together)
+{
+	struct fx f, g, other;
+	fx_open(&f, false);
+	memcpy(g.path, f.path, sizeof(g.path));
+	g.store = f.store;
+	g.n_got = 0;
+	other.n_got = 0;
+	uint64_t min = nf_cache_min_bytes(f.store);
+	struct nf_cache *c = cache_open(&f, 4 * min, 0.0, NULL);
+	struct nf_cache_geom geom;
+	nf_cache_geometry(c, &geom);
+	uint32_t a[50], b[50];
+	for (uint32_t i = 0; i < 50; i++) {
+		a[i] = 10 + i;
+		b[i] = 100 + i;
+	}
+	f.n_got = 0;
+	cr_assert_eq(nf_cache_request_tagged(c, 0, 0, a, 50, f.ptrs, ready, &f), 0);
+	cr_assert_eq(nf_cache_request_tagged(c, 1, 0, b, 50, g.ptrs, ready, &g), 0);
+	while (f.n_got + g.n_got < 100)
+		cr_assert(nf_cache_reap(c, ready, &other) >= 0);
+	cr_expect_eq(other.n_got, 0, "completions went to the reaper's user");
+	cr_expect(f.n_got == 50 && g.n_got == 50, "%u and %u reported", f.n_got, g.n_got);
+	for (uint32_t i = 0; i < 50; i++)
+		cr_expect(f.got[i] >= 10 && f.got[i] < 60 && g.got[i] >= 100 && g.got[i] < 150);
+	check_bytes(&f, 0, a, 50);
+	check_bytes(&g, 1, b, 50);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.requests, 2);
+	/* in all at most one FFN's neurons between releases */
+	uint32_t *ids = malloc(geom.n_neurons * sizeof(uint32_t));
+	for (uint32_t i = 0; i < geom.n_neurons; i++)
+		ids[i] = i;
+	cr_expect_eq(nf_cache_request_tagged(c, 0, 0, ids, geom.n_neurons, f.ptrs, ready, &f), NF_EBUDGET);
+	cr_assert_eq(nf_cache_release(c), 0);
+	free(ids);
+	nf_cache_close(c);
+	fx_close(&f);
+}

@@ -273,6 +273,11 @@ static void check_predictor(uint32_t dtype, double tol)
 	cr_expect(!memcmp(a, b, nv * sizeof(float)), "%s: predicted experts from the store vs in memory %.3g", what,
 		  pl_max_diff(a, b, nv));
 	cr_expect_arr_eq(ga, gb, sizeof(ga), "%s: greedy differs from the store", what);
+	/* a one-FFN cache holds both routed experts' predicted sets: each
+	 * token's experts were requested together */
+	nf_sparse_stats_get(s, &st);
+	cr_expect(st.moe_together >= 13ull * hp->n_layer, "%s: %llu tokens' experts requested together", what,
+		  (unsigned long long)st.moe_together);
 	nf_sparse_close(s);
 	nf_ctx_close(c);
 	store_close(&f);

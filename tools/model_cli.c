@@ -400,6 +400,7 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	uint32_t nl, nx;
 	const struct nf_sparse_expert_stats *xs = expert_stats(mc, &nl, &nx);
 	if (xs) {
+		nf_json_u64(j, "moe_together", st.moe_together);
 		/* per expert: tokens routed, neurons computed, cache hit rate */
 		nf_json_arr_begin(j, "experts");
 		for (uint32_t il = 0; il < nl; il++)

@@ -184,6 +184,18 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user);
 
 /*
+ * nf_cache_request_tagged - nf_cache_request whose hits are reported to
+ * fn(tag, ...) now and whose misses are handed by nf_cache_reap to its fn
+ * with tag in place of the reaper's user: the requester tells its requests
+ * apart. Several requests (of different FFNs) may go out before one
+ * nf_cache_release, their reads all in flight together, as long as they
+ * ask for at most n_neurons neurons in all (else NF_EBUDGET) and their
+ * cold slots fit the cold segment.
+ */
+int nf_cache_request_tagged(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+			    uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *tag);
+
+/*
  * nf_cache_reap - hand queued completion events to fn; if none is queued
  * and reads are in flight, wait for at least one (one thread waits; the
  * others return at once to try again). Returns the number of events

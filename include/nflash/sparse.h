@@ -114,6 +114,9 @@ struct nf_sparse_stats {
 	/* a cold segment smaller than a layer's misses: a token's request
 	 * split into windows of chunks, a batch halved */
 	uint64_t windows, batch_splits;
+	/* mixture of experts from a cache: tokens whose routed experts were
+	 * requested together (all their misses in flight at once) */
+	uint64_t moe_together;
 };
 
 /* One expert (layer, expert) of a mixture of experts. */
