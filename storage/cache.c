@@ -55,8 +55,10 @@ struct ffn_ent {
 	uint32_t *count;   /* per neuron: times requested (or profile counts) */
 	uint32_t *inv;     /* per store slot: its neuron (the permutation inverted) */
 	uint64_t *sig;     /* sig_tokens: n_neurons rows of sig_words; bit t of a row: asked
-			    * for by this FFN's request t (NULL when not recording) */
+			    * for by this FFN's t-th sampled request (NULL when not recording) */
 	uint32_t sig_n;    /* requests recorded in sig */
+	uint32_t sig_every; /* requests are sampled every sig_every (a power of two) */
+	uint64_t sig_seen;  /* requests of this FFN so far */
 };
 
 /* One read: a run of bundles of one FFN landing in adjacent slots. */
@@ -531,10 +533,53 @@ static int cmp_u64(const void *a, const void *b)
 
 /* The co-activation record: which neurons this FFN's next recorded request
  * asked for (one bit per neuron and calibration token). */
+/* The even bits of x (bit 2i to bit i). */
+static uint32_t even_bits(uint64_t x)
+{
+	x &= 0x5555555555555555ull;
+	x = (x | x >> 1) & 0x3333333333333333ull;
+	x = (x | x >> 2) & 0x0f0f0f0f0f0f0f0full;
+	x = (x | x >> 4) & 0x00ff00ff00ff00ffull;
+	x = (x | x >> 8) & 0x0000ffff0000ffffull;
+	x = (x | x >> 16) & 0x00000000ffffffffull;
+	return (uint32_t)x;
+}
+
+/*
+ * The co-activation record samples an FFN's requests uniformly over the
+ * whole run, not its first ones: every request while there is room, then,
+ * each time the record is full, every other recorded column is dropped and
+ * the sampling interval doubles (requests 0, s, 2s, ... of this FFN, s a
+ * power of two). An FFN requested rarely (an expert seldom routed) keeps
+ * all its requests; one requested often keeps sig_tokens / 2 or more spread
+ * over the run.
+ */
 static void record_signature(struct nf_cache *c, struct ffn_ent *f, const uint32_t *neurons, uint32_t n)
 {
-	if (!f->sig || f->sig_n >= c->sig_words * 64u)
+	if (!f->sig)
 		return;
+	uint64_t seen = f->sig_seen++;
+	if (!f->sig_every)
+		f->sig_every = 1;
+	if (seen % f->sig_every)
+		return;
+	uint32_t W = c->sig_words;
+	if (f->sig_n >= W * 64u) {
+		/* keep the even columns (requests 0, 2s, 4s, ...) */
+		for (uint64_t r = 0; r < c->g.n_neurons; r++) {
+			uint64_t *row = f->sig + r * W;
+			for (uint32_t w = 0; w < (W + 1) / 2; w++) {
+				uint64_t hi = 2 * w + 1 < W ? row[2 * w + 1] : 0;
+				row[w] = even_bits(row[2 * w]) | (uint64_t)even_bits(hi) << 32;
+			}
+			for (uint32_t w = (W + 1) / 2; w < W; w++)
+				row[w] = 0;
+		}
+		f->sig_n = (f->sig_n + 1) / 2;
+		f->sig_every *= 2;
+		if (seen % f->sig_every)
+			return;
+	}
 	uint32_t t = f->sig_n++;
 	for (uint32_t k = 0; k < n; k++)
 		if (neurons[k] < c->g.n_neurons)

@@ -479,3 +479,47 @@ Test(pipeline, cache_tagged_requests_go_out_together)
 	nf_cache_close(c);
 	fx_close(&f);
 }
+
+/* The co-activation record samples each FFN's requests over the whole
+ * run: with room for 64, 150 requests of one FFN (request t asks for
+ * neuron t) keep requests 0, 4, 8, ..., 148 in order, and the 10 requests
+ * of another FFN (an expert seldom routed) are all kept. */
+Test(pipeline, cache_signatures_sample_the_whole_run)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.arena_bytes = 4 * min;
+	o.sig_tokens = 64;
+	o.io.quiet = true;
+	struct nf_cache *c = NULL;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_cache_open(f.store, &o, &c, &d), 0, "%s", d.msg);
+	for (uint32_t t = 0; t < 150; t++) {
+		fetch(&f, c, 0, &t, 1);
+		cr_assert_eq(nf_cache_release(c), 0);
+		if (t < 10) {
+			uint32_t j = 3 * t;
+			fetch(&f, c, 1, &j, 1);
+			cr_assert_eq(nf_cache_release(c), 0);
+		}
+	}
+	uint32_t tokens = 0, words = 0;
+	const uint64_t *sig = nf_cache_signatures(c, 0, 0, &tokens, &words);
+	cr_assert_not_null(sig);
+	cr_expect_eq(words, 1);
+	cr_expect_eq(tokens, 38, "%u requests kept of 150", tokens);
+	for (uint32_t j = 0; j < 150; j++) {
+		uint64_t want = j % 4 ? 0 : 1ull << (j / 4);
+		cr_expect_eq(sig[j], want, "neuron %u: %#llx, want %#llx", j, (unsigned long long)sig[j],
+			     (unsigned long long)want);
+	}
+	sig = nf_cache_signatures(c, 1, 0, &tokens, &words);
+	cr_expect_eq(tokens, 10);
+	for (uint32_t t = 0; t < 10; t++)
+		cr_expect_eq(sig[3 * t], 1ull << t);
+	nf_cache_close(c);
+	fx_close(&f);
+}
