@@ -42,7 +42,11 @@ void nf_sparse_params_init(struct nf_sparse_params *p)
 	p->mode = NF_SPARSE_AUTO;
 }
 
-static int tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+/* Tokens of io through FFN (io->layer, s->cur_expert): from a cache as one
+ * batch, or halves of it while the union's misses outnumber the cold slots
+ * (each token's sums are its own, so any split gives the same output),
+ * else one at a time. */
+int nf_sp_tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	if (s->cache && io->nb > 1 && io->nb <= s->n_batch) {
 		int rc = nf_sp_batch_forward(s, env, io);
@@ -56,9 +60,9 @@ static int tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, con
 		b.x += h * E;
 		b.resid += h * E;
 		b.out += h * E;
-		if ((rc = tokens_forward(s, env, &a)) < 0)
+		if ((rc = nf_sp_tokens_forward(s, env, &a)) < 0)
 			return rc;
-		return tokens_forward(s, env, &b);
+		return nf_sp_tokens_forward(s, env, &b);
 	}
 	int rc = 0;
 	for (size_t b = 0; b < io->nb && rc == 0; b++)
@@ -95,7 +99,7 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 	if (s->n_expert)
 		rc = nf_sp_moe_forward(s, env, io);
 	else
-		rc = tokens_forward(s, env, io);
+		rc = nf_sp_tokens_forward(s, env, io);
 	s->st.t_ffn += nf_sp_now() - t0;
 	if (rc == 0 && s->replan_now) {
 		/* each FFN of the layer (every expert: one not routed now has
@@ -140,7 +144,11 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	}
 	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
 	s->xq_size = (xq + 63) & ~(size_t)63;
-	s->n_batch = s->cache && !s->n_expert ? nf_ctx_n_batch(ctx) : 0;
+	/* a mixture of experts gathers each expert's tokens of a batch in
+	 * sub-batches of at most NF_SP_MOE_BATCH */
+	s->n_batch = s->cache ? nf_ctx_n_batch(ctx) : 0;
+	if (s->n_expert && s->n_batch > NF_SP_MOE_BATCH)
+		s->n_batch = NF_SP_MOE_BATCH;
 	/* every chunk but the last holds CHUNK_NEURONS active neurons or more */
 	s->max_chunks = s->F / CHUNK_NEURONS + 1;
 	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
@@ -164,6 +172,11 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	     !(s->xpend = zalloc(s, U * s->n_groups * sizeof(atomic_uint))) ||
 	     !(s->xptrs = zalloc(s, U * s->F * sizeof(void *))) ||
 	     !(s->xactive = zalloc(s, U * sizeof(uint64_t)))))
+		return -ENOMEM;
+	if (s->cache && s->n_expert && s->n_batch > 1 &&
+	    (!(s->bx = zalloc(s, 3 * (size_t)s->n_batch * s->E * sizeof(float))) ||
+	     !(s->beout = zalloc(s, (size_t)s->n_batch * U * s->E * sizeof(float))) ||
+	     !(s->bslot = zalloc(s, (size_t)s->n_batch * sizeof(uint32_t)))))
 		return -ENOMEM;
 	if (!s->count_only) {
 		s->tag0 = (struct sp_tag){ .s = s, .k = UINT32_MAX };
@@ -581,6 +594,9 @@ void nf_sparse_close(struct nf_sparse *s)
 	free((void *)s->xpend);
 	free(s->xptrs);
 	free(s->xactive);
+	free(s->bx);
+	free(s->beout);
+	free(s->bslot);
 	free(s);
 }
 

@@ -54,7 +54,10 @@
  *     requests, all misses in flight at once); a completion of rank k not
  *     being computed counts down xpend[k] only, and rank k's chunks start
  *     from what is still pending when it is computed (no thread reaps
- *     while cur_k changes), so the sums are those of invariant 2.
+ *     while cur_k changes), so the sums are those of invariant 2. A batch
+ *     from a cache runs per expert: its tokens gathered (NF_SP_MOE_BATCH at
+ *     a time) as one batch of that expert (invariant 5), outputs combined
+ *     per token in rank order.
  *  7. K-quant down matrices (QCOL of Q2_K..Q6_K, types may differ per
  *     layer): chunks compute gate, up and the activations only, into the
  *     token's activation vector; chunks close only at 256-neuron
@@ -218,6 +221,11 @@ struct nf_sparse {
 	atomic_uint *xpend;          /* n_expert_used x n_groups: neurons not yet landed */
 	const void **xptrs;          /* n_expert_used x n_ff: bundle addresses */
 	uint64_t *xactive;           /* n_expert_used: active neurons */
+	/* from a cache, a batch: each expert's tokens gathered (x, resid, out:
+	 * n_batch x E each), run as one batch of that expert (its union read
+	 * once), their outputs by slot (n_batch x n_expert_used x E) */
+	float *bx, *beout;
+	uint32_t *bslot;             /* n_batch: slot b * U + k of each gathered token */
 	const float *cur_x;          /* token being computed */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
@@ -250,6 +258,9 @@ struct kdown_job {
  * reads land. Same results, bit for bit, as the tokens one at a time.
  */
 #define BATCH_TOO_BIG 1
+/* Most tokens a mixture of experts gathers per expert at once (prefill):
+ * bounds the per-slot outputs (n_batch x n_expert_used x n_embd floats). */
+#define NF_SP_MOE_BATCH 64u
 
 static inline double nf_sp_now(void)
 {
@@ -291,6 +302,7 @@ void nf_sp_measure_recall(struct nf_sparse *s);
 int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
 			 const float *x, const float *resid, float *out);
 int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io);
+int nf_sp_tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io);
 int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io);
 
 #endif /* NF_SPARSE_IMPL_H */

@@ -86,12 +86,61 @@ static int release_together(struct nf_sparse *s, int rc)
 	return rc < 0 ? rc : rrc;
 }
 
+/* out = sum over ranks of w[k] * eout[k] (E floats each), in rank order,
+ * as the built-in FFN sums them. */
+static void combine(const struct nf_sparse *s, const float *eout, const float *w, float *out)
+{
+	size_t E = s->E, U = s->n_expert_used;
+	for (size_t i = 0; i < E; i++) {
+		float acc = 0.0f;
+		for (size_t k = 0; k < U; k++)
+			acc += eout[k * E + i] * w[k];
+		out[i] = acc;
+	}
+}
+
+/*
+ * Tokens [b0, b1) of io (at most s->n_batch) from a cache: per expert, the
+ * tokens routed to it gathered and run as one batch of that expert (one
+ * request for their union: invariant 5), each output kept by slot, then
+ * every token's combined. A batch equals its tokens one by one, so this
+ * equals the token path bit for bit.
+ */
+static int moe_batch(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io, size_t b0,
+		     size_t b1, const int32_t *sel, const float *w)
+{
+	size_t E = s->E, U = s->n_expert_used;
+	float *xg = s->bx, *rg = xg + (size_t)s->n_batch * E, *og = rg + (size_t)s->n_batch * E;
+	for (uint32_t e = 0; e < s->n_expert; e++) {
+		uint32_t cnt = 0;
+		for (size_t i = b0 * U; i < b1 * U; i++) {
+			if (sel[i] != (int32_t)e)
+				continue;
+			memcpy(xg + (size_t)cnt * E, io->x + i / U * E, E * sizeof(float));
+			memcpy(rg + (size_t)cnt * E, io->resid + i / U * E, E * sizeof(float));
+			s->bslot[cnt++] = (uint32_t)(i - b0 * U);
+		}
+		if (!cnt)
+			continue;
+		s->cur_expert = e;
+		struct nf_ffn_io eio = { .layer = io->layer, .nb = cnt, .resid = rg, .x = xg, .out = og };
+		int rc = nf_sp_tokens_forward(s, env, &eio);
+		if (rc < 0)
+			return rc;
+		for (uint32_t i = 0; i < cnt; i++)
+			memcpy(s->beout + (size_t)s->bslot[i] * E, og + (size_t)i * E, E * sizeof(float));
+	}
+	for (size_t b = b0; b < b1; b++)
+		combine(s, s->beout + (b - b0) * U * E, w + b * U, io->out + b * E);
+	return 0;
+}
+
 /*
  * Each token: the router (the built-in FFN's, nf_ctx_moe_route), then each
  * routed expert in rank order as the FFN (layer, expert) (from a cache:
  * the experts' requests together when they fit, else one request each),
  * then out = sum over ranks of w * expert(x), summed as the built-in FFN
- * does.
+ * does. A batch from a cache: per expert, its tokens as one batch.
  */
 int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
@@ -99,6 +148,14 @@ int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const s
 	const float *w;
 	int rc = nf_ctx_moe_route(s->ctx, io, &sel, &w);
 	size_t E = s->E, U = s->n_expert_used;
+	if (rc == 0 && s->bx && io->nb > 1) {
+		for (size_t b0 = 0; b0 < io->nb && rc == 0; b0 += s->n_batch) {
+			size_t b1 = b0 + s->n_batch < io->nb ? b0 + s->n_batch : io->nb;
+			rc = moe_batch(s, env, io, b0, b1, sel, w);
+		}
+		s->cur_expert = 0;
+		return rc;
+	}
 	for (size_t b = 0; b < io->nb && rc == 0; b++) {
 		const float *x = io->x + b * E, *resid = io->resid + b * E;
 		int tg = s->cache ? request_together(s, io->layer, sel + b * U, x, resid) : 1;
@@ -111,13 +168,8 @@ int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const s
 		}
 		if (tg == 0)
 			rc = release_together(s, rc);
-		float *o = io->out + b * E;
-		for (size_t i = 0; i < E && rc == 0; i++) {
-			float acc = 0.0f;
-			for (size_t k = 0; k < U; k++)
-				acc += s->eout[k * E + i] * w[b * U + k];
-			o[i] = acc;
-		}
+		if (rc == 0)
+			combine(s, s->eout, w + b * U, io->out + b * E);
 	}
 	s->cur_expert = 0;
 	return rc;
