@@ -163,8 +163,10 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    !(s->gout = zalloc(s, (size_t)s->max_chunks * s->E * sizeof(float))) ||
 	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
 	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))) ||
-	    (s->n_expert && !(s->xst = zalloc(s, (size_t)s->n_layer * s->n_expert * sizeof(*s->xst)))))
+	    (s->n_expert && !(s->xst = zalloc(s, (size_t)s->n_layer * s->n_expert * sizeof(*s->xst)))) ||
+	    (s->n_expert && !(s->guess = zalloc(s, (size_t)s->n_expert_used * sizeof(int32_t)))))
 		return -ENOMEM;
+	s->guess_layer = UINT32_MAX;
 	size_t U = s->n_expert_used;
 	if (s->cache && s->n_expert &&
 	    (!(s->xtag = zalloc(s, U * sizeof(*s->xtag))) ||
@@ -589,6 +591,7 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->bsum);
 	free(s->eout);
 	free(s->xst);
+	free(s->guess);
 	free(s->xtag);
 	free(s->xmask);
 	free((void *)s->xpend);

@@ -221,6 +221,8 @@ struct nf_sparse {
 	atomic_uint *xpend;          /* n_expert_used x n_groups: neurons not yet landed */
 	const void **xptrs;          /* n_expert_used x n_ff: bundle addresses */
 	uint64_t *xactive;           /* n_expert_used: active neurons */
+	int32_t *guess;              /* n_expert_used: experts guessed for layer guess_layer */
+	uint32_t guess_layer;        /* UINT32_MAX: no guess */
 	/* from a cache, a batch: each expert's tokens gathered (x, resid, out:
 	 * n_batch x E each), run as one batch of that expert (its union read
 	 * once), their outputs by slot (n_batch x n_expert_used x E) */

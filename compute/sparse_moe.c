@@ -142,13 +142,49 @@ static int moe_batch(struct nf_sparse *s, const struct nf_ffn_env *env, const st
  * then out = sum over ranks of w * expert(x), summed as the built-in FFN
  * does. A batch from a cache: per expert, its tokens as one batch.
  */
+/*
+ * Route-ahead, measured only: a decode token's guess for layer+1's experts
+ * from the router of layer+1 applied to this layer's FFN input, checked
+ * when layer+1 routes (colibri and PowerInfer-2 prefetch from such a
+ * guess). Runs after this layer's experts: the router's scratch is the
+ * context's.
+ */
+static void route_guess_check(struct nf_sparse *s, const struct nf_ffn_io *io, const int32_t *sel)
+{
+	size_t U = s->n_expert_used;
+	if (io->nb != 1 || s->guess_layer != io->layer)
+		return;
+	for (size_t k = 0; k < U; k++)
+		for (size_t j = 0; j < U; j++)
+			s->st.route_guess_hits += sel[k] == s->guess[j];
+	s->st.route_guesses += U;
+}
+
+static void route_guess_make(struct nf_sparse *s, const struct nf_ffn_io *io)
+{
+	s->guess_layer = UINT32_MAX;
+	if (io->nb != 1 || io->layer + 1 >= s->n_layer)
+		return;
+	struct nf_ffn_io g = *io;
+	g.layer = io->layer + 1;
+	const int32_t *gs;
+	const float *gw;
+	if (nf_ctx_moe_route(s->ctx, &g, &gs, &gw) < 0)
+		return;
+	memcpy(s->guess, gs, s->n_expert_used * sizeof(int32_t));
+	s->guess_layer = g.layer;
+}
+
 int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	const int32_t *sel;
 	const float *w;
 	int rc = nf_ctx_moe_route(s->ctx, io, &sel, &w);
 	size_t E = s->E, U = s->n_expert_used;
+	if (rc == 0)
+		route_guess_check(s, io, sel);
 	if (rc == 0 && s->bx && io->nb > 1) {
+		s->guess_layer = UINT32_MAX;
 		for (size_t b0 = 0; b0 < io->nb && rc == 0; b0 += s->n_batch) {
 			size_t b1 = b0 + s->n_batch < io->nb ? b0 + s->n_batch : io->nb;
 			rc = moe_batch(s, env, io, b0, b1, sel, w);
@@ -172,5 +208,7 @@ int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const s
 			combine(s, s->eout, w + b * U, io->out + b * E);
 	}
 	s->cur_expert = 0;
+	if (rc == 0)
+		route_guess_make(s, io);
 	return rc;
 }

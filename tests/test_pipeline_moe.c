@@ -345,6 +345,12 @@ Test(pipeline_moe, stats_report_experts)
 	cr_expect_eq(lk, pl_json_u64(out, "lookups"));
 	cr_expect_eq(ht, pl_json_u64(out, "lookups") - pl_json_u64(out, "misses"));
 	cr_expect(ht > 0 && ht < lk, "hits %llu of %llu", ht, lk);
+	/* route-ahead, measured: each generated token's layer 1 experts
+	 * guessed from layer 0 (the prompt, a batch, guesses nothing) */
+	unsigned long long guesses = pl_json_u64(out, "route_guesses");
+	cr_expect_eq(guesses, 2 * pl_json_u64(out, "gen_evals"));
+	cr_expect(pl_json_u64(out, "route_guess_hits") <= guesses);
+	cr_expect(strstr(err, "route-ahead guess"), "--stats: no route-ahead line:\n%s", err);
 	unlink(sp);
 	unlink(p);
 }

@@ -295,6 +295,14 @@ static void experts_lines(const struct nf_model_cli *mc, FILE *f)
 {
 	uint32_t nl, nx;
 	const struct nf_sparse_expert_stats *xs = expert_stats(mc, &nl, &nx);
+	struct nf_sparse_stats st;
+	if (xs)
+		nf_sparse_stats_get(mc->sparse, &st);
+	if (xs && st.route_guesses)
+		fprintf(f, "nflash: route-ahead guess (layer L+1's router on layer L's FFN input, decode): %.1f%% of "
+			"%llu routed experts (measured, not prefetched)\n",
+			100.0 * (double)st.route_guess_hits / (double)st.route_guesses,
+			(unsigned long long)st.route_guesses);
 	for (uint32_t il = 0; xs && il < nl; il++) {
 		fprintf(f, "nflash: layer %u experts (tokens routed, cache hit rate):", il);
 		for (uint32_t e = 0; e < nx; e++) {
@@ -401,6 +409,8 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	const struct nf_sparse_expert_stats *xs = expert_stats(mc, &nl, &nx);
 	if (xs) {
 		nf_json_u64(j, "moe_together", st.moe_together);
+		nf_json_u64(j, "route_guesses", st.route_guesses);
+		nf_json_u64(j, "route_guess_hits", st.route_guess_hits);
 		/* per expert: tokens routed, neurons computed, cache hit rate */
 		nf_json_arr_begin(j, "experts");
 		for (uint32_t il = 0; il < nl; il++)

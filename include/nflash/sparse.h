@@ -117,6 +117,11 @@ struct nf_sparse_stats {
 	/* mixture of experts from a cache: tokens whose routed experts were
 	 * requested together (all their misses in flight at once) */
 	uint64_t moe_together;
+	/* mixture of experts, decode: the next layer's router applied to this
+	 * layer's FFN input guesses its experts (what a route-ahead prefetch
+	 * would read); of route_guesses routed experts, route_guess_hits were
+	 * guessed (a measurement only: nothing is prefetched) */
+	uint64_t route_guesses, route_guess_hits;
 };
 
 /* One expert (layer, expert) of a mixture of experts. */
