@@ -161,7 +161,8 @@ void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const 
 struct nf_weight nf_weight_expert(const struct nf_weight *w, uint32_t e)
 {
 	struct nf_weight v = *w;
-	v.data = (const char *)w->data + (size_t)e * w->expert_bytes;
+	if (w->data)
+		v.data = (const char *)w->data + (size_t)e * w->expert_bytes;
 	v.n_expert = 1;
 	return v;
 }

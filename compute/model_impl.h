@@ -155,9 +155,6 @@ void nf_ctx_run(struct nf_ctx *c, nf_pool_fn fn, void *arg);
 void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const float *x,
 		   size_t ldx, size_t nb);
 
-/* Expert e's matrix of a stacked 3-D weight, as a 2-D view. */
-struct nf_weight nf_weight_expert(const struct nf_weight *w, uint32_t e);
-
 /* Runs fn(arg, b0, b1) on slices [b0, b1) of n items over the threads. */
 void nf_ctx_parallel(struct nf_ctx *c, size_t n, void (*fn)(void *arg, size_t b0, size_t b1),
 		     void *arg);

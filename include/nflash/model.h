@@ -100,6 +100,10 @@ struct nf_weight {
 	uint32_t packed;
 };
 
+/* Expert e's matrix of a stacked 3-D weight, as a 2-D view (data NULL
+ * stays NULL; a 2-D weight's expert 0 is itself). */
+struct nf_weight nf_weight_expert(const struct nf_weight *w, uint32_t e);
+
 /* One layer's weights. Unused matrices have data == NULL. */
 struct nf_layer_weights {
 	const float *attn_norm;          /* n_embd */
