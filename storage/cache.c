@@ -108,7 +108,7 @@ struct nf_cache {
 	uint32_t run_base;
 	void *cur_tag;
 	uint64_t *sortbuf;
-	uint32_t *pinned_list;         /* cold slots pinned by the current layer */
+	uint32_t *pinned_list;         /* cold slots pinned by the current layer (max(N, n_cold)) */
 	uint32_t n_pinned_list;
 	atomic_uint outstanding;       /* reads not yet reaped */
 	int layer_err;
@@ -260,7 +260,8 @@ static uint64_t meta_bytes_for(const struct nf_cache_geom *g, uint32_t n_ffn_pre
 	uint64_t N = g->n_neurons, n_ffn = (uint64_t)g->n_layer * g->n_expert;
 	return n_ffn * sizeof(struct ffn_ent) + (n_hot + 1) * sizeof(struct slot_meta) +
 	       n_cold * sizeof(struct slot_meta) + (N + 1) * sizeof(struct read_rec) + N * sizeof(uint64_t) +
-	       5 * N * sizeof(uint32_t) + (N + 2) * sizeof(struct event) + n_ffn * 3 * N * sizeof(uint32_t) +
+	       4 * N * sizeof(uint32_t) + (N > n_hot + n_cold ? N : n_hot + n_cold) * sizeof(uint32_t) +
+	       (N + 2) * sizeof(struct event) + n_ffn * 3 * N * sizeof(uint32_t) +
 	       (uint64_t)n_ffn_present * N * sig_words * sizeof(uint64_t) +
 	       (n_hot + n_cold + 2) * sizeof(uint64_t) + g->stride;
 }
@@ -385,7 +386,9 @@ static int ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct n
 	    !(c->rb_cold = meta(c, ((size_t)c->n_cold + 1) * sizeof(uint64_t))) ||
 	    !(c->rb_buf = meta(c, g->stride)) ||
 	    !(c->order = meta(c, N * sizeof(uint32_t))) ||
-	    !(c->pinned_list = meta(c, N * sizeof(uint32_t))) ||
+	    /* every cold slot may be pinned at once (several requests of a
+	     * release: a token's routed experts) */
+	    !(c->pinned_list = meta(c, (N > c->n_cold ? N : c->n_cold) * sizeof(uint32_t))) ||
 	    !(c->ev = meta(c, (N + 2) * sizeof(struct event))))
 		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 	c->ev_cap = N + 2;

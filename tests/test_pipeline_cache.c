@@ -484,6 +484,41 @@ Test(pipeline, cache_tagged_requests_go_out_together)
  * run: with room for 64, 150 requests of one FFN (request t asks for
  * neuron t) keep requests 0, 4, 8, ..., 148 in order, and the 10 requests
  * of another FFN (an expert seldom routed) are all kept. */
+/* Several requests of one release may pin more cold slots than one FFN has
+ * neurons (a token's routed experts, all cold hits): every cold slot can be
+ * pinned at once (ASan saw the pinned list overflow before). */
+Test(pipeline, cache_requests_of_one_release_may_pin_more_than_one_ffn)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	struct nf_cache *c = cache_open(&f, 4 * min, 0.0, NULL);
+	struct nf_cache_geom geom;
+	nf_cache_geometry(c, &geom);
+	uint32_t N = geom.n_neurons;
+	uint32_t *ids = malloc(N * sizeof(uint32_t));
+	for (uint32_t i = 0; i < N; i++)
+		ids[i] = i;
+	/* layers 0 and 1 into the cold segment, one release each */
+	for (uint32_t l = 0; l < 2; l++) {
+		fetch(&f, c, l, ids, N);
+		cr_assert_eq(nf_cache_release(c), 0);
+	}
+	/* then both in one release: all cold hits, 2N slots pinned */
+	f.n_got = 0;
+	cr_assert_eq(nf_cache_request_tagged(c, 0, 0, ids, N, f.ptrs, ready, &f), 0);
+	cr_assert_eq(nf_cache_request_tagged(c, 1, 0, ids, N, f.ptrs, ready, &f), 0);
+	cr_expect_eq(f.n_got, 2 * N, "%u of %u reported as hits", f.n_got, 2 * N);
+	check_bytes(&f, 1, ids, N);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.hits_cold, 2 * (uint64_t)N);
+	cr_assert_eq(nf_cache_release(c), 0);
+	free(ids);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
 Test(pipeline, cache_signatures_sample_the_whole_run)
 {
 	struct fx f;
