@@ -28,7 +28,8 @@ struct nf_engine {
 	struct nf_ctx *ctx;
 	struct nf_sparse *sparse;
 	struct nf_store *store;      /* opened here for --ffn-store (else the model's) */
-	struct nf_cache *cache;
+	struct nf_cache *cache;      /* the model's (its FFN segments added here), or ours */
+	bool own_cache;              /* --ffn-store: a cache of e->store, closed here */
 	const char *store_path;
 	struct nf_engine_info info;
 };
@@ -141,11 +142,9 @@ static uint64_t store_ffn_neurons(struct nf_store *s)
 
 static bool predictor_mode(const struct nf_engine *e)
 {
-	const struct nf_model_hparams *hp = nf_model_hparams(e->model);
 	int sm = e->o.sparse_mode;
 	return (sm == NF_SPARSE_PREDICTOR ||
-		((sm < 0 || sm == NF_SPARSE_AUTO) && nf_model_layer(e->model, 0)->fc1.data)) &&
-	       hp->n_expert == 0;
+		((sm < 0 || sm == NF_SPARSE_AUTO) && nf_model_layer(e->model, 0)->fc1.data));
 }
 
 /*
@@ -365,7 +364,6 @@ static int open_cache(struct nf_engine *e, struct nf_store *store, const struct 
 	if (f->stream) {
 		struct nf_stream_opts so;
 		nf_stream_opts_default(&so);
-		so.io.backend = co.io.backend;
 		if ((rc = nf_ctx_stream_attn(e->ctx, &so, d)) < 0)
 			return nf_diag_prefix(d, rc, "%s: streaming attention", e->store_path);
 		e->info.attn_streamed = true;
@@ -385,8 +383,18 @@ static int open_cache(struct nf_engine *e, struct nf_store *store, const struct 
 		weights += f->attn;
 	}
 	e->info.weights = weights;
+	/* a store-backed model's own cache gets the FFN segments: one door,
+	 * one I/O context, for every read of the store */
+	struct nf_cache *mc = store == nf_model_store(e->model) ? nf_model_cache(e->model) : NULL;
+	if (mc) {
+		if ((rc = nf_cache_ffn_setup(mc, &co, d)) < 0)
+			return nf_diag_prefix(d, rc, "%s", e->store_path);
+		e->cache = mc;
+		return 0;
+	}
 	if ((rc = nf_cache_open(store, &co, &e->cache, d)) < 0)
 		return nf_diag_prefix(d, rc, "%s", e->store_path);
+	e->own_cache = true;
 	return 0;
 }
 
@@ -429,11 +437,12 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 	nf_sparse_params_init(&sp);
 	sp.mode = o->sparse_mode < 0 ? NF_SPARSE_AUTO : (enum nf_sparse_mode)o->sparse_mode;
 	/* In memory, "dense" by default is the built-in FFN (the same sums);
-	 * MoE FFNs are not sparse: in memory the built-in FFN runs them, from
-	 * a store their routed experts stream as dense FFNs. */
+	 * a mixture of experts runs its routed experts in the same modes as a
+	 * dense FFN (predictor with per-expert predictors, else exact for
+	 * ReLU/dReLU experts). */
 	if (o->sparse_mode < 0) {
-		bool pred = !hp->n_expert && nf_model_layer(e->model, 0)->fc1.data;
-		if (hp->n_expert || (!pred && hp->act == NF_FFN_SILU))
+		bool pred = nf_model_layer(e->model, 0)->fc1.data;
+		if (!pred && hp->act == NF_FFN_SILU)
 			sp.mode = NF_SPARSE_OFF;
 	}
 	sp.threshold_set = o->threshold_set;
@@ -747,7 +756,8 @@ void nf_engine_close(struct nf_engine *e)
 	if (!e)
 		return;
 	nf_sparse_close(e->sparse);
-	nf_cache_close(e->cache);
+	if (e->own_cache)
+		nf_cache_close(e->cache);
 	nf_store_close(e->store);
 	nf_ctx_close(e->ctx);
 	nf_model_free(e->model);

@@ -272,7 +272,12 @@ static int dry_run(const struct nf_plan_opts *o, uint64_t overhead, const struct
  * ascending, under the layout the store will have.
  */
 struct replay {
-	uint32_t n_ffn, tokens;
+	/* tokens: the longest FFN record (the replay's loop); calib: the
+	 * calibration tokens, what per-token figures divide by (an expert of
+	 * a mixture is requested only by the tokens routed to it: its record
+	 * is shorter, and it costs in proportion) */
+	uint32_t n_ffn, tokens, calib;
+	uint32_t *nt;        /* [n_ffn]: requests recorded (tokens of this FFN) */
 	uint32_t *layer;     /* [n_ffn] */
 	uint32_t *expert;    /* [n_ffn] */
 	uint32_t *n;         /* [n_ffn]: its neurons */
@@ -288,13 +293,14 @@ static void replay_free(struct replay *r)
 	}
 	free(r->layer);
 	free(r->expert);
+	free(r->nt);
 	free(r->n);
 	free(r->off);
 	free(r->slots);
 	memset(r, 0, sizeof(*r));
 }
 
-static int replay_build(struct nf_engine *cal, uint32_t *const *order, struct replay *r)
+static int replay_build(struct nf_engine *cal, uint32_t *const *order, uint32_t n_calib, struct replay *r)
 {
 	struct nf_cache *c = nf_engine_cache(cal);
 	struct nf_store *s = nf_engine_store(cal);
@@ -305,9 +311,11 @@ static int replay_build(struct nf_engine *cal, uint32_t *const *order, struct re
 	r->layer = calloc(n_obj, sizeof(uint32_t));
 	r->expert = calloc(n_obj, sizeof(uint32_t));
 	r->n = calloc(n_obj, sizeof(uint32_t));
+	r->nt = calloc(n_obj, sizeof(uint32_t));
+	r->calib = n_calib;
 	r->off = calloc(n_obj, sizeof(uint32_t *));
 	r->slots = calloc(n_obj, sizeof(uint32_t *));
-	if (!r->layer || !r->expert || !r->n || !r->off || !r->slots)
+	if (!r->layer || !r->expert || !r->n || !r->nt || !r->off || !r->slots)
 		return -ENOMEM;
 	/* FFNs in layer order, as a token meets them */
 	for (uint32_t l = 0; l < g.n_layer; l++)
@@ -320,9 +328,10 @@ static int replay_build(struct nf_engine *cal, uint32_t *const *order, struct re
 			if (!sig || !tokens)
 				continue;
 			tokens = tokens < words * 64u ? tokens : words * 64u;
-			if (!r->tokens || tokens < r->tokens)
+			if (tokens > r->tokens)
 				r->tokens = tokens;
 			uint32_t f = r->n_ffn++, n = ob->n_bundles;
+			r->nt[f] = tokens;
 			r->layer[f] = l;
 			r->expert[f] = ob->expert;
 			r->n[f] = n;
@@ -343,6 +352,7 @@ static int replay_build(struct nf_engine *cal, uint32_t *const *order, struct re
 				}
 			}
 			r->off[f][tokens] = at;
+
 		}
 	return 0;
 }
@@ -354,7 +364,10 @@ static int replay_build(struct nf_engine *cal, uint32_t *const *order, struct re
  * of its layout) and a cold segment of b's cold slots shared by every FFN,
  * least recently used out first (the cache's CLOCK approximated). A miss
  * is read with the bundles a gap bridges, and all of them enter the cold
- * segment, as in the cache.
+ * segment, as in the cache. Figures are per calibration token: an FFN
+ * requested by fewer tokens (a mixture's expert, routed to some) adds its
+ * requests' costs divided by all the tokens, so a layer's figure is the
+ * sum over its routed experts.
  */
 static int layer_costs(struct nf_engine *cal, const struct replay *r, struct budget_plan *b)
 {
@@ -362,6 +375,7 @@ static int layer_costs(struct nf_engine *cal, const struct replay *r, struct bud
 	struct nf_cache_geom g;
 	nf_cache_geometry(c, &g);
 	uint32_t L = g.n_layer, T = r->tokens;
+	double per = r->calib > T ? (double)r->calib : (double)T;   /* the divisor of per-token figures */
 	uint32_t *quota = calloc((size_t)g.n_layer * g.n_expert, sizeof(uint32_t));
 	uint64_t *base = calloc((size_t)r->n_ffn + 1, sizeof(uint64_t));
 	b->active = calloc(L, sizeof(double));
@@ -381,7 +395,7 @@ static int layer_costs(struct nf_engine *cal, const struct replay *r, struct bud
 		goto out;
 	nf_cache_hot_quota(c, b->info.hot_slots, quota);
 	for (uint32_t f = 0; f < r->n_ffn; f++)
-		b->active[r->layer[f]] += (double)(r->off[f][T] - r->off[f][0]) / T;
+		b->active[r->layer[f]] += (double)(r->off[f][r->nt[f]] - r->off[f][0]) / per;
 	for (size_t k = 0; k < N_GAPS; k++) {
 		uint32_t gap = k_gaps[k];
 		uint64_t used = 0, cap = b->info.cold_slots;
@@ -392,6 +406,8 @@ static int layer_costs(struct nf_engine *cal, const struct replay *r, struct bud
 #define PUSH_MRU(x) (prev[x] = prev[NIL], next[x] = (uint32_t)NIL, next[prev[NIL]] = (x), prev[NIL] = (x))
 		for (uint32_t t = 0; t < T; t++)
 			for (uint32_t f = 0; f < r->n_ffn; f++) {
+				if (t >= r->nt[f])
+					continue;
 				uint32_t hot = quota[r->layer[f] * g.n_expert + r->expert[f]];
 				uint32_t last = 0, runs = 0, read = 0;
 				bool open = false;
@@ -427,8 +443,8 @@ static int layer_costs(struct nf_engine *cal, const struct replay *r, struct bud
 						used++;
 					}
 				}
-				b->runs[k * L + r->layer[f]] += (double)runs / T;
-				b->bundles[k * L + r->layer[f]] += (double)read / T;
+				b->runs[k * L + r->layer[f]] += (double)runs / per;
+				b->bundles[k * L + r->layer[f]] += (double)read / per;
 			}
 #undef UNLINK
 #undef PUSH_MRU
@@ -595,6 +611,7 @@ static void choose(const struct nf_store_plan *dev, const struct budget_plan *b,
 			};
 			struct nf_store_plan_entry e = { 0 };
 			nf_plan_predict(dev, &m, k_qds[q], &e);
+
 			/* 1% better to take a shallower queue or a wider gap */
 			if (e.t_token_s < best->t_token_s * 0.99 || best->t_token_s == INFINITY) {
 				*best = e;
@@ -710,9 +727,21 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 		goto out;
 	n_obj = nf_store_object_count(nf_engine_store(cal));
 
+	/* 3b. lay the store out now, so that the dry runs below size the
+	 * cache for the bundles as they will be (the relayout may pack them
+	 * closer); the calibration engine keeps the old file open for the
+	 * replay, whose slots are the new layout's already */
+	if (o->relayout) {
+		t0 = now_s();
+		if ((rc = relayout_in_place(o, d)) < 0)
+			goto out;
+		logf_(o, "store laid out in the co-activation order in %.1f s%s", now_s() - t0,
+		      o->keep_copy ? " (the old layout kept as .orig)" : "");
+	}
+
 	/* 4. every budget: the engine's dry run, then the reads its hot set
 	 * and cold segment leave under each gap, replaying the calibration */
-	if ((rc = replay_build(cal, order, &rp)) < 0) {
+	if ((rc = replay_build(cal, order, (uint32_t)n_ids, &rp)) < 0) {
 		rc = nf_diag_fail(d, rc, "plan: no memory to replay the calibration tokens");
 		goto out;
 	}
@@ -812,15 +841,6 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	}
 	nf_engine_close(cal);
 	cal = NULL;
-
-	/* 3b. lay the store out (after the calibration engine let go of it) */
-	if (o->relayout) {
-		t0 = now_s();
-		if ((rc = relayout_in_place(o, d)) < 0)
-			goto out;
-		logf_(o, "store laid out in the co-activation order in %.1f s%s", now_s() - t0,
-		      o->keep_copy ? " (the old layout kept as .orig)" : "");
-	}
 
 	/* 5. choose and predict; keep earlier plans for other budgets */
 	uint32_t n_keep = 0;

@@ -55,8 +55,10 @@ struct ffn_ent {
 	uint32_t *count;   /* per neuron: times requested (or profile counts) */
 	uint32_t *inv;     /* per store slot: its neuron (the permutation inverted) */
 	uint64_t *sig;     /* sig_tokens: n_neurons rows of sig_words; bit t of a row: asked
-			    * for by this FFN's request t (NULL when not recording) */
+			    * for by this FFN's t-th sampled request (NULL when not recording) */
 	uint32_t sig_n;    /* requests recorded in sig */
+	uint32_t sig_every; /* requests are sampled every sig_every (a power of two) */
+	uint64_t sig_seen;  /* requests of this FFN so far */
 };
 
 /* One read: a run of bundles of one FFN landing in adjacent slots. */
@@ -68,6 +70,7 @@ struct read_rec {
 	uint32_t n_slots;      /* cold slots the read fills (n, plus bridged gaps) */
 	uint32_t *neurons;     /* into run_neurons */
 	uint32_t *store_slots; /* into run_slots */
+	void *tag;             /* the request's tag: reap hands it to fn instead of its user */
 	int result;
 	bool queued;
 };
@@ -85,20 +88,27 @@ struct nf_cache {
 
 	char *arena;
 	uint64_t arena_bytes;
-	uint64_t pinned_cap, pinned_used;
-	char *pinned, *hot, *cold;
+	uint64_t pinned_cap, pinned_used; /* pinned segment: limit (0: none), bytes held */
+	void **pins;                   /* its buffers, one per pinned object */
+	uint32_t n_pins, cap_pins;
+	struct nf_io_opts io_opts;     /* the I/O context's settings */
+	bool has_ffn;                  /* the FFN segments are set up */
+	char *hot, *cold;
 	uint32_t n_hot, n_cold;
 	struct slot_meta *hot_meta, *cold_meta;
 	uint32_t hand;
 	bool hugepages, numa;
 	uint32_t sig_words;            /* co-activation record: words per neuron (0: off) */
 
-	/* the current request */
+	/* the current requests (several may go out before a release, their
+	 * misses laid out one after the other from run_base, n_neurons in all) */
 	struct read_rec *reads;        /* n_neurons at most */
 	uint32_t n_reads;
 	uint32_t *run_neurons, *run_slots, *order;
+	uint32_t run_base;
+	void *cur_tag;
 	uint64_t *sortbuf;
-	uint32_t *pinned_list;         /* cold slots pinned by the current layer */
+	uint32_t *pinned_list;         /* cold slots pinned by the current layer (max(N, n_cold)) */
 	uint32_t n_pinned_list;
 	atomic_uint outstanding;       /* reads not yet reaped */
 	int layer_err;
@@ -211,14 +221,13 @@ uint64_t nf_cache_min_bytes_for(struct nf_store *s, uint32_t min_cold_slots)
 	return (uint64_t)k * g.stride;
 }
 
-/* The arena's hot and cold slots under o (the pinned segment first). */
+/* The arena's hot and cold slots under o (the pinned segment is apart). */
 static void split(struct nf_store *s, const struct nf_cache_geom *g, const struct nf_cache_opts *o, uint32_t *n_hot,
 		  uint32_t *n_cold)
 {
 	uint32_t cold_min = o->min_cold_slots && o->min_cold_slots < g->n_neurons ? o->min_cold_slots : g->n_neurons;
 	uint64_t min_cold = (uint64_t)cold_min * g->stride;
-	uint64_t pinned = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
-	uint64_t rest = o->arena_bytes > pinned ? o->arena_bytes - pinned : 0;
+	uint64_t rest = o->arena_bytes;
 	double hf = o->use_profile && nf_store_has_profile(s) ? o->profile_hot_fraction : o->hot_fraction;
 	hf = hf < 0 ? 0 : hf > 1 ? 1 : hf;
 	uint64_t hot = (uint64_t)((double)rest * hf);
@@ -251,7 +260,8 @@ static uint64_t meta_bytes_for(const struct nf_cache_geom *g, uint32_t n_ffn_pre
 	uint64_t N = g->n_neurons, n_ffn = (uint64_t)g->n_layer * g->n_expert;
 	return n_ffn * sizeof(struct ffn_ent) + (n_hot + 1) * sizeof(struct slot_meta) +
 	       n_cold * sizeof(struct slot_meta) + (N + 1) * sizeof(struct read_rec) + N * sizeof(uint64_t) +
-	       5 * N * sizeof(uint32_t) + (N + 2) * sizeof(struct event) + n_ffn * 3 * N * sizeof(uint32_t) +
+	       4 * N * sizeof(uint32_t) + (N > n_hot + n_cold ? N : n_hot + n_cold) * sizeof(uint32_t) +
+	       (N + 2) * sizeof(struct event) + n_ffn * 3 * N * sizeof(uint32_t) +
 	       (uint64_t)n_ffn_present * N * sig_words * sizeof(uint64_t) +
 	       (n_hot + n_cold + 2) * sizeof(uint64_t) + g->stride;
 }
@@ -274,6 +284,7 @@ uint64_t nf_cache_meta_bytes_for(struct nf_store *s, uint64_t arena_bytes, uint3
 }
 
 static int hot_from_profile(struct nf_cache *c);
+static void ffn_teardown(struct nf_cache *c);
 
 static void *meta(struct nf_cache *c, size_t n)
 {
@@ -283,42 +294,68 @@ static void *meta(struct nf_cache *c, size_t n)
 	return p;
 }
 
-int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_cache **out,
-		  struct nf_diag *d)
+int nf_cache_open_dense(struct nf_store *s, const struct nf_io_opts *io, struct nf_cache **out,
+			struct nf_diag *d)
 {
-	int rc;
 	struct nf_cache *c = calloc(1, sizeof(*c));
 	if (!c)
 		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 	c->store = s;
-	c->sig_words = (uint32_t)(((uint64_t)o->sig_tokens + 63) / 64);
 	pthread_mutex_init(&c->ev_lock, NULL);
 	pthread_mutex_init(&c->wait_lock, NULL);
+	if (io)
+		c->io_opts = *io;
+	else
+		nf_io_opts_default(&c->io_opts);
+	int rc = nf_io_ctx_open(s, &c->io_opts, &c->io, d);
+	if (rc < 0) {
+		nf_cache_close(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+int nf_cache_reopen_io(struct nf_cache *c, const struct nf_io_opts *o, struct nf_diag *d)
+{
+	if (c->io && !memcmp(&c->io_opts, o, sizeof(*o)))
+		return 0;
+	struct nf_io_ctx *io = NULL;
+	int rc = nf_io_ctx_open(c->store, o, &io, d);
+	if (rc < 0)
+		return rc;
+	nf_io_ctx_close(c->io);
+	c->io = io;
+	c->io_opts = *o;
+	return 0;
+}
+
+static int ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct nf_diag *d)
+{
+	int rc;
+	struct nf_store *s = c->store;
+	c->sig_words = (uint32_t)(((uint64_t)o->sig_tokens + 63) / 64);
 	if ((rc = scan_ffns(s, &c->g, d)) < 0)
-		goto fail;
+		return rc;
 	const struct nf_cache_geom *g = &c->g;
 	uint32_t cold_min = o->min_cold_slots && o->min_cold_slots < g->n_neurons ? o->min_cold_slots : g->n_neurons;
 	uint64_t min_cold = (uint64_t)cold_min * g->stride;
-	if (o->arena_bytes < o->pinned_bytes + min_cold) {
-		rc = nf_diag_fail(d, NF_EBUDGET,
-				  "cache: %llu bytes for the neuron cache, at least %llu needed (pinned %llu + %u "
-				  "cold bundles of %u bytes%s)",
-				  (unsigned long long)o->arena_bytes,
-				  (unsigned long long)(o->pinned_bytes + min_cold),
-				  (unsigned long long)o->pinned_bytes, cold_min, g->stride,
-				  cold_min == g->n_neurons ? ": one layer's" : "");
-		goto fail;
-	}
+	if (o->arena_bytes < min_cold)
+		return nf_diag_fail(d, NF_EBUDGET,
+				    "cache: %llu bytes for the neuron cache, at least %llu needed (%u cold bundles of "
+				    "%u bytes%s)",
+				    (unsigned long long)o->arena_bytes, (unsigned long long)min_cold, cold_min,
+				    g->stride, cold_min == g->n_neurons ? ": one layer's" : "");
 	c->arena_bytes = o->arena_bytes;
-	c->pinned_cap = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
+	if (o->pinned_bytes)
+		c->pinned_cap = o->pinned_bytes;
 	split(s, g, o, &c->n_hot, &c->n_cold);
 
 	c->arena = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (c->arena == MAP_FAILED) {
 		c->arena = NULL;
-		rc = nf_diag_fail(d, -ENOMEM, "cache: cannot map an arena of %llu bytes",
-				  (unsigned long long)c->arena_bytes);
-		goto fail;
+		return nf_diag_fail(d, -ENOMEM, "cache: cannot map an arena of %llu bytes",
+				    (unsigned long long)c->arena_bytes);
 	}
 #ifdef MADV_HUGEPAGE
 	c->hugepages = madvise(c->arena, c->arena_bytes, MADV_HUGEPAGE) == 0;
@@ -332,8 +369,7 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	}
 	if (o->prefault)
 		prefault(c->arena, c->arena_bytes);
-	c->pinned = c->arena;
-	c->hot = c->arena + c->pinned_cap;
+	c->hot = c->arena;
 	c->cold = c->hot + (uint64_t)c->n_hot * g->stride;
 
 	c->n_ffn = g->n_layer * g->n_expert;
@@ -350,11 +386,11 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	    !(c->rb_cold = meta(c, ((size_t)c->n_cold + 1) * sizeof(uint64_t))) ||
 	    !(c->rb_buf = meta(c, g->stride)) ||
 	    !(c->order = meta(c, N * sizeof(uint32_t))) ||
-	    !(c->pinned_list = meta(c, N * sizeof(uint32_t))) ||
-	    !(c->ev = meta(c, (N + 2) * sizeof(struct event)))) {
-		rc = nf_diag_fail(d, -ENOMEM, "cache: out of memory");
-		goto fail;
-	}
+	    /* every cold slot may be pinned at once (several requests of a
+	     * release: a token's routed experts) */
+	    !(c->pinned_list = meta(c, (N > c->n_cold ? N : c->n_cold) * sizeof(uint32_t))) ||
+	    !(c->ev = meta(c, (N + 2) * sizeof(struct event))))
+		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 	c->ev_cap = N + 2;
 	for (uint32_t i = 0; i < c->n_hot; i++)
 		c->hot_meta[i].ffn = NO_SLOT;
@@ -370,39 +406,57 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	for (uint32_t i = 0; i < c->n_ffn; i++) {
 		if (!(c->ffns[i].loc = meta(c, N * sizeof(uint32_t))) ||
 		    !(c->ffns[i].count = meta(c, N * sizeof(uint32_t))) ||
-		    !(c->ffns[i].inv = meta(c, N * sizeof(uint32_t)))) {
-			rc = nf_diag_fail(d, -ENOMEM, "cache: out of memory");
-			goto fail;
-		}
+		    !(c->ffns[i].inv = meta(c, N * sizeof(uint32_t))))
+			return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 		if (c->sig_words && c->ffns[i].obj &&
-		    !(c->ffns[i].sig = meta(c, (size_t)N * c->sig_words * sizeof(uint64_t)))) {
-			rc = nf_diag_fail(d, -ENOMEM, "cache: no memory for the co-activation record (%u tokens)",
-					  c->sig_words * 64);
-			goto fail;
-		}
+		    !(c->ffns[i].sig = meta(c, (size_t)N * c->sig_words * sizeof(uint64_t))))
+			return nf_diag_fail(d, -ENOMEM, "cache: no memory for the co-activation record (%u tokens)",
+					    c->sig_words * 64);
 		memset(c->ffns[i].loc, 0xff, N * sizeof(uint32_t));
 		if (c->ffns[i].obj)
 			for (uint32_t j = 0; j < N; j++)
 				c->ffns[i].inv[c->ffns[i].obj->perm[j]] = j;
 	}
-	if ((rc = nf_io_ctx_open(s, &o->io, &c->io, d)) < 0)
-		goto fail;
+	if ((rc = nf_cache_reopen_io(c, &o->io, d)) < 0)
+		return rc;
+	nf_cache_stats_reset(c);
 	c->max_coalesce = o->io.max_coalesce ? o->io.max_coalesce : (1u << 20);
 	c->max_gap = o->max_gap;
+	c->has_ffn = true;
 	if (o->use_profile && nf_store_has_profile(s) && (rc = hot_from_profile(c)) < 0)
-		goto fail;
-	*out = c;
+		return rc;
 	return 0;
-fail:
-	nf_cache_close(c);
+}
+
+int nf_cache_ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct nf_diag *d)
+{
+	if (c->has_ffn)
+		return nf_diag_fail(d, NF_EUSAGE, "cache: the FFN segments are already set up");
+	int rc = ffn_setup(c, o, d);
+	if (rc < 0)
+		ffn_teardown(c);
 	return rc;
 }
 
-void nf_cache_close(struct nf_cache *c)
+int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_cache **out,
+		  struct nf_diag *d)
 {
-	if (!c)
-		return;
-	nf_io_ctx_close(c->io);
+	struct nf_cache *c = NULL;
+	int rc = nf_cache_open_dense(s, &o->io, &c, d);
+	if (rc < 0)
+		return rc;
+	if ((rc = nf_cache_ffn_setup(c, o, d)) < 0) {
+		nf_cache_close(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+/* Everything nf_cache_ffn_setup made, freed; the pinned segment and the
+ * I/O context stay. */
+static void ffn_teardown(struct nf_cache *c)
+{
 	if (c->ffns)
 		for (uint32_t i = 0; i < c->n_ffn; i++) {
 			free(c->ffns[i].loc);
@@ -426,6 +480,28 @@ void nf_cache_close(struct nf_cache *c)
 	free(c->ev);
 	if (c->arena)
 		munmap(c->arena, c->arena_bytes);
+	c->ffns = NULL;
+	c->hot_meta = c->cold_meta = NULL;
+	c->reads = NULL;
+	c->run_neurons = c->run_slots = c->span_slots = c->order = c->pinned_list = NULL;
+	c->rb_hot = c->rb_cold = c->sortbuf = NULL;
+	c->rb_buf = NULL;
+	c->ev = NULL;
+	c->arena = c->hot = c->cold = NULL;
+	c->arena_bytes = c->meta_bytes = 0;
+	c->n_ffn = c->n_hot = c->n_cold = c->ev_cap = 0;
+	c->has_ffn = false;
+}
+
+void nf_cache_close(struct nf_cache *c)
+{
+	if (!c)
+		return;
+	nf_io_ctx_close(c->io);
+	ffn_teardown(c);
+	for (uint32_t i = 0; i < c->n_pins; i++)
+		nf_io_buf_free(c->pins[i]);
+	free(c->pins);
 	pthread_mutex_destroy(&c->ev_lock);
 	pthread_mutex_destroy(&c->wait_lock);
 	free(c);
@@ -527,10 +603,53 @@ static int cmp_u64(const void *a, const void *b)
 
 /* The co-activation record: which neurons this FFN's next recorded request
  * asked for (one bit per neuron and calibration token). */
+/* The even bits of x (bit 2i to bit i). */
+static uint32_t even_bits(uint64_t x)
+{
+	x &= 0x5555555555555555ull;
+	x = (x | x >> 1) & 0x3333333333333333ull;
+	x = (x | x >> 2) & 0x0f0f0f0f0f0f0f0full;
+	x = (x | x >> 4) & 0x00ff00ff00ff00ffull;
+	x = (x | x >> 8) & 0x0000ffff0000ffffull;
+	x = (x | x >> 16) & 0x00000000ffffffffull;
+	return (uint32_t)x;
+}
+
+/*
+ * The co-activation record samples an FFN's requests uniformly over the
+ * whole run, not its first ones: every request while there is room, then,
+ * each time the record is full, every other recorded column is dropped and
+ * the sampling interval doubles (requests 0, s, 2s, ... of this FFN, s a
+ * power of two). An FFN requested rarely (an expert seldom routed) keeps
+ * all its requests; one requested often keeps sig_tokens / 2 or more spread
+ * over the run.
+ */
 static void record_signature(struct nf_cache *c, struct ffn_ent *f, const uint32_t *neurons, uint32_t n)
 {
-	if (!f->sig || f->sig_n >= c->sig_words * 64u)
+	if (!f->sig)
 		return;
+	uint64_t seen = f->sig_seen++;
+	if (!f->sig_every)
+		f->sig_every = 1;
+	if (seen % f->sig_every)
+		return;
+	uint32_t W = c->sig_words;
+	if (f->sig_n >= W * 64u) {
+		/* keep the even columns (requests 0, 2s, 4s, ...) */
+		for (uint64_t r = 0; r < c->g.n_neurons; r++) {
+			uint64_t *row = f->sig + r * W;
+			for (uint32_t w = 0; w < (W + 1) / 2; w++) {
+				uint64_t hi = 2 * w + 1 < W ? row[2 * w + 1] : 0;
+				row[w] = even_bits(row[2 * w]) | (uint64_t)even_bits(hi) << 32;
+			}
+			for (uint32_t w = (W + 1) / 2; w < W; w++)
+				row[w] = 0;
+		}
+		f->sig_n = (f->sig_n + 1) / 2;
+		f->sig_every *= 2;
+		if (seen % f->sig_every)
+			return;
+	}
 	uint32_t t = f->sig_n++;
 	for (uint32_t k = 0; k < n; k++)
 		if (neurons[k] < c->g.n_neurons)
@@ -673,7 +792,7 @@ static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t tak
 	}
 	struct read_rec *r = &c->reads[c->n_reads++];
 	*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take, .n_slots = span,
-				.neurons = c->run_neurons + k, .store_slots = c->run_slots + k };
+				.neurons = c->run_neurons + k, .store_slots = c->run_slots + k, .tag = c->cur_tag };
 	atomic_fetch_add(&c->outstanding, 1);
 	/* the I/O context holds a bounded number of requests: when it is full,
 	 * let some complete (their events wait in the queue) */
@@ -697,15 +816,10 @@ static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t tak
 	return 0;
 }
 
-int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
-		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user)
+static int request_at(struct nf_cache *c, uint32_t fi, const uint32_t *neurons, uint32_t n, const void **ptrs,
+		      nf_cache_ready_fn fn, void *user)
 {
-	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
-		return NF_EUSAGE;
-	uint32_t fi = layer * c->g.n_expert + expert;
 	struct ffn_ent *f = &c->ffns[fi];
-	if (!f->obj)
-		return NF_EUSAGE;
 	record_signature(c, f, neurons, n);
 	/* hits now (c->run_neurons is free until the misses are laid out) */
 	uint32_t n_hit;
@@ -736,13 +850,51 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 		/* neurons never submitted: report them failed */
 		struct read_rec *r = &c->reads[c->n_reads++];
 		*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = NO_SLOT, .n = n_miss - k,
-					.neurons = c->run_neurons + k, .result = rc };
+					.neurons = c->run_neurons + k, .tag = c->cur_tag, .result = rc };
 		atomic_fetch_add(&c->outstanding, 1);
 		ev_push(c, r);
 	}
 	if (rc < 0 && c->layer_err == 0)
 		c->layer_err = rc;
 	return rc;
+}
+
+/* A request whose hits are reported to user now; tag (NULL: none) goes
+ * with its reads to whoever reaps them. */
+static int request_any(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons, uint32_t n,
+		       const void **ptrs, nf_cache_ready_fn fn, void *user, void *tag)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NF_EUSAGE;
+	uint32_t fi = layer * c->g.n_expert + expert;
+	if (!c->ffns[fi].obj)
+		return NF_EUSAGE;
+	uint32_t base = c->run_base;
+	if (n > c->g.n_neurons - base)
+		return NF_EBUDGET;
+	/* this request's misses go after the earlier ones' (still in flight) */
+	c->run_neurons += base;
+	c->run_slots += base;
+	c->cur_tag = tag;
+	uint32_t misses0 = (uint32_t)c->st.misses;
+	int rc = request_at(c, fi, neurons, n, ptrs, fn, user);
+	c->run_base += (uint32_t)c->st.misses - misses0;
+	c->cur_tag = NULL;
+	c->run_neurons -= base;
+	c->run_slots -= base;
+	return rc;
+}
+
+int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user)
+{
+	return request_any(c, layer, expert, neurons, n, ptrs, fn, user, NULL);
+}
+
+int nf_cache_request_tagged(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+			    uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *tag)
+{
+	return request_any(c, layer, expert, neurons, n, ptrs, fn, tag, tag);
 }
 
 /* Undo the slots of a failed read (invariant 6). */
@@ -772,7 +924,7 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 				read_failed(c, r);
 				pthread_mutex_unlock(&c->ev_lock);
 			}
-			fn(user, r->neurons, r->n, r->result);
+			fn(r->tag ? r->tag : user, r->neurons, r->n, r->result);
 			atomic_fetch_sub(&c->outstanding, 1);
 			handed++;
 		}
@@ -794,7 +946,7 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 				read_failed(c, q);
 				pthread_mutex_unlock(&c->ev_lock);
 			}
-			fn(user, q->neurons, q->n, q->result);
+			fn(q->tag ? q->tag : user, q->neurons, q->n, q->result);
 			atomic_fetch_sub(&c->outstanding, 1);
 			handed++;
 		}
@@ -830,6 +982,7 @@ int nf_cache_release(struct nf_cache *c)
 		c->cold_meta[c->pinned_list[i]].pinned = 0;
 	c->n_pinned_list = 0;
 	c->n_reads = 0;
+	c->run_base = 0;
 	int err = c->layer_err;
 	c->layer_err = 0;
 	return err;
@@ -1151,34 +1304,143 @@ static int hot_from_profile(struct nf_cache *c)
 
 /* ---- pinned -------------------------------------------------------------------------- */
 
-static void pin_done(void *cookie, int result)
+/* A whole-object read of nf_cache_pin_objects / nf_cache_read_object. */
+struct obj_read {
+	int result;
+};
+
+static void obj_done(void *cookie, int result)
 {
-	*(int *)cookie = result;
+	((struct obj_read *)cookie)->result = result;
+}
+
+/* Read objs[0..n) into bufs[0..n), all submitted at once (the I/O
+ * context's queue bounds what is in flight), each checked on completion.
+ * Returns 0 or the first failure, d naming its object. */
+static int read_objects(struct nf_cache *c, const struct nf_store_object *const *objs, void *const *bufs,
+			uint32_t n, struct nf_diag *d)
+{
+	struct obj_read *r = calloc(n ? n : 1, sizeof(*r));
+	if (!r)
+		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
+	int rc = 0;
+	pthread_mutex_lock(&c->wait_lock);
+	for (uint32_t i = 0; i < n && rc == 0; i++) {
+		r[i].result = 1;
+		while ((rc = nf_io_ctx_read_object(c->io, objs[i], bufs[i], obj_done, &r[i])) == -EAGAIN) {
+			int w = nf_io_ctx_wait(c->io, 1, -1);
+			if (w < 0 && w != -ETIMEDOUT) {
+				rc = w;
+				break;
+			}
+		}
+		if (rc < 0) {
+			r[i].result = rc;
+			nf_diag_fail(d, rc, "%s: object %s: cannot read it: %s", nf_store_path(c->store),
+				     objs[i]->name, nf_strerror(rc));
+		}
+	}
+	int w = nf_io_ctx_wait(c->io, 0, -1);
+	pthread_mutex_unlock(&c->wait_lock);
+	for (uint32_t i = 0; i < n && rc == 0; i++)
+		if (r[i].result != 0) {
+			rc = r[i].result > 0 ? (w < 0 ? w : -EIO) : r[i].result;
+			nf_diag_fail(d, rc, "%s: object %s: %s", nf_store_path(c->store), objs[i]->name,
+				     nf_strerror(rc));
+		}
+	if (rc == 0 && w < 0)
+		rc = nf_diag_fail(d, w, "%s: reading objects: %s", nf_store_path(c->store), nf_strerror(w));
+	for (uint32_t i = 0; i < n; i++)
+		if (r[i].result == 0)
+			c->st.bytes_read += nf_store_object_buf_size(objs[i], nf_io_ctx_align(c->io));
+	free(r);
+	return rc;
+}
+
+int nf_cache_pin_objects(struct nf_cache *c, const struct nf_store_object *const *objs, uint32_t n,
+			 const void **data, struct nf_diag *d)
+{
+	uint32_t align = nf_io_ctx_align(c->io) > 4096 ? nf_io_ctx_align(c->io) : 4096;
+	uint64_t need = 0;
+	for (uint32_t i = 0; i < n; i++)
+		need += nf_store_object_buf_size(objs[i], align);
+	if (c->pinned_cap && c->pinned_used + need > c->pinned_cap)
+		return nf_diag_fail(d, NF_EBUDGET,
+				    "cache: pinned segment of %llu bytes cannot hold %u more objects (%llu bytes; %llu "
+				    "used)", (unsigned long long)c->pinned_cap, n, (unsigned long long)need,
+				    (unsigned long long)c->pinned_used);
+	if (c->n_pins + n > c->cap_pins) {
+		uint32_t cap = c->cap_pins * 2 > c->n_pins + n ? c->cap_pins * 2 : c->n_pins + n + 16;
+		void **p = realloc(c->pins, cap * sizeof(*p));
+		if (!p)
+			return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
+		c->pins = p;
+		c->cap_pins = cap;
+	}
+	void **bufs = c->pins + c->n_pins;
+	for (uint32_t i = 0; i < n; i++)
+		if (!(bufs[i] = nf_io_buf_alloc(nf_store_object_buf_size(objs[i], align), align))) {
+			for (uint32_t k = 0; k < i; k++)
+				nf_io_buf_free(bufs[k]);
+			return nf_diag_fail(d, -ENOMEM, "%s: out of memory for %llu bytes of %s",
+					    nf_store_path(c->store),
+					    (unsigned long long)nf_store_object_buf_size(objs[i], align), objs[i]->name);
+		}
+	int rc = read_objects(c, objs, bufs, n, d);
+	if (rc < 0) {
+		for (uint32_t i = 0; i < n; i++)
+			nf_io_buf_free(bufs[i]);
+		return rc;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		data[i] = bufs[i];
+	c->n_pins += n;
+	c->pinned_used += need;
+	return 0;
 }
 
 int nf_cache_pin_object(struct nf_cache *c, const struct nf_store_object *obj, const void **data,
 			struct nf_diag *d)
 {
-	uint32_t align = nf_io_ctx_align(c->io);
-	uint64_t need = nf_store_object_buf_size(obj, align);
-	uint64_t at = (c->pinned_used + align - 1) / align * align;
-	if (at + need > c->pinned_cap)
-		return nf_diag_fail(d, NF_EBUDGET,
-				    "cache: pinned segment of %llu bytes cannot hold %s (%llu bytes; %llu used)",
-				    (unsigned long long)c->pinned_cap, obj->name, (unsigned long long)need,
-				    (unsigned long long)c->pinned_used);
-	int res = 1;
-	int rc = nf_io_ctx_read_object(c->io, obj, c->pinned + at, pin_done, &res);
-	if (rc == 0)
-		rc = nf_io_ctx_wait(c->io, 0, -1);
-	if (rc >= 0)
-		rc = res;
-	if (rc < 0)
-		return nf_diag_fail(d, rc, "cache: reading %s: %s", obj->name, nf_strerror(rc));
-	c->pinned_used = at + need;
-	c->st.bytes_read += need;
-	*data = c->pinned + at;
-	return 0;
+	return nf_cache_pin_objects(c, &obj, 1, data, d);
+}
+
+int nf_cache_read_object(struct nf_cache *c, const struct nf_store_object *obj, void *buf, struct nf_diag *d)
+{
+	return read_objects(c, &obj, &buf, 1, d);
+}
+
+uint32_t nf_cache_align(const struct nf_cache *c)
+{
+	return nf_io_ctx_align(c->io);
+}
+
+struct nf_store *nf_cache_store(const struct nf_cache *c)
+{
+	return c->store;
+}
+
+/* ---- streamed segment: reads for nflash/stream.h ----------------------------------- */
+
+int nf_cache_wait_io(struct nf_cache *c)
+{
+	pthread_mutex_lock(&c->wait_lock);
+	int rc = nf_io_ctx_pending(c->io) ? nf_io_ctx_wait(c->io, 1, -1) : 0;
+	pthread_mutex_unlock(&c->wait_lock);
+	return rc == -ETIMEDOUT ? 0 : rc;
+}
+
+int nf_cache_read_async(struct nf_cache *c, const struct nf_store_object *obj, void *buf, nf_io_done_fn fn,
+			void *cookie)
+{
+	int rc;
+	while ((rc = nf_io_ctx_read_object(c->io, obj, buf, fn, cookie)) == -EAGAIN) {
+		/* the context's request limit: let some finish, then retry */
+		int w = nf_cache_wait_io(c);
+		if (w < 0)
+			return w;
+	}
+	return rc;
 }
 
 /* ---- stats --------------------------------------------------------------------------- */

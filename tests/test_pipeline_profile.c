@@ -216,7 +216,7 @@ Test(pipeline, profile_relayout_of_qcol_bundles_keeps_exact_output, .timeout = 1
 	snprintf(bad, sizeof(bad), "%s.bad", hot);
 	cr_expect_eq(nf_store_relayout(store, bad, &o, &d), NF_EUSAGE, "a block size of 768 was taken");
 	cr_expect(access(bad, F_OK) != 0);
-	nf_store_profile_free(p);   /* after its last use: o.profile is p */
+	nf_store_profile_free(p); /* o.profile, used by both relayouts */
 
 	struct nf_model *gm = pl_load(gguf, false, false);
 	uint32_t nv = nf_model_hparams(gm)->n_vocab;

@@ -207,3 +207,4 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	unsigned long long hwm = pl_json_u64(out, "vm_hwm_bytes");
 	cr_expect(hwm <= budgets[0], "VmHWM %llu above the %llu-byte budget", hwm, (unsigned long long)budgets[0]);
 }
+
