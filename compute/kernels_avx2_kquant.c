@@ -44,16 +44,9 @@ void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n)
 		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
 		m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
 		float amax = _mm_cvtss_f32(m4);
-		if (amax == 0.0f) {
-			memset(&y[b], 0, sizeof(y[b]));
+		const float max = nf_kq_q8_K_max(x, amax, &y[b]);
+		if (max == 0.0f)
 			continue;
-		}
-		float max = 0.0f;
-		for (int j = 0; j < NF_QK_K; j++)
-			if (fabsf(x[j]) == amax) {
-				max = x[j];
-				break;
-			}
 		const float iscale = -127.0f / max;
 		const __m256 vs = _mm256_set1_ps(iscale);
 		const __m256i cap = _mm256_set1_epi32(127);
@@ -87,17 +80,6 @@ void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n)
 
 /* ---- dot products ---------------------------------------------------------- */
 
-/* q4_K / q5_K scales and mins of a block (6 bits each, 12 bytes) */
-static inline void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8])
-{
-	for (int j = 0; j < 4; j++) {
-		sc[j] = s[j] & 63;
-		mn[j] = s[j + 4] & 63;
-		sc[j + 4] = (uint8_t)((s[j + 8] & 0xf) | ((s[j] >> 6) << 4));
-		mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-	}
-}
-
 /* A q4_K/q5_K block against b: d, dmin, the 8 scales and the per-32 min
  * products m[2k] s[2k] + m[2k+1] s[2k+1], k = 0..3. */
 static inline void k4_head(const uint8_t *scales, uint16_t hd, uint16_t hdmin,
@@ -107,7 +89,7 @@ static inline void k4_head(const uint8_t *scales, uint16_t hd, uint16_t hdmin,
 	uint8_t mn[8];
 	*d = b->d * _cvtsh_ss(hd);
 	*dmin = -b->d * _cvtsh_ss(hdmin);
-	k4_scales(scales, sc, mn);
+	nf_kq_scales_k4(scales, sc, mn);
 	for (int k = 0; k < 4; k++) {
 		int32_t s0 = b->bsums[4 * k] + b->bsums[4 * k + 1];
 		int32_t s1 = b->bsums[4 * k + 2] + b->bsums[4 * k + 3];
