@@ -39,6 +39,32 @@ void nf_kref_axpy_list(void (*axpy)(size_t, float, const void *, float *), size_
  * SIMD tables use it for rows that are not a multiple of 16 long. */
 float nf_kref_dot_f16(size_t n, const void *w, const void *x);
 
+/* K-quant down columns (kcol_madd): 16 values of b bits are 2b bytes; word
+ * i of a 16-byte source register gathers bytes (ib / 8, ib / 8 + 1), i.e.
+ * the value's bits at shift ib % 8 (0x80: nothing, past the 2b bytes);
+ * multiplying by 2^(16 - shift - b) puts them at the top of the word, and
+ * a right shift by 16 - b leaves the value. Row b - 2 of each table. Both
+ * pshufb (per 128-bit lane: values 0-7 then 8-15) and tbl read them. */
+/* Calls FN(b, ...) with b a constant 2..6 (so FN's loop specialises), the
+ * reference for any other width. */
+#define NF_KCOL_BY_BITS(FN, bits, off, col, n, sc, xq, acc)                                        \
+	do {                                                                                       \
+		switch (bits) {                                                                    \
+		case 2: FN(2, off, col, n, sc, xq, acc); break;                                    \
+		case 3: FN(3, off, col, n, sc, xq, acc); break;                                    \
+		case 4: FN(4, off, col, n, sc, xq, acc); break;                                    \
+		case 5: FN(5, off, col, n, sc, xq, acc); break;                                    \
+		case 6: FN(6, off, col, n, sc, xq, acc); break;                                    \
+		default: nf_kref_kcol_madd(bits, off, col, n, sc, xq, acc); break;                 \
+		}                                                                                  \
+	} while (0)
+extern const uint8_t nf_kcol_idx[5][32];
+extern const uint16_t nf_kcol_mul[5][16];
+void nf_kref_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
+		       int32_t xq, int32_t *acc);
+void nf_kavx2_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
+			int32_t xq, int32_t *acc);
+
 /* K-quant reference entries (kernels_ref.c): Q8_K activations, ggml's x86
  * order. Any table may point its K-quant entries at these. */
 void nf_kref_prepare_q8_K(const float *x, void *xq, size_t n);
@@ -107,8 +133,8 @@ static inline void nf_kq_scales_k3(const uint8_t *s, int8_t sc[16])
 }
 
 /* AVX2 K-quant kernels (kernels_avx2_kquant.c), for the AVX2 and AVX-512
- * tables: Q8_K preparation and Q4_K/Q5_K/Q6_K products with the
- * reference's bits; Q2_K/Q3_K and the axpys stay the reference's. */
+ * tables: Q8_K preparation and Q2_K..Q6_K products with the reference's
+ * bits; the axpys stay the reference's. */
 void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n);
 #define NF_KAVX2_KQUANT_DECL(T)                                                                 \
 	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
@@ -117,11 +143,13 @@ void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n);
 			       size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy); \
 	void nf_kavx2_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,           \
 				    const void *xq, float *y);
+NF_KAVX2_KQUANT_DECL(q2_K)
+NF_KAVX2_KQUANT_DECL(q3_K)
 NF_KAVX2_KQUANT_DECL(q4_K)
 NF_KAVX2_KQUANT_DECL(q5_K)
 NF_KAVX2_KQUANT_DECL(q6_K)
 #define NF_KAVX2_KQUANT(op)                                                                    \
-	[NF_KT_Q2_K] = nf_kref_##op##_q2_K, [NF_KT_Q3_K] = nf_kref_##op##_q3_K,                \
+	[NF_KT_Q2_K] = nf_kavx2_##op##_q2_K, [NF_KT_Q3_K] = nf_kavx2_##op##_q3_K,              \
 	[NF_KT_Q4_K] = nf_kavx2_##op##_q4_K, [NF_KT_Q5_K] = nf_kavx2_##op##_q5_K,              \
 	[NF_KT_Q6_K] = nf_kavx2_##op##_q6_K
 #define NF_KAVX2_KQUANT_PREPARE                                                                \

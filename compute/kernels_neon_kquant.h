@@ -1,9 +1,10 @@
 /*
  * kernels_neon_kquant.h - private to compute/kernels_neon.c and
  * compute/kernels_neondot.c: the K-quant kernels of both arm64 tables, Q8_K
- * activation preparation and the Q2_K..Q6_K products (gemv, gemm,
- * gemv_list), written once over the integer block product dot16 that each
- * file defines before including this (see kernels_neon_q.h).
+ * activation preparation, the Q2_K..Q6_K products (gemv, gemm, gemv_list),
+ * written once over the integer block product dot16 that each file
+ * defines before including this (see kernels_neon_q.h), and the sparse
+ * FFN's K-quant down columns (kcol_madd, exact integers).
  *
  * Invariants:
  * 1. Prepared Q8_K blocks are bit-identical to nf_kref_prepare_q8_K: the
@@ -317,6 +318,72 @@ NK_MATMUL(q4_K)
 NK_MATMUL(q5_K)
 NK_MATMUL(q6_K)
 
+/* ---- K-quant down columns (kcol_madd) -------------------------------------------- */
+
+/* Exactly the 2b bytes of 16 b-bit values (never reading past them). */
+static inline uint8x16_t nk_kcol_load(const uint8_t *p, uint32_t b)
+{
+	uint64_t u64;
+	uint32_t u32;
+	uint16_t u16;
+	if (b < 4) {
+		memcpy(&u32, p, 4);
+		uint16x8_t v = vreinterpretq_u16_u32(vsetq_lane_u32(u32, vdupq_n_u32(0), 0));
+		if (b == 3) {
+			memcpy(&u16, p + 4, 2);
+			v = vsetq_lane_u16(u16, v, 2);
+		}
+		return vreinterpretq_u8_u16(v);
+	}
+	memcpy(&u64, p, 8);
+	uint64x2_t v = vsetq_lane_u64(u64, vdupq_n_u64(0), 0);
+	if (b == 5) {
+		memcpy(&u16, p + 8, 2);
+		return vreinterpretq_u8_u16(vsetq_lane_u16(u16, vreinterpretq_u16_u64(v), 4));
+	}
+	if (b == 6) {
+		memcpy(&u32, p + 8, 4);
+		return vreinterpretq_u8_u32(vsetq_lane_u32(u32, vreinterpretq_u32_u64(v), 2));
+	}
+	return vreinterpretq_u8_u64(v);
+}
+
+/* 8 rows: acc += sc * p, exact 32-bit products (smlal) */
+static inline void nk_kcol_acc8(int16x8_t p, const int16_t *sc, int32_t *acc)
+{
+	int16x8_t s = vld1q_s16(sc);
+	vst1q_s32(acc, vmlal_s16(vld1q_s32(acc), vget_low_s16(p), vget_low_s16(s)));
+	vst1q_s32(acc + 4, vmlal_high_s16(vld1q_s32(acc + 4), p, s));
+}
+
+/* 16 rows per step: the values unpacked to int16 by tbl and the
+ * nf_kcol_idx/mul tables (kernels_impl.h), minus off, times xq (exact in
+ * int16), then times the rows' scales into the int32 sums. */
+static inline void nk_kcol_madd_b(uint32_t b, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
+				  int32_t xq, int32_t *acc)
+{
+	const uint8x16_t i0 = vld1q_u8(nf_kcol_idx[b - 2]), i1 = vld1q_u8(nf_kcol_idx[b - 2] + 16);
+	const uint16x8_t m0 = vld1q_u16(nf_kcol_mul[b - 2]), m1 = vld1q_u16(nf_kcol_mul[b - 2] + 8);
+	const int16x8_t sh = vdupq_n_s16((int16_t)(b - 16)), vo = vdupq_n_s16((int16_t)off);
+	size_t r = 0;
+	for (; r + 16 <= n; r += 16, col += 2 * b) {
+		uint8x16_t src = nk_kcol_load(col, b);
+		uint16x8_t w0 = vshlq_u16(vmulq_u16(vreinterpretq_u16_u8(vqtbl1q_u8(src, i0)), m0), sh);
+		uint16x8_t w1 = vshlq_u16(vmulq_u16(vreinterpretq_u16_u8(vqtbl1q_u8(src, i1)), m1), sh);
+		nk_kcol_acc8(vmulq_n_s16(vsubq_s16(vreinterpretq_s16_u16(w0), vo), (int16_t)xq), sc + r, acc + r);
+		nk_kcol_acc8(vmulq_n_s16(vsubq_s16(vreinterpretq_s16_u16(w1), vo), (int16_t)xq), sc + r + 8,
+			     acc + r + 8);
+	}
+	if (r < n)
+		nf_kref_kcol_madd(b, off, col, n - r, sc + r, xq, acc + r);
+}
+
+static void nk_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n, const int16_t *sc, int32_t xq,
+			 int32_t *acc)
+{
+	NF_KCOL_BY_BITS(nk_kcol_madd_b, bits, off, col, n, sc, xq, acc);
+}
+
 /* The table entries this header defines; the K-quant axpys stay the
  * reference's (as on x86). */
 #define NK_ENTRIES(op)                                                                           \
@@ -327,6 +394,6 @@ NK_MATMUL(q6_K)
 	.act_prepare[NF_KT_Q2_K] = nk_prepare_q8_K, .act_prepare[NF_KT_Q3_K] = nk_prepare_q8_K,  \
 	.act_prepare[NF_KT_Q4_K] = nk_prepare_q8_K, .act_prepare[NF_KT_Q5_K] = nk_prepare_q8_K,  \
 	.act_prepare[NF_KT_Q6_K] = nk_prepare_q8_K, NK_ENTRIES(gemv), NK_ENTRIES(gemm),          \
-	NK_ENTRIES(gemv_list)
+	NK_ENTRIES(gemv_list), .kcol_madd = nk_kcol_madd
 
 #endif /* NF_KERNELS_NEON_KQUANT_H */

@@ -758,6 +758,59 @@ Test(kernels, kquant_any_bits_match_ref, .timeout = 120)
 		cr_skip_test("no SIMD kernel table on this CPU or build");
 }
 
+/*
+ * kcol_madd (the sparse FFN's K-quant down columns): the reference against
+ * the formula with each value's bits read one by one, and every table
+ * against the reference, bit for bit, for 2..6 bits, with the type's
+ * offsets, 1 to 259 rows, columns allocated to their exact size (so a read
+ * past them shows under ASan), scales and activations over their ranges.
+ */
+Test(kernels, kcol_madd_matches_ref)
+{
+	const int32_t offs[] = { 0, 4, 0, 0, 32 }; /* Q2_K..Q6_K */
+	const size_t ns[] = { 1, 7, 8, 15, 16, 17, 31, 32, 64, 100, 256, 259 };
+	struct rng r = { 23 };
+	for (uint32_t bits = 2; bits <= 6; bits++)
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+			size_t n = ns[ni], nbytes = (n * bits + 7) / 8;
+			uint8_t *col = xmalloc(nbytes);
+			int16_t *sc = xmalloc(n * sizeof(int16_t));
+			int32_t *a0 = xmalloc(n * sizeof(int32_t)), *want = xmalloc(n * sizeof(int32_t));
+			int32_t *got = xmalloc(n * sizeof(int32_t));
+			for (size_t i = 0; i < nbytes; i++)
+				col[i] = (uint8_t)(rnd(&r) * 128 + 128);
+			for (size_t i = 0; i < n; i++) {
+				sc[i] = (int16_t)floorf(rnd(&r) * 128);
+				a0[i] = (int32_t)(rnd(&r) * 1e6f);
+			}
+			int32_t off = offs[bits - 2], xq = ni % 3 == 0 ? -128 : (int32_t)floorf(rnd(&r) * 128);
+			for (size_t i = 0; i < n; i++) {
+				uint32_t raw = 0;
+				for (uint32_t k = 0; k < bits; k++) {
+					size_t bit = i * bits + k;
+					raw |= (uint32_t)((col[bit / 8] >> (bit % 8)) & 1) << k;
+				}
+				want[i] = a0[i] + sc[i] * (((int32_t)raw - off) * xq);
+			}
+			for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+				const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+				if (!k)
+					continue;
+				cr_assert_not_null(k->kcol_madd);
+				memcpy(got, a0, n * sizeof(int32_t));
+				k->kcol_madd(bits, off, col, n, sc, xq, got);
+				for (size_t i = 0; i < n; i++)
+					cr_assert_eq(got[i], want[i], "%s kcol_madd bits %u n %zu row %zu: %d vs %d",
+						     k->isa, bits, n, i, got[i], want[i]);
+			}
+			free(col);
+			free(sc);
+			free(a0);
+			free(want);
+			free(got);
+		}
+}
+
 /* On arm64 the choice follows the CPU: sdot where it has it. */
 Test(kernels, arm64_picks_by_hwcap)
 {
