@@ -226,6 +226,14 @@ bench-decode: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash
 	$(Q)sh bench/bench_decode_budget.sh $(B)
 
+# ---- make bench-moe: a 47B Mixtral-shaped MoE under 4-12 GiB vs llama.cpp ----
+# (bench/bench_moe.sh: ~50 GiB of disk in NFLASH_BENCH_DIR while a variant
+# is built; LLAMA_CLI=/path/to/llama-cli for the peer; needs root)
+.PHONY: bench-moe
+bench-moe: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+	$(Q)sh bench/bench_moe.sh $(B)
+
 # ---- fuzzing: every format nflash reads (tests/fuzz/) ----------------------
 # make fuzz [FUZZ_TIME=600]: libFuzzer + ASan + UBSan on one core, one target
 # after the other, FUZZ_TIME seconds each: fuzz_gguf (the GGUF reader),

@@ -28,7 +28,8 @@ struct nf_engine {
 	struct nf_ctx *ctx;
 	struct nf_sparse *sparse;
 	struct nf_store *store;      /* opened here for --ffn-store (else the model's) */
-	struct nf_cache *cache;
+	struct nf_cache *cache;      /* the model's (its FFN segments added here), or ours */
+	bool own_cache;              /* --ffn-store: a cache of e->store, closed here */
 	const char *store_path;
 	struct nf_engine_info info;
 };
@@ -365,7 +366,6 @@ static int open_cache(struct nf_engine *e, struct nf_store *store, const struct 
 	if (f->stream) {
 		struct nf_stream_opts so;
 		nf_stream_opts_default(&so);
-		so.io.backend = co.io.backend;
 		if ((rc = nf_ctx_stream_attn(e->ctx, &so, d)) < 0)
 			return nf_diag_prefix(d, rc, "%s: streaming attention", e->store_path);
 		e->info.attn_streamed = true;
@@ -385,8 +385,18 @@ static int open_cache(struct nf_engine *e, struct nf_store *store, const struct 
 		weights += f->attn;
 	}
 	e->info.weights = weights;
+	/* a store-backed model's own cache gets the FFN segments: one door,
+	 * one I/O context, for every read of the store */
+	struct nf_cache *mc = store == nf_model_store(e->model) ? nf_model_cache(e->model) : NULL;
+	if (mc) {
+		if ((rc = nf_cache_ffn_setup(mc, &co, d)) < 0)
+			return nf_diag_prefix(d, rc, "%s", e->store_path);
+		e->cache = mc;
+		return 0;
+	}
 	if ((rc = nf_cache_open(store, &co, &e->cache, d)) < 0)
 		return nf_diag_prefix(d, rc, "%s", e->store_path);
+	e->own_cache = true;
 	return 0;
 }
 
@@ -747,7 +757,8 @@ void nf_engine_close(struct nf_engine *e)
 	if (!e)
 		return;
 	nf_sparse_close(e->sparse);
-	nf_cache_close(e->cache);
+	if (e->own_cache)
+		nf_cache_close(e->cache);
 	nf_store_close(e->store);
 	nf_ctx_close(e->ctx);
 	nf_model_free(e->model);

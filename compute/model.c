@@ -607,6 +607,11 @@ struct nf_store *nf_model_store(const struct nf_model *m)
 	return m->store;
 }
 
+struct nf_cache *nf_model_cache(const struct nf_model *m)
+{
+	return m->cache;
+}
+
 bool nf_model_ffn_in_memory(const struct nf_model *m)
 {
 	return !m->store || m->ffn_unpacked;

@@ -308,7 +308,7 @@ int nf_ctx_stream_attn(struct nf_ctx *c, const struct nf_stream_opts *o, struct 
 	/* the layers whose attention is not in memory; all of them if every
 	 * layer's is (a stream over pinned weights, for comparisons) */
 	c->attn_first = m->attn_deferred ? m->attn_in_mem : 0;
-	return nf_stream_open(m->store, m->attn_obj + (size_t)c->attn_first * 4,
+	return nf_stream_open(m->cache, m->attn_obj + (size_t)c->attn_first * 4,
 			      m->hp.n_layer - c->attn_first, 4, o, &c->attn, d);
 }
 

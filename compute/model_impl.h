@@ -34,21 +34,19 @@ struct nf_model {
 	struct nf_gguf *g;          /* the GGUF, or the store's metadata blob */
 	/* store-backed models (compute/model_store.c); all NULL/0 for a GGUF */
 	struct nf_store *store;
-	void *meta;                 /* the metadata blob g parses */
-	void *dense_mem;            /* every dense object, aligned */
+	struct nf_cache *cache;     /* the door to the store: dense objects pinned in it */
+	const void *meta;           /* the metadata blob g parses (pinned) */
 	void *ffn_mem;              /* unpacked FFN matrices (store_unpack_ffn) */
 	struct nf_gguf_tensor *st;  /* dense objects (and unpacked FFNs) as tensors */
 	char (*st_names)[64];       /* names of the unpacked FFN tensors */
 	size_t n_st;
 	struct nf_model_ffn *ffn;   /* n_layer x max(1, n_expert) */
-	struct nf_io_ctx *load_io;  /* reads at load time only (one context: io_destroy is slow) */
 	bool ffn_unpacked;
 	/* store_defer_attn: attention objects not read at load (data NULL
 	 * until nf_model_attn_load; a context may stream them instead) */
 	bool attn_deferred;
 	uint32_t attn_in_mem;       /* layers [0, attn_in_mem) have their attention in memory */
 	const struct nf_store_object **attn_obj; /* n_layer x 4: q, k, v, output */
-	void *attn_mem;             /* attention read by nf_model_attn_load */
 	uint64_t attn_bytes;        /* bytes of the attention weights */
 	struct nf_model_hparams hp;
 	struct nf_weight tok_embd;

@@ -3,10 +3,13 @@
  * `nflash import` (see nflash/model.h, docs/IMPORT.md).
  *
  * Invariants:
- *  1. Every byte used comes through the storage API: O_DIRECT reads by the
- *     I/O engine into aligned buffers, each object's (and each FFN
- *     extent's) crc32c checked on completion. A damaged store fails the
- *     load with a message naming the object; nothing is computed on it.
+ *  1. Every byte used comes through the model's cache (nflash/cache.h),
+ *     compute's one door to the store: dense objects are pinned in its
+ *     pinned segment, FFNs to unpack read through it, and the engine adds
+ *     the FFN segments to the same cache. Reads are O_DIRECT, each
+ *     object's (and each FFN extent's) crc32c checked on completion. A
+ *     damaged store fails the load with a message naming the object;
+ *     nothing is computed on it.
  *  2. Dense objects are exposed as GGUF tensors of the same name and shape,
  *     so model.c binds them exactly as it binds a GGUF's tensors, and the
  *     hyperparameters come from the metadata blob through the GGUF reader.
@@ -25,6 +28,7 @@
 #include <unistd.h>
 
 #include "nflash/bundle.h"
+#include "nflash/cache.h"
 #include "nflash/dtype.h"
 #include "nflash/gguf.h"
 #include "nflash/io.h"
@@ -42,69 +46,6 @@ bool nf_model_path_is_store(const char *path)
 static uint64_t round_up(uint64_t v, uint64_t a)
 {
 	return (v + a - 1) / a * a;
-}
-
-struct rd {
-	int result;
-	const struct nf_store_object *bad;
-};
-
-struct rd_one {
-	struct rd *all;
-	const struct nf_store_object *obj;
-};
-
-static void on_read(void *cookie, int result)
-{
-	struct rd_one *o = cookie;
-	if (result < 0 && o->all->result == 0) {
-		o->all->result = result;
-		o->all->bad = o->obj;
-	}
-}
-
-/* Read objs[0..n) into bufs[0..n) with the I/O engine (crc checked). */
-static int read_objects(struct nf_model *m, const struct nf_store_object *const *objs,
-			void *const *bufs, size_t n, struct nf_diag *diag)
-{
-	struct nf_store *s = m->store;
-	struct rd all = { 0 };
-	struct rd_one *one = calloc(n ? n : 1, sizeof(*one));
-	if (!one)
-		return nf_diag_fail(diag, -ENOMEM, "%s: out of memory", nf_store_path(s));
-	int rc = 0;
-	if (!m->load_io) {
-		struct nf_io_opts o;
-		nf_io_opts_default(&o);
-		o.quiet = true;
-		rc = nf_io_ctx_open(s, &o, &m->load_io, diag);
-	}
-	struct nf_io_ctx *io = m->load_io;
-	for (size_t i = 0; rc == 0 && i < n; i++) {
-		one[i] = (struct rd_one){ .all = &all, .obj = objs[i] };
-		rc = nf_io_ctx_read_object(io, objs[i], bufs[i], on_read, &one[i]);
-		if (rc == -EAGAIN) {
-			/* The engine's request limit: let some finish, then retry. */
-			int w = nf_io_ctx_wait(io, 1, -1);
-			rc = w < 0 ? w : 0;
-			i--;
-			continue;
-		}
-		if (rc < 0)
-			nf_diag_fail(diag, rc, "%s: object %s: cannot read it: %s", nf_store_path(s),
-				     objs[i]->name, nf_strerror(rc));
-	}
-	if (io) {
-		int w = nf_io_ctx_wait(io, 0, -1);
-		if (rc == 0 && w < 0 && all.result == 0)
-			rc = nf_diag_fail(diag, w, "%s: reading objects: %s", nf_store_path(s),
-					  nf_strerror(w));
-	}
-	if (rc == 0 && all.result < 0)
-		rc = nf_diag_fail(diag, all.result, "%s: object %s: %s", nf_store_path(s),
-				  all.bad->name, nf_strerror(all.result));
-	free(one);
-	return rc;
 }
 
 static void tensor_of(struct nf_gguf_tensor *t, const char *name, uint32_t n_dims,
@@ -139,67 +80,64 @@ int nf_model_store_open(struct nf_model *m, const char *path, bool defer_attn,
 			struct nf_diag *diag)
 {
 	const struct nf_store_object **objs = NULL;
-	void **bufs = NULL;
+	const void **data = NULL;
 	int rc = nf_store_open(path, NULL, &m->store, diag);
 	if (rc < 0)
 		return rc;
 	struct nf_store *s = m->store;
-	uint32_t bs = nf_store_info(s)->block_size, n = nf_store_object_count(s);
+	uint32_t n = nf_store_object_count(s);
 	const struct nf_store_object *meta = nf_store_object_find(s, NF_STORE_META_NAME);
 	if (!meta || meta->kind != NF_STORE_KIND_BLOB)
 		return nf_diag_fail(diag, NF_ENOTFOUND,
 				    "%s: no metadata blob '%s' (a store not made by nflash import?)",
 				    path, NF_STORE_META_NAME);
+	/* the load's reads: the cache's defaults (the engine may reopen its
+	 * I/O context with its own settings when it adds the FFN segments) */
+	struct nf_cache_opts co;
+	nf_cache_opts_default(&co);
+	co.io.quiet = true;
+	if ((rc = nf_cache_open_dense(s, &co.io, &m->cache, diag)) < 0)
+		return rc;
 
-	/* Every dense object in one aligned region, plus the metadata blob. */
-	uint64_t total = 0;
+	/* The metadata blob and every dense object (attention left in the
+	 * store when deferred: bound with no data, model.c) pinned at once. */
 	size_t n_dense = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		const struct nf_store_object *o = nf_store_object_get(s, i);
-		if (o->kind == NF_STORE_KIND_DENSE) {
-			if (!(defer_attn && nf_model_is_attn_name(o->name)))
-				total += round_up(nf_store_object_buf_size(o, bs), MEM_ALIGN);
-			n_dense++;
-		}
-	}
-	m->meta = nf_io_buf_alloc(nf_store_object_buf_size(meta, bs), MEM_ALIGN);
-	m->dense_mem = nf_io_buf_alloc(total ? total : MEM_ALIGN, MEM_ALIGN);
+	for (uint32_t i = 0; i < n; i++)
+		n_dense += nf_store_object_get(s, i)->kind == NF_STORE_KIND_DENSE;
 	m->st = calloc(n_dense ? n_dense : 1, sizeof(*m->st));
 	objs = calloc(n_dense + 1, sizeof(*objs));
-	bufs = calloc(n_dense + 1, sizeof(*bufs));
-	if (!m->meta || !m->dense_mem || !m->st || !objs || !bufs) {
-		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory for %llu bytes of dense weights",
-				  path, (unsigned long long)total);
+	data = calloc(n_dense + 1, sizeof(*data));
+	size_t *at = calloc(n_dense + 1, sizeof(*at));
+	if (!m->st || !objs || !data || !at) {
+		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory", path);
 		goto out;
 	}
 	objs[0] = meta;
-	bufs[0] = m->meta;
-	uint64_t off = 0;
 	size_t k = 1;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct nf_store_object *o = nf_store_object_get(s, i);
 		if (o->kind != NF_STORE_KIND_DENSE)
 			continue;
-		if (defer_attn && nf_model_is_attn_name(o->name)) {
-			/* left in the store: bound with no data (model.c) */
-			tensor_of(&m->st[m->n_st++], o->name, o->n_dims, o->shape, o->dtype, o->length, NULL);
+		if (defer_attn && nf_model_is_attn_name(o->name))
 			m->attn_deferred = true;
-			continue;
+		else {
+			objs[k] = o;
+			at[k++] = m->n_st;
 		}
-		objs[k] = o;
-		bufs[k] = (uint8_t *)m->dense_mem + off;
-		tensor_of(&m->st[m->n_st++], o->name, o->n_dims, o->shape, o->dtype, o->length, bufs[k]);
-		off += round_up(nf_store_object_buf_size(o, bs), MEM_ALIGN);
-		k++;
+		tensor_of(&m->st[m->n_st++], o->name, o->n_dims, o->shape, o->dtype, o->length, NULL);
 	}
-	if ((rc = read_objects(m, objs, bufs, k, diag)) < 0)
+	if ((rc = nf_cache_pin_objects(m->cache, objs, (uint32_t)k, data, diag)) < 0)
 		goto out;
+	m->meta = data[0];
+	for (size_t j = 1; j < k; j++)
+		m->st[at[j]].data = data[j];
 	rc = nf_gguf_open_mem(m->meta, meta->length, &m->g, diag);
 	if (rc < 0)
 		nf_diag_fail(diag, rc, "%s: metadata blob: not a GGUF image", path);
 out:
 	free(objs);
-	free(bufs);
+	free(data);
+	free(at);
 	return rc;
 }
 
@@ -234,8 +172,10 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 	if (st)
 		m->st = st;
 	m->st_names = calloc(3 * (size_t)L, sizeof(*m->st_names));
+	uint32_t al = nf_cache_align(m->cache) > MEM_ALIGN ? nf_cache_align(m->cache) : MEM_ALIGN;
 	m->ffn_mem = nf_io_buf_alloc(total ? total : 64, MEM_ALIGN);
-	uint8_t *buf = nf_io_buf_alloc(max_obj, MEM_ALIGN);
+	uint8_t *buf = nf_io_buf_alloc(nf_store_object_buf_size(m->ffn[0].obj, al) > max_obj ?
+				       nf_store_object_buf_size(m->ffn[0].obj, al) : max_obj, al);
 	uint8_t *chunk = nf_io_buf_alloc((size_t)UNPACK_CHUNK * max_stride, MEM_ALIGN);
 	if (!st || !m->st_names || !m->ffn_mem || !buf || !chunk) {
 		rc = nf_diag_fail(diag, -ENOMEM, "%s: out of memory to unpack %llu bytes of FFN weights",
@@ -265,9 +205,7 @@ static int unpack_all(struct nf_model *m, uint32_t X, struct nf_diag *diag)
 		for (uint32_t e = 0; e < nx && rc == 0; e++) {
 			const struct nf_model_ffn *f = &m->ffn[l * nx + e];
 			const struct nf_store_object *o = f->obj;
-			const struct nf_store_object *one[1] = { o };
-			void *bufs[1] = { buf };
-			if ((rc = read_objects(m, one, bufs, 1, diag)) < 0)
+			if ((rc = nf_cache_read_object(m->cache, o, buf, diag)) < 0)
 				break;
 			struct nf_bundle_layout lay;
 			nf_store_ffn_layout(o, &lay);
@@ -350,10 +288,7 @@ int nf_model_store_ffn(struct nf_model *m, bool unpack, struct nf_diag *diag)
 			}
 		}
 	}
-	int rc = unpack ? unpack_all(m, X, diag) : 0;
-	nf_io_ctx_close(m->load_io);
-	m->load_io = NULL;
-	return rc;
+	return unpack ? unpack_all(m, X, diag) : 0;
 }
 
 int nf_model_attn_load(struct nf_model *m, uint32_t n_layers, struct nf_diag *diag)
@@ -362,71 +297,48 @@ int nf_model_attn_load(struct nf_model *m, uint32_t n_layers, struct nf_diag *di
 	uint32_t n_l = n_layers < hp->n_layer ? n_layers : hp->n_layer;
 	if (!m->attn_deferred || n_l <= m->attn_in_mem)
 		return 0;
-	if (m->attn_mem)
+	if (m->attn_in_mem)
 		return nf_diag_fail(diag, NF_EUSAGE, "%s: attention already loaded for %u layers",
 				    nf_store_path(m->store), m->attn_in_mem);
-	uint32_t bs = nf_store_info(m->store)->block_size;
 	size_t n = (size_t)n_l * 4;
-	void **bufs = calloc(n, sizeof(*bufs));
-	uint64_t total = 0;
-	for (size_t i = 0; i < n; i++)
-		total += round_up(nf_store_object_buf_size(m->attn_obj[i], bs), MEM_ALIGN);
-	int rc = -ENOMEM;
-	m->attn_mem = bufs ? nf_io_buf_alloc(total, MEM_ALIGN) : NULL;
-	if (!m->attn_mem) {
-		nf_diag_fail(diag, rc, "%s: out of memory for %llu bytes of attention weights",
-			     nf_store_path(m->store), (unsigned long long)total);
-		goto out;
-	}
-	uint64_t off = 0;
-	for (size_t i = 0; i < n; i++) {
-		bufs[i] = (uint8_t *)m->attn_mem + off;
-		off += round_up(nf_store_object_buf_size(m->attn_obj[i], bs), MEM_ALIGN);
-	}
-	rc = read_objects(m, m->attn_obj, bufs, n, diag);
-	nf_io_ctx_close(m->load_io);
-	m->load_io = NULL;
+	const void **data = calloc(n, sizeof(*data));
+	if (!data)
+		return nf_diag_fail(diag, -ENOMEM, "%s: out of memory", nf_store_path(m->store));
+	int rc = nf_cache_pin_objects(m->cache, m->attn_obj, (uint32_t)n, data, diag);
 	if (rc < 0)
 		goto out;
 	for (uint32_t il = 0; il < n_l; il++) {
 		struct nf_layer_weights *L = &m->layers[il];
 		struct nf_weight *w[4] = { &L->wq, &L->wk, &L->wv, &L->wo };
 		for (size_t k = 0; k < 4; k++) {
-			w[k]->data = bufs[(size_t)il * 4 + k];
+			w[k]->data = data[(size_t)il * 4 + k];
 			m->weight_bytes += (uint64_t)w[k]->row_bytes * w[k]->nrows;
 		}
 	}
 	for (size_t i = 0; i < m->n_st; i++)
 		for (size_t j = 0; j < n; j++)
 			if (!m->st[i].data && !strcmp(m->st[i].name, m->attn_obj[j]->name))
-				m->st[i].data = bufs[j];
+				m->st[i].data = data[j];
 	m->attn_in_mem = n_l;
 	m->attn_deferred = n_l < hp->n_layer;
 out:
-	free(bufs);
-	if (rc < 0) {
-		nf_io_buf_free(m->attn_mem);
-		m->attn_mem = NULL;
-	}
+	free(data);
 	return rc;
 }
 
 void nf_model_store_free(struct nf_model *m)
 {
-	nf_io_buf_free(m->attn_mem);
 	free(m->attn_obj);
-	m->attn_mem = NULL;
 	m->attn_obj = NULL;
-	nf_io_ctx_close(m->load_io);
-	m->load_io = NULL;
-	nf_io_buf_free(m->meta);
-	nf_io_buf_free(m->dense_mem);
+	nf_cache_close(m->cache);
+	m->cache = NULL;
 	nf_io_buf_free(m->ffn_mem);
 	free(m->st);
 	free(m->st_names);
 	free(m->ffn);
 	nf_store_close(m->store);
-	m->meta = m->dense_mem = m->ffn_mem = NULL;
+	m->meta = NULL;
+	m->ffn_mem = NULL;
 	m->st = NULL;
 	m->st_names = NULL;
 	m->ffn = NULL;

@@ -228,14 +228,24 @@ static void budget_free(struct budget_plan *b)
 
 /* The engine's own decisions at budget b (nothing opened but the model and
  * context). */
-static int dry_run(const struct nf_plan_opts *o, uint64_t overhead, uint32_t n_batch, struct budget_plan *b,
+/* One way to spend a budget: the prompt batch, attention streamed or left
+ * to the engine, and the smallest cold segment (-1: the engine's rule). */
+struct variant {
+	uint32_t n_batch;
+	bool stream_attn;
+	int cold_slots;
+};
+
+static int dry_run(const struct nf_plan_opts *o, uint64_t overhead, const struct variant *v, struct budget_plan *b,
 		   struct nf_diag *d)
 {
 	struct nf_engine_opts eo;
 	nf_engine_opts_default(&eo);
 	eo.path = o->store;
 	eo.budget = b->budget;
-	eo.n_batch = n_batch;
+	eo.n_batch = v->n_batch;
+	eo.stream_attn = v->stream_attn;
+	eo.cold_slots = v->cold_slots;
 	eo.n_threads = o->n_threads;
 	eo.use_plan = false;
 	eo.size_only = true;
@@ -498,6 +508,30 @@ static int fsync_dir_of(const char *path)
 	return rc;
 }
 
+/* The relayout's block size: o->bundle_align, else the smallest the
+ * device's O_DIRECT reads of the store allow (at least 512): bundles
+ * packed that closely cost fewer bytes per neuron read and cached. */
+static int relayout_align(const struct nf_plan_opts *o, uint32_t *out, struct nf_diag *d)
+{
+	if (o->bundle_align) {
+		*out = o->bundle_align;
+		return 0;
+	}
+	struct nf_store *s = NULL;
+	struct nf_io_ctx *io = NULL;
+	struct nf_io_opts io_o;
+	nf_io_opts_default(&io_o);
+	io_o.quiet = true;
+	int rc = nf_store_open(o->store, NULL, &s, d);
+	if (rc == 0 && (rc = nf_io_ctx_open(s, &io_o, &io, d)) == 0) {
+		uint32_t a = nf_io_ctx_align(io);
+		*out = a > NF_STORE_BLOCK_MIN ? a : NF_STORE_BLOCK_MIN;
+	}
+	nf_io_ctx_close(io);
+	nf_store_close(s);
+	return rc;
+}
+
 /* A complete, verified copy in the profile's layout beside the store,
  * renamed over it: the store is the old one or the new one, never half. */
 static int relayout_in_place(const struct nf_plan_opts *o, struct nf_diag *d)
@@ -513,7 +547,7 @@ static int relayout_in_place(const struct nf_plan_opts *o, struct nf_diag *d)
 	snprintf(orig, n, "%s.orig", o->store);
 	unlink(tmp);
 	struct nf_store_relayout_opts ro = { .progress = relayout_progress, .progress_user = (void *)o };
-	if ((rc = nf_store_relayout(o->store, tmp, &ro, d)) < 0)
+	if ((rc = relayout_align(o, &ro.block_size, d)) < 0 || (rc = nf_store_relayout(o->store, tmp, &ro, d)) < 0)
 		goto out;
 	if (o->keep_copy && link(o->store, orig) < 0) {
 		rc = nf_diag_fail(d, -errno, "%s: keeping the copy as %s: %s", o->store, orig, nf_strerror(-errno));
@@ -697,38 +731,72 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 			break;
 		}
 	}
-	/* prompt batch sizes tried: a smaller batch's scratch leaves the cache
-	 * (or pinned attention) more of the budget, at the cost of prefill,
-	 * which the cost model does not weigh: a smaller one is taken only when
-	 * it decodes at least 1% faster */
+	/* The settings tried per budget, each through the engine's own dry
+	 * run and the calibration replay, the fastest prediction taken:
+	 *  - prompt batch sizes: a smaller batch's scratch leaves the cache
+	 *    (or pinned attention) more of the budget, at the cost of prefill,
+	 *    which the cost model does not weigh;
+	 *  - attention as the engine decides, or streamed (its bytes go to
+	 *    the cache, every token reads it);
+	 *  - the smallest cold segment: the engine's rule, one layer, a
+	 *    quarter of one, or its floor (more of the budget hot).
+	 * A candidate must predict 1% faster than the one before it to be
+	 * taken, so the engine's own choices win ties. */
 	static const uint32_t k_batches[] = { 512, 64, 16 };
+	uint32_t quarter = g.n_neurons / 4 > 256 ? g.n_neurons / 4 : 256;
+	const int k_colds[] = { -1, 0, (int)quarter, 128 };
 	uint32_t n_ok = 0;
 	for (uint32_t i = 0; i < o->n_budgets; i++) {
 		struct nf_diag bd = { 0 };
 		bool found = false;
-		for (size_t nb = 0; nb < sizeof(k_batches) / sizeof(k_batches[0]); nb++) {
-			struct budget_plan cand = { .budget = budgets[i] };
-			memset(&bd, 0, sizeof(bd));
-			if ((rc = dry_run(o, overhead, k_batches[nb], &cand, &bd)) < 0) {
-				if (rc != NF_EBUDGET) {
-					nf_diag_fail(d, rc, "%s", nf_diag_msg(&bd, rc));
-					goto out;
+		struct {
+			uint32_t n_batch;
+			struct nf_engine_info info;
+		} seen[3 * 2 * 4];
+		uint32_t n_seen = 0;
+		for (size_t nb = 0; nb < sizeof(k_batches) / sizeof(k_batches[0]); nb++)
+			for (int st = 0; st < 2; st++)
+				for (size_t kc = 0; kc < sizeof(k_colds) / sizeof(k_colds[0]); kc++) {
+					struct variant v = { k_batches[nb], st == 1, k_colds[kc] };
+					struct budget_plan cand = { .budget = budgets[i] };
+					struct nf_diag vd = { 0 };
+					if ((rc = dry_run(o, overhead, &v, &cand, &vd)) < 0) {
+						if (rc != NF_EBUDGET) {
+							nf_diag_fail(d, rc, "%s", nf_diag_msg(&vd, rc));
+							goto out;
+						}
+						if (kc == 0 && st == 0)
+							bd = vd;   /* the engine's own choice: its message */
+						continue;
+					}
+					/* the same decisions reached another way: replayed already */
+					bool dup = false;
+					for (uint32_t k = 0; k < n_seen && !dup; k++)
+						dup = seen[k].n_batch == v.n_batch &&
+						      seen[k].info.attn_streamed == cand.info.attn_streamed &&
+						      seen[k].info.attn_pinned_layers == cand.info.attn_pinned_layers &&
+						      seen[k].info.cold_slots == cand.info.cold_slots &&
+						      seen[k].info.hot_slots == cand.info.hot_slots;
+					if (dup || n_seen == sizeof(seen) / sizeof(seen[0])) {
+						budget_free(&cand);
+						continue;
+					}
+					seen[n_seen].n_batch = v.n_batch;
+					seen[n_seen++].info = cand.info;
+					if ((rc = layer_costs(cal, &rp, &cand)) < 0) {
+						budget_free(&cand);
+						goto out;
+					}
+					struct nf_store_plan_entry e;
+					choose(np, &cand, &cand.info, n_layer, g.dtype, dense_dtype, threads, neuron_bytes,
+					       &e);
+					e.n_batch = k_batches[nb];
+					budget_free(&cand);
+					if (!found || e.t_token_s < bp[i].chosen.t_token_s * 0.99) {
+						bp[i].chosen = e;
+						found = true;
+					}
 				}
-				continue;
-			}
-			if ((rc = layer_costs(cal, &rp, &cand)) < 0) {
-				budget_free(&cand);
-				goto out;
-			}
-			struct nf_store_plan_entry e;
-			choose(np, &cand, &cand.info, n_layer, g.dtype, dense_dtype, threads, neuron_bytes, &e);
-			e.n_batch = k_batches[nb];
-			budget_free(&cand);
-			if (!found || e.t_token_s < bp[i].chosen.t_token_s * 0.99) {
-				bp[i].chosen = e;
-				found = true;
-			}
-		}
 		/* a budget below the minimum is reported, the others planned */
 		if (!found) {
 			logf_(o, "not planned: %s", nf_diag_msg(&bd, NF_EBUDGET));

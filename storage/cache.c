@@ -85,8 +85,12 @@ struct nf_cache {
 
 	char *arena;
 	uint64_t arena_bytes;
-	uint64_t pinned_cap, pinned_used;
-	char *pinned, *hot, *cold;
+	uint64_t pinned_cap, pinned_used; /* pinned segment: limit (0: none), bytes held */
+	void **pins;                   /* its buffers, one per pinned object */
+	uint32_t n_pins, cap_pins;
+	struct nf_io_opts io_opts;     /* the I/O context's settings */
+	bool has_ffn;                  /* the FFN segments are set up */
+	char *hot, *cold;
 	uint32_t n_hot, n_cold;
 	struct slot_meta *hot_meta, *cold_meta;
 	uint32_t hand;
@@ -211,14 +215,13 @@ uint64_t nf_cache_min_bytes_for(struct nf_store *s, uint32_t min_cold_slots)
 	return (uint64_t)k * g.stride;
 }
 
-/* The arena's hot and cold slots under o (the pinned segment first). */
+/* The arena's hot and cold slots under o (the pinned segment is apart). */
 static void split(struct nf_store *s, const struct nf_cache_geom *g, const struct nf_cache_opts *o, uint32_t *n_hot,
 		  uint32_t *n_cold)
 {
 	uint32_t cold_min = o->min_cold_slots && o->min_cold_slots < g->n_neurons ? o->min_cold_slots : g->n_neurons;
 	uint64_t min_cold = (uint64_t)cold_min * g->stride;
-	uint64_t pinned = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
-	uint64_t rest = o->arena_bytes > pinned ? o->arena_bytes - pinned : 0;
+	uint64_t rest = o->arena_bytes;
 	double hf = o->use_profile && nf_store_has_profile(s) ? o->profile_hot_fraction : o->hot_fraction;
 	hf = hf < 0 ? 0 : hf > 1 ? 1 : hf;
 	uint64_t hot = (uint64_t)((double)rest * hf);
@@ -274,6 +277,7 @@ uint64_t nf_cache_meta_bytes_for(struct nf_store *s, uint64_t arena_bytes, uint3
 }
 
 static int hot_from_profile(struct nf_cache *c);
+static void ffn_teardown(struct nf_cache *c);
 
 static void *meta(struct nf_cache *c, size_t n)
 {
@@ -283,42 +287,68 @@ static void *meta(struct nf_cache *c, size_t n)
 	return p;
 }
 
-int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_cache **out,
-		  struct nf_diag *d)
+int nf_cache_open_dense(struct nf_store *s, const struct nf_io_opts *io, struct nf_cache **out,
+			struct nf_diag *d)
 {
-	int rc;
 	struct nf_cache *c = calloc(1, sizeof(*c));
 	if (!c)
 		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 	c->store = s;
-	c->sig_words = (uint32_t)(((uint64_t)o->sig_tokens + 63) / 64);
 	pthread_mutex_init(&c->ev_lock, NULL);
 	pthread_mutex_init(&c->wait_lock, NULL);
+	if (io)
+		c->io_opts = *io;
+	else
+		nf_io_opts_default(&c->io_opts);
+	int rc = nf_io_ctx_open(s, &c->io_opts, &c->io, d);
+	if (rc < 0) {
+		nf_cache_close(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+int nf_cache_reopen_io(struct nf_cache *c, const struct nf_io_opts *o, struct nf_diag *d)
+{
+	if (c->io && !memcmp(&c->io_opts, o, sizeof(*o)))
+		return 0;
+	struct nf_io_ctx *io = NULL;
+	int rc = nf_io_ctx_open(c->store, o, &io, d);
+	if (rc < 0)
+		return rc;
+	nf_io_ctx_close(c->io);
+	c->io = io;
+	c->io_opts = *o;
+	return 0;
+}
+
+static int ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct nf_diag *d)
+{
+	int rc;
+	struct nf_store *s = c->store;
+	c->sig_words = (uint32_t)(((uint64_t)o->sig_tokens + 63) / 64);
 	if ((rc = scan_ffns(s, &c->g, d)) < 0)
-		goto fail;
+		return rc;
 	const struct nf_cache_geom *g = &c->g;
 	uint32_t cold_min = o->min_cold_slots && o->min_cold_slots < g->n_neurons ? o->min_cold_slots : g->n_neurons;
 	uint64_t min_cold = (uint64_t)cold_min * g->stride;
-	if (o->arena_bytes < o->pinned_bytes + min_cold) {
-		rc = nf_diag_fail(d, NF_EBUDGET,
-				  "cache: %llu bytes for the neuron cache, at least %llu needed (pinned %llu + %u "
-				  "cold bundles of %u bytes%s)",
-				  (unsigned long long)o->arena_bytes,
-				  (unsigned long long)(o->pinned_bytes + min_cold),
-				  (unsigned long long)o->pinned_bytes, cold_min, g->stride,
-				  cold_min == g->n_neurons ? ": one layer's" : "");
-		goto fail;
-	}
+	if (o->arena_bytes < min_cold)
+		return nf_diag_fail(d, NF_EBUDGET,
+				    "cache: %llu bytes for the neuron cache, at least %llu needed (%u cold bundles of "
+				    "%u bytes%s)",
+				    (unsigned long long)o->arena_bytes, (unsigned long long)min_cold, cold_min,
+				    g->stride, cold_min == g->n_neurons ? ": one layer's" : "");
 	c->arena_bytes = o->arena_bytes;
-	c->pinned_cap = (o->pinned_bytes + 4095) & ~(uint64_t)4095;
+	if (o->pinned_bytes)
+		c->pinned_cap = o->pinned_bytes;
 	split(s, g, o, &c->n_hot, &c->n_cold);
 
 	c->arena = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (c->arena == MAP_FAILED) {
 		c->arena = NULL;
-		rc = nf_diag_fail(d, -ENOMEM, "cache: cannot map an arena of %llu bytes",
-				  (unsigned long long)c->arena_bytes);
-		goto fail;
+		return nf_diag_fail(d, -ENOMEM, "cache: cannot map an arena of %llu bytes",
+				    (unsigned long long)c->arena_bytes);
 	}
 #ifdef MADV_HUGEPAGE
 	c->hugepages = madvise(c->arena, c->arena_bytes, MADV_HUGEPAGE) == 0;
@@ -332,8 +362,7 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	}
 	if (o->prefault)
 		prefault(c->arena, c->arena_bytes);
-	c->pinned = c->arena;
-	c->hot = c->arena + c->pinned_cap;
+	c->hot = c->arena;
 	c->cold = c->hot + (uint64_t)c->n_hot * g->stride;
 
 	c->n_ffn = g->n_layer * g->n_expert;
@@ -351,10 +380,8 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	    !(c->rb_buf = meta(c, g->stride)) ||
 	    !(c->order = meta(c, N * sizeof(uint32_t))) ||
 	    !(c->pinned_list = meta(c, N * sizeof(uint32_t))) ||
-	    !(c->ev = meta(c, (N + 2) * sizeof(struct event)))) {
-		rc = nf_diag_fail(d, -ENOMEM, "cache: out of memory");
-		goto fail;
-	}
+	    !(c->ev = meta(c, (N + 2) * sizeof(struct event))))
+		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 	c->ev_cap = N + 2;
 	for (uint32_t i = 0; i < c->n_hot; i++)
 		c->hot_meta[i].ffn = NO_SLOT;
@@ -370,39 +397,57 @@ int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_c
 	for (uint32_t i = 0; i < c->n_ffn; i++) {
 		if (!(c->ffns[i].loc = meta(c, N * sizeof(uint32_t))) ||
 		    !(c->ffns[i].count = meta(c, N * sizeof(uint32_t))) ||
-		    !(c->ffns[i].inv = meta(c, N * sizeof(uint32_t)))) {
-			rc = nf_diag_fail(d, -ENOMEM, "cache: out of memory");
-			goto fail;
-		}
+		    !(c->ffns[i].inv = meta(c, N * sizeof(uint32_t))))
+			return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 		if (c->sig_words && c->ffns[i].obj &&
-		    !(c->ffns[i].sig = meta(c, (size_t)N * c->sig_words * sizeof(uint64_t)))) {
-			rc = nf_diag_fail(d, -ENOMEM, "cache: no memory for the co-activation record (%u tokens)",
-					  c->sig_words * 64);
-			goto fail;
-		}
+		    !(c->ffns[i].sig = meta(c, (size_t)N * c->sig_words * sizeof(uint64_t))))
+			return nf_diag_fail(d, -ENOMEM, "cache: no memory for the co-activation record (%u tokens)",
+					    c->sig_words * 64);
 		memset(c->ffns[i].loc, 0xff, N * sizeof(uint32_t));
 		if (c->ffns[i].obj)
 			for (uint32_t j = 0; j < N; j++)
 				c->ffns[i].inv[c->ffns[i].obj->perm[j]] = j;
 	}
-	if ((rc = nf_io_ctx_open(s, &o->io, &c->io, d)) < 0)
-		goto fail;
+	if ((rc = nf_cache_reopen_io(c, &o->io, d)) < 0)
+		return rc;
+	nf_cache_stats_reset(c);
 	c->max_coalesce = o->io.max_coalesce ? o->io.max_coalesce : (1u << 20);
 	c->max_gap = o->max_gap;
+	c->has_ffn = true;
 	if (o->use_profile && nf_store_has_profile(s) && (rc = hot_from_profile(c)) < 0)
-		goto fail;
-	*out = c;
+		return rc;
 	return 0;
-fail:
-	nf_cache_close(c);
+}
+
+int nf_cache_ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct nf_diag *d)
+{
+	if (c->has_ffn)
+		return nf_diag_fail(d, NF_EUSAGE, "cache: the FFN segments are already set up");
+	int rc = ffn_setup(c, o, d);
+	if (rc < 0)
+		ffn_teardown(c);
 	return rc;
 }
 
-void nf_cache_close(struct nf_cache *c)
+int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_cache **out,
+		  struct nf_diag *d)
 {
-	if (!c)
-		return;
-	nf_io_ctx_close(c->io);
+	struct nf_cache *c = NULL;
+	int rc = nf_cache_open_dense(s, &o->io, &c, d);
+	if (rc < 0)
+		return rc;
+	if ((rc = nf_cache_ffn_setup(c, o, d)) < 0) {
+		nf_cache_close(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+/* Everything nf_cache_ffn_setup made, freed; the pinned segment and the
+ * I/O context stay. */
+static void ffn_teardown(struct nf_cache *c)
+{
 	if (c->ffns)
 		for (uint32_t i = 0; i < c->n_ffn; i++) {
 			free(c->ffns[i].loc);
@@ -426,6 +471,28 @@ void nf_cache_close(struct nf_cache *c)
 	free(c->ev);
 	if (c->arena)
 		munmap(c->arena, c->arena_bytes);
+	c->ffns = NULL;
+	c->hot_meta = c->cold_meta = NULL;
+	c->reads = NULL;
+	c->run_neurons = c->run_slots = c->span_slots = c->order = c->pinned_list = NULL;
+	c->rb_hot = c->rb_cold = c->sortbuf = NULL;
+	c->rb_buf = NULL;
+	c->ev = NULL;
+	c->arena = c->hot = c->cold = NULL;
+	c->arena_bytes = c->meta_bytes = 0;
+	c->n_ffn = c->n_hot = c->n_cold = c->ev_cap = 0;
+	c->has_ffn = false;
+}
+
+void nf_cache_close(struct nf_cache *c)
+{
+	if (!c)
+		return;
+	nf_io_ctx_close(c->io);
+	ffn_teardown(c);
+	for (uint32_t i = 0; i < c->n_pins; i++)
+		nf_io_buf_free(c->pins[i]);
+	free(c->pins);
 	pthread_mutex_destroy(&c->ev_lock);
 	pthread_mutex_destroy(&c->wait_lock);
 	free(c);
@@ -1151,34 +1218,143 @@ static int hot_from_profile(struct nf_cache *c)
 
 /* ---- pinned -------------------------------------------------------------------------- */
 
-static void pin_done(void *cookie, int result)
+/* A whole-object read of nf_cache_pin_objects / nf_cache_read_object. */
+struct obj_read {
+	int result;
+};
+
+static void obj_done(void *cookie, int result)
 {
-	*(int *)cookie = result;
+	((struct obj_read *)cookie)->result = result;
+}
+
+/* Read objs[0..n) into bufs[0..n), all submitted at once (the I/O
+ * context's queue bounds what is in flight), each checked on completion.
+ * Returns 0 or the first failure, d naming its object. */
+static int read_objects(struct nf_cache *c, const struct nf_store_object *const *objs, void *const *bufs,
+			uint32_t n, struct nf_diag *d)
+{
+	struct obj_read *r = calloc(n ? n : 1, sizeof(*r));
+	if (!r)
+		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
+	int rc = 0;
+	pthread_mutex_lock(&c->wait_lock);
+	for (uint32_t i = 0; i < n && rc == 0; i++) {
+		r[i].result = 1;
+		while ((rc = nf_io_ctx_read_object(c->io, objs[i], bufs[i], obj_done, &r[i])) == -EAGAIN) {
+			int w = nf_io_ctx_wait(c->io, 1, -1);
+			if (w < 0 && w != -ETIMEDOUT) {
+				rc = w;
+				break;
+			}
+		}
+		if (rc < 0) {
+			r[i].result = rc;
+			nf_diag_fail(d, rc, "%s: object %s: cannot read it: %s", nf_store_path(c->store),
+				     objs[i]->name, nf_strerror(rc));
+		}
+	}
+	int w = nf_io_ctx_wait(c->io, 0, -1);
+	pthread_mutex_unlock(&c->wait_lock);
+	for (uint32_t i = 0; i < n && rc == 0; i++)
+		if (r[i].result != 0) {
+			rc = r[i].result > 0 ? (w < 0 ? w : -EIO) : r[i].result;
+			nf_diag_fail(d, rc, "%s: object %s: %s", nf_store_path(c->store), objs[i]->name,
+				     nf_strerror(rc));
+		}
+	if (rc == 0 && w < 0)
+		rc = nf_diag_fail(d, w, "%s: reading objects: %s", nf_store_path(c->store), nf_strerror(w));
+	for (uint32_t i = 0; i < n; i++)
+		if (r[i].result == 0)
+			c->st.bytes_read += nf_store_object_buf_size(objs[i], nf_io_ctx_align(c->io));
+	free(r);
+	return rc;
+}
+
+int nf_cache_pin_objects(struct nf_cache *c, const struct nf_store_object *const *objs, uint32_t n,
+			 const void **data, struct nf_diag *d)
+{
+	uint32_t align = nf_io_ctx_align(c->io) > 4096 ? nf_io_ctx_align(c->io) : 4096;
+	uint64_t need = 0;
+	for (uint32_t i = 0; i < n; i++)
+		need += nf_store_object_buf_size(objs[i], align);
+	if (c->pinned_cap && c->pinned_used + need > c->pinned_cap)
+		return nf_diag_fail(d, NF_EBUDGET,
+				    "cache: pinned segment of %llu bytes cannot hold %u more objects (%llu bytes; %llu "
+				    "used)", (unsigned long long)c->pinned_cap, n, (unsigned long long)need,
+				    (unsigned long long)c->pinned_used);
+	if (c->n_pins + n > c->cap_pins) {
+		uint32_t cap = c->cap_pins * 2 > c->n_pins + n ? c->cap_pins * 2 : c->n_pins + n + 16;
+		void **p = realloc(c->pins, cap * sizeof(*p));
+		if (!p)
+			return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
+		c->pins = p;
+		c->cap_pins = cap;
+	}
+	void **bufs = c->pins + c->n_pins;
+	for (uint32_t i = 0; i < n; i++)
+		if (!(bufs[i] = nf_io_buf_alloc(nf_store_object_buf_size(objs[i], align), align))) {
+			for (uint32_t k = 0; k < i; k++)
+				nf_io_buf_free(bufs[k]);
+			return nf_diag_fail(d, -ENOMEM, "%s: out of memory for %llu bytes of %s",
+					    nf_store_path(c->store),
+					    (unsigned long long)nf_store_object_buf_size(objs[i], align), objs[i]->name);
+		}
+	int rc = read_objects(c, objs, bufs, n, d);
+	if (rc < 0) {
+		for (uint32_t i = 0; i < n; i++)
+			nf_io_buf_free(bufs[i]);
+		return rc;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		data[i] = bufs[i];
+	c->n_pins += n;
+	c->pinned_used += need;
+	return 0;
 }
 
 int nf_cache_pin_object(struct nf_cache *c, const struct nf_store_object *obj, const void **data,
 			struct nf_diag *d)
 {
-	uint32_t align = nf_io_ctx_align(c->io);
-	uint64_t need = nf_store_object_buf_size(obj, align);
-	uint64_t at = (c->pinned_used + align - 1) / align * align;
-	if (at + need > c->pinned_cap)
-		return nf_diag_fail(d, NF_EBUDGET,
-				    "cache: pinned segment of %llu bytes cannot hold %s (%llu bytes; %llu used)",
-				    (unsigned long long)c->pinned_cap, obj->name, (unsigned long long)need,
-				    (unsigned long long)c->pinned_used);
-	int res = 1;
-	int rc = nf_io_ctx_read_object(c->io, obj, c->pinned + at, pin_done, &res);
-	if (rc == 0)
-		rc = nf_io_ctx_wait(c->io, 0, -1);
-	if (rc >= 0)
-		rc = res;
-	if (rc < 0)
-		return nf_diag_fail(d, rc, "cache: reading %s: %s", obj->name, nf_strerror(rc));
-	c->pinned_used = at + need;
-	c->st.bytes_read += need;
-	*data = c->pinned + at;
-	return 0;
+	return nf_cache_pin_objects(c, &obj, 1, data, d);
+}
+
+int nf_cache_read_object(struct nf_cache *c, const struct nf_store_object *obj, void *buf, struct nf_diag *d)
+{
+	return read_objects(c, &obj, &buf, 1, d);
+}
+
+uint32_t nf_cache_align(const struct nf_cache *c)
+{
+	return nf_io_ctx_align(c->io);
+}
+
+struct nf_store *nf_cache_store(const struct nf_cache *c)
+{
+	return c->store;
+}
+
+/* ---- streamed segment: reads for nflash/stream.h ----------------------------------- */
+
+int nf_cache_wait_io(struct nf_cache *c)
+{
+	pthread_mutex_lock(&c->wait_lock);
+	int rc = nf_io_ctx_pending(c->io) ? nf_io_ctx_wait(c->io, 1, -1) : 0;
+	pthread_mutex_unlock(&c->wait_lock);
+	return rc == -ETIMEDOUT ? 0 : rc;
+}
+
+int nf_cache_read_async(struct nf_cache *c, const struct nf_store_object *obj, void *buf, nf_io_done_fn fn,
+			void *cookie)
+{
+	int rc;
+	while ((rc = nf_io_ctx_read_object(c->io, obj, buf, fn, cookie)) == -EAGAIN) {
+		/* the context's request limit: let some finish, then retry */
+		int w = nf_cache_wait_io(c);
+		if (w < 0)
+			return w;
+	}
+	return rc;
 }
 
 /* ---- stats --------------------------------------------------------------------------- */

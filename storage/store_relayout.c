@@ -3,7 +3,8 @@
  * order (nflash/store.h, nf_store_relayout).
  *
  * Invariants:
- *  1. Only the placement of bundles changes: every object keeps its name,
+ *  1. Only the placement of bundles (and, when asked, the block size that
+ *     aligns them) changes: every object keeps its name,
  *     kind, type, shape and bytes; an FFN's bundle of neuron n moves to
  *     slot rank(n) and perm[n] = rank(n), so every reader that maps neuron
  *     ids through perm computes exactly what it computed on the input.
@@ -163,7 +164,13 @@ int nf_store_relayout(const char *in, const char *out, const struct nf_store_rel
 		goto out;
 	}
 	const struct nf_store_info *info = nf_store_info(s);
-	struct nf_store_create_opts co = { .block_size = info->block_size, .sys = so.sys };
+	uint32_t bs = o && o->block_size ? o->block_size : info->block_size;
+	if (bs < NF_STORE_BLOCK_MIN || bs > NF_STORE_BLOCK_MAX || (bs & (bs - 1))) {
+		rc = nf_diag_fail(d, NF_EUSAGE, "%s: block size %u is not a power of two in [%u, %u]", out, bs,
+				  NF_STORE_BLOCK_MIN, NF_STORE_BLOCK_MAX);
+		goto out;
+	}
+	struct nf_store_create_opts co = { .block_size = bs, .sys = so.sys };
 	if ((rc = nf_store_writer_open(out, &co, &w, d)) < 0)
 		goto out;
 	uint32_t max_n = 0;
@@ -176,6 +183,7 @@ int nf_store_relayout(const char *in, const char *out, const struct nf_store_rel
 		} else {
 			struct nf_bundle_layout L;
 			nf_store_ffn_layout(ob, &L);
+			L.stride = (L.bundle_bytes + bs - 1) / bs * bs;   /* the copy's alignment */
 			rc = nf_store_writer_add_ffn_layout(w, ob->name, ob->layer, ob->expert, &L,
 							    ob->down_transposed, ob->extent_bundles, d);
 			if (p->lens[i] != ob->n_bundles)

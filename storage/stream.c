@@ -14,11 +14,14 @@
  *     release never allocate.
  *  4. Errors stick: the first failed read is returned by every call after
  *     it (the I/O context's own errors stick too).
- *  5. Completions may run in the I/O context's own thread (crc32c checks
- *     then overlap compute): a slot's pending count, state and the sticky
- *     error are atomics; the callback writes the slot's result before it
- *     publishes the state (release), the caller reads the state (acquire)
- *     before the result or the bytes.
+ *  5. Reads go through the cache the stream is opened on (its streamed
+ *     segment: one I/O context for every read of the store). Completions
+ *     run in whichever thread reaps the cache's context: acquire waiting,
+ *     or the FFN's reapers, so a prefetched group's crc32c checks overlap
+ *     the FFN. A slot's pending count, state and the sticky error are
+ *     atomics; the callback writes the slot's result before it publishes
+ *     the state (release), the caller reads the state (acquire) before the
+ *     result or the bytes.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -26,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "nflash/cache.h"
 #include "nflash/store.h"
 #include "nflash/stream.h"
 
@@ -45,7 +49,7 @@ struct slot {
 
 struct nf_stream {
 	struct nf_store *store;
-	struct nf_io_ctx *io;
+	struct nf_cache *cache;
 	const struct nf_store_object **objs;
 	uint64_t *off;             /* per object of a group: offset in a slot */
 	uint32_t n_groups, per_group, n_slots;
@@ -60,11 +64,9 @@ void nf_stream_opts_default(struct nf_stream_opts *o)
 {
 	memset(o, 0, sizeof(*o));
 	o->n_slots = 2;
-	nf_io_opts_default(&o->io);
-	o->io.qd = 64;
-	o->io.quiet = true;
-	o->io.completion = NF_IO_COMPLETION_THREAD;  /* crc checks off the compute thread */
 }
+
+static int slot_state(struct slot *sl);
 
 static uint64_t round_up(uint64_t v, uint64_t a)
 {
@@ -97,10 +99,11 @@ uint64_t nf_stream_slot_bytes(struct nf_store *s, const struct nf_store_object *
 	return max;
 }
 
-int nf_stream_open(struct nf_store *s, const struct nf_store_object *const *objs,
+int nf_stream_open(struct nf_cache *c, const struct nf_store_object *const *objs,
 		   uint32_t n_groups, uint32_t per_group, const struct nf_stream_opts *o,
 		   struct nf_stream **out, struct nf_diag *d)
 {
+	struct nf_store *s = nf_cache_store(c);
 	struct nf_stream_opts def;
 	if (!o) {
 		nf_stream_opts_default(&def);
@@ -116,6 +119,7 @@ int nf_stream_open(struct nf_store *s, const struct nf_store_object *const *objs
 	if (!st)
 		return nf_diag_fail(d, rc, "stream: out of memory");
 	st->store = s;
+	st->cache = c;
 	st->n_groups = n_groups;
 	st->per_group = per_group;
 	st->n_slots = o->n_slots;
@@ -142,14 +146,11 @@ int nf_stream_open(struct nf_store *s, const struct nf_store_object *const *objs
 		if (!(st->slots[i].buf = nf_io_buf_alloc(sb, SLOT_ALIGN)))
 			goto fail_nomem;
 	}
-	if ((rc = nf_io_ctx_open(s, &o->io, &st->io, d)) < 0)
-		goto fail;
 	*out = st;
 	return 0;
 fail_nomem:
 	nf_diag_fail(d, rc, "%s: stream: out of memory for %u buffers of %llu bytes", nf_store_path(s),
 		     o->n_slots, (unsigned long long)sb);
-fail:
 	nf_stream_close(st);
 	return rc;
 }
@@ -158,7 +159,10 @@ void nf_stream_close(struct nf_stream *st)
 {
 	if (!st)
 		return;
-	nf_io_ctx_close(st->io);   /* waits for reads in flight into the buffers */
+	/* reads in flight land in the buffers: let them */
+	for (uint32_t i = 0; st->slots && i < st->n_slots; i++)
+		while (slot_state(&st->slots[i]) == SLOT_LOADING && nf_cache_wait_io(st->cache) == 0)
+			;
 	for (uint32_t i = 0; st->slots && i < st->n_slots; i++)
 		nf_io_buf_free(st->slots[i].buf);
 	free(st->slots);
@@ -195,11 +199,7 @@ static int slot_state(struct slot *sl)
 static int wait_slot(struct nf_stream *st, struct slot *sl)
 {
 	while (slot_state(sl) == SLOT_LOADING) {
-		/* A short timeout: with completions in the I/O thread, the
-		 * slot's last read may land just before the wait starts. */
-		int w = nf_io_ctx_wait(st->io, 1, 2);
-		if (w == -ETIMEDOUT)
-			continue;
+		int w = nf_cache_wait_io(st->cache);
 		if (w < 0 && slot_state(sl) == SLOT_LOADING) {
 			/* the context failed: the slot's reads never report */
 			int zero = 0;
@@ -221,18 +221,7 @@ static int load(struct nf_stream *st, struct slot *sl, uint32_t g)
 	for (uint32_t k = 0; k < st->per_group; k++) {
 		size_t i = (size_t)g * st->per_group + k;
 		atomic_fetch_add(&sl->pending, 1);
-		int rc = nf_io_ctx_read_object(st->io, st->objs[i], sl->buf + st->off[i], on_read, sl);
-		if (rc == -EAGAIN) {
-			/* the engine's request limit: let some finish, then retry */
-			atomic_fetch_sub(&sl->pending, 1);
-			int w = nf_io_ctx_wait(st->io, 1, -1);
-			if (w < 0) {
-				rc = w;
-			} else {
-				k--;
-				continue;
-			}
-		}
+		int rc = nf_cache_read_async(st->cache, st->objs[i], sl->buf + st->off[i], on_read, sl);
 		if (rc < 0) {
 			int zero = 0;
 			atomic_compare_exchange_strong(&st->error, &zero, rc);

@@ -10,10 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "nflash/cache.h"
 #include "nflash/coact.h"
 #include "nflash/engine.h"
 #include "nflash/sampler.h"
 #include "nflash/store.h"
+#include "nflash/stream.h"
 #include "util_pipeline.h"
 #include "util_ref.h"
 
@@ -388,4 +390,50 @@ Test(engine, kquant_store_under_the_smallest_budget)
 	free(lg);
 	unlink(sp);
 	nf_ref_free(&r);
+}
+
+/* Compute reaches the store through one door: the model's cache holds
+ * the dense weights (pinned segment), gets the FFN segments from the
+ * engine, and the streamed attention reads through it. */
+Test(engine, one_door_the_models_cache_serves_dense_ffn_and_streamed_attention, .fini = drop_model)
+{
+	make_model(64);
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.path = store;
+	o.n_ctx = 64;
+	o.n_threads = 2;
+	o.stream_attn = true;
+	struct nf_engine *e;
+	struct nf_diag d = { 0 };
+	int rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_cache *c = nf_engine_cache(e);
+	cr_assert_not_null(c);
+	cr_expect_eq(c, nf_model_cache(nf_engine_model(e)), "the engine opened a second cache");
+	struct nf_cache_layout cl;
+	nf_cache_layout_get(c, &cl);
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	cr_expect(info.attn_streamed);
+	/* every dense object but attention (streamed), and the metadata, pinned */
+	struct nf_store *s = nf_model_store(nf_engine_model(e));
+	uint64_t want = 0;
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
+		const struct nf_store_object *ob = nf_store_object_get(s, i);
+		bool attn = strstr(ob->name, ".attn_") && !strstr(ob->name, ".attn_norm");
+		if (ob->kind != NF_STORE_KIND_FFN && !attn)
+			want += (nf_store_object_buf_size(ob, nf_cache_align(c)) + 4095) / 4096 * 4096;
+	}
+	cr_expect_eq(cl.pinned_used, want, "pinned %llu bytes, dense objects %llu", (unsigned long long)cl.pinned_used,
+		     (unsigned long long)want);
+	int32_t ids[4] = { 1, 278, 263, 13 };
+	cr_assert_eq(nf_ctx_eval(nf_engine_ctx(e), ids, 4), 0);
+	struct nf_stream_stats as;
+	cr_assert(nf_ctx_attn_stats(nf_engine_ctx(e), &as));
+	struct nf_cache_stats cs;
+	nf_cache_stats_get(c, &cs);
+	cr_expect(as.bytes_read > 0 && cs.lookups > 0, "attention read %llu bytes, %llu FFN lookups",
+		  (unsigned long long)as.bytes_read, (unsigned long long)cs.lookups);
+	nf_engine_close(e);
 }

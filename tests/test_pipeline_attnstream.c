@@ -27,6 +27,7 @@
 #include "nflash/import.h"
 #include "nflash/io.h"
 #include "nflash/store.h"
+#include "nflash/cache.h"
 #include "nflash/stream.h"
 #include "nflash/synth.h"
 #include "util_pipeline.h"
@@ -57,11 +58,18 @@ static void stream(struct nf_ctx *c, uint32_t n_slots, const struct nf_io_fault_
 	struct nf_diag d = { 0 };
 	nf_stream_opts_default(&o);
 	o.n_slots = n_slots;
+	/* the stream reads through the model's cache, on its I/O context:
+	 * a fresh one (a fault backend's, or the default, which also clears
+	 * an earlier run's sticky error) */
+	struct nf_io_opts io;
+	nf_io_opts_default(&io);
 	if (fault) {
-		o.io.backend = NF_IO_FAULT;
-		o.io.fault = *fault;
+		io.backend = NF_IO_FAULT;
+		io.fault = *fault;
 	}
-	int rc = nf_ctx_stream_attn(c, &o, &d);
+	int rc = nf_cache_reopen_io(nf_model_cache(nf_ctx_model(c)), &io, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	rc = nf_ctx_stream_attn(c, &o, &d);
 	cr_assert_eq(rc, 0, "stream: %s", nf_diag_msg(&d, rc));
 }
 

@@ -173,8 +173,10 @@ Test(pipeline, profile_relayout_same_output_fewer_hot_reads, .timeout = 120 * NF
 }
 
 /* A regular llama Q4_0 FFN (QCOL down with its scales object, exact mode)
- * under a scrambled profile: the relayout moves every bundle, the output
- * stays that of the GGUF, through the cache and unpacked into memory. */
+ * under a scrambled profile, copied at another bundle alignment (512, the
+ * import's being 4096): the relayout moves and repacks every bundle, the
+ * output stays that of the GGUF, through the cache and unpacked into
+ * memory. */
 Test(pipeline, profile_relayout_of_qcol_bundles_keeps_exact_output, .timeout = 120 * NF_TEST_SLOWDOWN)
 {
 	char gguf[256], store[256], hot[256];
@@ -197,10 +199,24 @@ Test(pipeline, profile_relayout_of_qcol_bundles_keeps_exact_output, .timeout = 1
 	uint64_t min = nf_store_info(s)->n_ffn ? nf_cache_min_bytes(s) : 0;
 	nf_store_close(s);
 	cr_assert(qcol, "the tiny Q4_0 llama model should import with QCOL down parts");
-	struct nf_store_relayout_opts o = { .profile = p };
+	struct nf_store_relayout_opts o = { .profile = p, .block_size = 512 };
 	int rc = nf_store_relayout(store, hot, &o, &d);
 	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
 	nf_store_profile_free(p);
+	cr_assert_eq(nf_store_open(hot, NULL, &s, &d), 0, "%s", d.msg);
+	cr_expect_eq(nf_store_info(s)->block_size, 512u);
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
+		const struct nf_store_object *ob = nf_store_object_get(s, i);
+		if (ob->kind == NF_STORE_KIND_FFN)
+			cr_expect_eq(ob->stride, (ob->bundle_bytes + 511) / 512 * 512, "%s: stride %u", ob->name,
+				     ob->stride);
+	}
+	nf_store_close(s);
+	o.block_size = 768;
+	char bad[300];
+	snprintf(bad, sizeof(bad), "%s.bad", hot);
+	cr_expect_eq(nf_store_relayout(store, bad, &o, &d), NF_EUSAGE, "a block size of 768 was taken");
+	cr_expect(access(bad, F_OK) != 0);
 
 	struct nf_model *gm = pl_load(gguf, false, false);
 	uint32_t nv = nf_model_hparams(gm)->n_vocab;

@@ -14,6 +14,7 @@
 
 #include "nflash/dtype.h"
 #include "nflash/engine.h"
+#include "nflash/io.h"
 #include "nflash/plan.h"
 #include "nflash/store.h"
 #include "util_pipeline.h"
@@ -125,13 +126,22 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	for (uint32_t i = 0; i < 2; i++) {
 		const struct nf_store_plan_entry *e = &p->entries[i];
 		cr_expect_eq(e->budget, budgets[i]);
-		cr_expect(e->tok_per_s > 0 && e->bytes_per_token > 0 && e->io_wait_share <= 1);
+		cr_expect(e->tok_per_s > 0 && e->bytes_per_token >= 0 && e->io_wait_share <= 1,
+			  "budget %u: %.3g tok/s, %.3g bytes per token, I/O wait %.3g, cold %u, hot %u", i,
+			  e->tok_per_s, e->bytes_per_token, e->io_wait_share, e->cold_slots, e->hot_slots);
 		cr_expect_eq(e->kv_type, NF_KV_F16);
 	}
-	/* the store: laid out in the profile's order, the plan in it */
+	/* the store: laid out in the profile's order, its bundles packed at
+	 * the device's O_DIRECT alignment (import wrote 4096), the plan in it */
 	struct nf_store *s;
 	cr_assert_eq(nf_store_open(store, NULL, &s, &d), 0, "%s", d.msg);
 	cr_expect(nf_store_has_profile(s) && nf_store_has_plan(s));
+	struct nf_io_ctx *io = NULL;
+	cr_assert_eq(nf_io_ctx_open(s, NULL, &io, &d), 0, "%s", d.msg);
+	uint32_t al = nf_io_ctx_align(io) > 512 ? nf_io_ctx_align(io) : 512;
+	nf_io_ctx_close(io);
+	cr_expect_eq(nf_store_info(s)->block_size, al, "block size %u, the device's alignment %u",
+		     nf_store_info(s)->block_size, al);
 	struct nf_store_profile *pr = NULL;
 	cr_assert_eq(nf_store_profile_read(s, &pr, &d), 0, "%s", d.msg);
 	cr_assert_not_null(pr->order);

@@ -17,6 +17,8 @@
 
 #include <jansson.h>
 
+#include "nflash/store.h"
+
 #include "nflash/error.h"
 #include "nflash/io.h"
 #include "cli.h"
@@ -126,6 +128,19 @@ int nf_cli_size(const char *flag, const char *s, uint64_t *out)
 bad:
 	nf_cli_err("%s: expected a size such as 4096, 64K, 1.5G, got '%s'", flag, s ? s : "");
 	return NF_EUSAGE;
+}
+
+int nf_cli_block_size(const char *flag, const char *s, uint32_t *out)
+{
+	uint64_t b;
+	if (nf_cli_size(flag, s, &b) < 0)
+		return NF_EUSAGE;
+	if (b < NF_STORE_BLOCK_MIN || b > NF_STORE_BLOCK_MAX || (b & (b - 1))) {
+		nf_cli_err("%s: expected a power of two from 512 to 1M, got '%s'", flag, s);
+		return NF_EUSAGE;
+	}
+	*out = (uint32_t)b;
+	return 0;
 }
 
 int nf_cli_ids(const char *flag, const char *s, int32_t **ids, size_t *n)

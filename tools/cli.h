@@ -42,6 +42,9 @@ int nf_cli_int(const char *flag, const char *s, long min, long max, long *out);
 int nf_cli_double(const char *flag, const char *s, double *out);
 /* "4096", "64K", "1.5G", "2GiB": binary units (K = 1024). */
 int nf_cli_size(const char *flag, const char *s, uint64_t *out);
+/* A store block size (bundle alignment): a size that is a power of two
+ * from 512 to 1M. */
+int nf_cli_block_size(const char *flag, const char *s, uint32_t *out);
 /* "1,2,3" -> malloc'd array the caller frees. */
 int nf_cli_ids(const char *flag, const char *s, int32_t **ids, size_t *n);
 

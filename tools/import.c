@@ -86,14 +86,8 @@ int nf_cmd_import(int argc, char **argv)
 				return NF_EXIT_USAGE;
 			o.extent_bundles = (uint32_t)k;
 		} else if (!strcmp(a, "--bundle-align")) {
-			uint64_t b;
-			if (!(v = nf_cli_value(argc, argv, &i)) || nf_cli_size(a, v, &b) < 0)
+			if (!(v = nf_cli_value(argc, argv, &i)) || nf_cli_block_size(a, v, &o.block_size) < 0)
 				return NF_EXIT_USAGE;
-			if (b < NF_STORE_BLOCK_MIN || b > NF_STORE_BLOCK_MAX || (b & (b - 1))) {
-				nf_cli_err("%s: expected a power of two from 512 to 1M, got '%s'", a, v);
-				return NF_EXIT_USAGE;
-			}
-			o.block_size = (uint32_t)b;
 		} else if (!strcmp(a, "--force")) {
 			o.overwrite = true;
 		} else if (!strcmp(a, "--no-verify")) {

@@ -38,6 +38,8 @@ static void usage(FILE *f)
 		"  --calib-tokens N      calibration tokens (default 256)\n"
 		"  --no-relayout         keep the store's layout (the plan predicts for it)\n"
 		"  --keep-copy           keep the store as it was beside it, as STORE.orig\n"
+		"  --bundle-align B      the relayout's bundle alignment (default: the\n"
+		"                        device's O_DIRECT alignment, at least 512)\n"
 		"  --remeasure           measure the device again (default: reuse the store's)\n"
 		"  --device-seconds S    time for the device's read curve (default 12)\n"
 		"  --io aio|uring|sync   I/O backend for the measurements (default auto)\n"
@@ -175,6 +177,9 @@ int nf_cmd_plan(int argc, char **argv)
 			o.relayout = false;
 		} else if (!strcmp(f, "--keep-copy")) {
 			o.keep_copy = true;
+		} else if (!strcmp(f, "--bundle-align")) {
+			if (!(v = nf_cli_value(argc, argv, &i)) || nf_cli_block_size(f, v, &o.bundle_align) < 0)
+				return NF_EXIT_USAGE;
 		} else if (!strcmp(f, "--remeasure")) {
 			o.remeasure = true;
 		} else if (!strcmp(f, "--device-seconds")) {

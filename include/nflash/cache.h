@@ -2,10 +2,17 @@
  * nflash/cache.h - the segmented neuron cache of a store, and its
  * cluster-ready events.
  *
- * One arena, allocated once from the memory budget (NUMA-placed next to
- * the compute threads, transparent hugepages where available), holds three
- * segments:
- *  - pinned: dense objects every token needs (nf_cache_pin_object);
+ * The cache is compute's one door to a store: every byte a model reads
+ * from it comes through one of its segments and its one I/O context.
+ *  - pinned: dense objects every token needs (embeddings, norms, output,
+ *    attention when it fits), read whole at load (nf_cache_pin_objects),
+ *    each in its own aligned buffer, kept until close;
+ *  - streamed: dense objects too large to pin (attention of a model whose
+ *    dense weights exceed the budget), read group by group into a few
+ *    rotating buffers (nflash/stream.h, opened on the cache);
+ * and one arena, allocated once from the memory budget (NUMA-placed next
+ * to the compute threads, transparent hugepages where available), for the
+ * FFN's bundles:
  *  - hot: the most frequently requested neurons over all layers and
  *    experts (a layer that fires more gets more; nf_cache_hot_quota), loaded in
  *    large sequential reads by nf_cache_hot_load() from the firing counts:
@@ -22,10 +29,12 @@
  * event on a mutex-protected queue and nf_cache_reap() hands events to the
  * caller. Slots handed out stay valid until nf_cache_release().
  *
+ *	nf_cache_open_dense(store, NULL, &c, &diag);        // the model's load
+ *	nf_cache_pin_objects(c, objs, n, data, &diag);      // dense weights
  *	struct nf_cache_opts o;
  *	nf_cache_opts_default(&o);
  *	o.arena_bytes = budget - reserved;
- *	nf_cache_open(store, &o, &c, &diag);
+ *	nf_cache_ffn_setup(c, &o, &diag);    // or nf_cache_open(): both at once
  *	nf_cache_request(c, layer, 0, ids, n, ptrs, ready_fn, me);  // hits: ready_fn now
  *	while (work left) nf_cache_reap(c, ready_fn, me);          // misses as they land
  *	nf_cache_release(c);                                         // end of the layer
@@ -53,9 +62,9 @@ struct nf_store;
 struct nf_store_object;
 
 struct nf_cache_opts {
-	uint64_t arena_bytes;      /* pinned + hot + cold; required */
-	uint64_t pinned_bytes;     /* capacity of the pinned segment (default 0) */
-	double hot_fraction;       /* of what pinned leaves, for the hot segment (default 0.5) */
+	uint64_t arena_bytes;      /* hot + cold; required */
+	uint64_t pinned_bytes;     /* most bytes the pinned segment may hold (default 0: no limit) */
+	double hot_fraction;       /* of the arena, for the hot segment (default 0.5) */
 	/* Misses up to this many store slots apart are read as one request,
 	 * the bundles between them (cached nowhere) read and cached as well:
 	 * one request costs more than a few KiB more (default 4; 0: only
@@ -131,6 +140,28 @@ struct nf_cache;
  */
 int nf_cache_open(struct nf_store *s, const struct nf_cache_opts *o, struct nf_cache **out,
 		  struct nf_diag *d);
+/*
+ * nf_cache_open_dense - a cache of store s with its I/O context (io: NULL
+ * for defaults) and no FFN segments yet: what a model's load pins its
+ * dense objects into. nf_cache_ffn_setup adds the FFN segments later (the
+ * budget decides them once the model is known). Returns 0 and *out, the
+ * I/O context's errors, or -ENOMEM.
+ */
+int nf_cache_open_dense(struct nf_store *s, const struct nf_io_opts *io, struct nf_cache **out,
+			struct nf_diag *d);
+/*
+ * nf_cache_ffn_setup - the hot and cold segments of cache c (opened by
+ * nf_cache_open_dense), as nf_cache_open makes them; the I/O context is
+ * reopened when o->io differs from its settings (no read may be in flight:
+ * no stream open). Pinned objects stay. Returns what nf_cache_open returns;
+ * on failure c keeps its pinned segment and has no FFN segments.
+ */
+int nf_cache_ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct nf_diag *d);
+/* The cache's I/O context with settings o (backend, queue depth, faults):
+ * kept when they are its settings, else replaced by a new one. No read
+ * may be in flight. Returns 0 or the new context's error (the old one is
+ * kept then). */
+int nf_cache_reopen_io(struct nf_cache *c, const struct nf_io_opts *o, struct nf_diag *d);
 /* Waits for reads in flight, frees the arena. NULL allowed. */
 void nf_cache_close(struct nf_cache *c);
 
@@ -234,12 +265,39 @@ const uint64_t *nf_cache_signatures(const struct nf_cache *c, uint32_t layer, ui
 				    uint32_t *tokens, uint32_t *words);
 
 /*
- * nf_cache_pin_object - read dense object obj into the pinned segment and
- * return its address (valid until close). Returns 0, NF_EBUDGET (does not
- * fit: the message says how much is needed), or the read's error.
+ * nf_cache_pin_objects - read objects objs[0..n) (dense or blobs) into the
+ * pinned segment, all submitted at once, each checked against its crc32c,
+ * and return their addresses in data[0..n) (valid until close; aligned to
+ * 4 KiB and the I/O context's alignment). Returns 0, NF_EBUDGET (over
+ * opts.pinned_bytes: the message says how much is needed), -ENOMEM, or the
+ * first failed read's error, d naming its object; on failure nothing of
+ * this call stays pinned.
  */
+int nf_cache_pin_objects(struct nf_cache *c, const struct nf_store_object *const *objs, uint32_t n,
+			 const void **data, struct nf_diag *d);
 int nf_cache_pin_object(struct nf_cache *c, const struct nf_store_object *obj, const void **data,
 			struct nf_diag *d);
+/* Read a whole object into buf (nf_cache_align()-aligned, its
+ * nf_store_object_buf_size() long), checked, without keeping it: for a
+ * load that transforms what it reads (an FFN unpacked into memory). */
+int nf_cache_read_object(struct nf_cache *c, const struct nf_store_object *obj, void *buf, struct nf_diag *d);
+/* The alignment the cache's reads need of buffers, offsets and lengths. */
+uint32_t nf_cache_align(const struct nf_cache *c);
+struct nf_store *nf_cache_store(const struct nf_cache *c);
+
+/*
+ * The streamed segment's reads (nflash/stream.h keeps its buffers): a
+ * whole object read into buf on the cache's I/O context, checked on
+ * completion, fn(cookie, result) run by whichever thread reaps it: the
+ * stream waiting (nf_cache_wait_io), or the FFN's reapers in passing, so
+ * the checks of a prefetched group overlap the FFN. nf_cache_read_async
+ * returns 0 or an error (fn will not run); nf_cache_wait_io waits for at
+ * least one completion of any of the cache's reads (none in flight: at
+ * once) and returns 0 or the context's sticky error.
+ */
+int nf_cache_read_async(struct nf_cache *c, const struct nf_store_object *obj, void *buf, nf_io_done_fn fn,
+			void *cookie);
+int nf_cache_wait_io(struct nf_cache *c);
 
 void nf_cache_stats_get(const struct nf_cache *c, struct nf_cache_stats *out);
 /* The first failed read or checksum mismatch of the cache's I/O, naming

@@ -215,6 +215,7 @@ int nf_model_attn_load(struct nf_model *m, uint32_t n_layers, struct nf_diag *di
 struct nf_store;
 struct nf_store_object;
 struct nf_bundle_layout;
+struct nf_cache;
 
 /*
  * nf_model_store - the store m was loaded from (owned by m, open for its
@@ -222,6 +223,14 @@ struct nf_bundle_layout;
  * model loaded from a GGUF.
  */
 struct nf_store *nf_model_store(const struct nf_model *m);
+/*
+ * nf_model_cache - the cache a store-backed model reads through (owned by
+ * m; NULL for a GGUF): its dense objects are pinned in it, and an engine
+ * adds the FFN segments (nf_cache_ffn_setup) and streams attention
+ * (nf_stream_open) on it, so every read of the store goes through one I/O
+ * context (nflash/cache.h).
+ */
+struct nf_cache *nf_model_cache(const struct nf_model *m);
 
 /*
  * nf_model_ffn_in_memory - true when the built-in FFN can run: a GGUF

@@ -112,6 +112,10 @@ struct nf_plan_opts {
 	uint32_t calib_tokens;      /* calibration tokens (default 256) */
 	bool relayout;              /* lay the store out in the co-activation order (default true) */
 	bool keep_copy;             /* keep the store as it was beside, as STORE.orig (default false) */
+	/* The relayout's bundle alignment (store block size): 0 (default) the
+	 * device's O_DIRECT alignment, at least 512, so bundles are packed as
+	 * closely as reads allow; a power of two in [512, 1M] forces one. */
+	uint32_t bundle_align;
 	bool remeasure;             /* measure the device again even if the store has it */
 	int n_threads;              /* 0: all CPUs */
 	struct nf_plan_device_opts device;
@@ -126,7 +130,9 @@ void nf_plan_opts_default(struct nf_plan_opts *o);
  *     o->remeasure);
  *  2. run the calibration text with the profile's recording (activation
  *     counts and co-activation per FFN) and store the profile;
- *  3. lay the store out in the co-activation order, crash-safely in place
+ *  3. lay the store out in the co-activation order, its bundles packed at
+ *     o->bundle_align (default: as closely as the device's O_DIRECT
+ *     alignment allows), crash-safely in place
  *     (a copy is written beside it and renamed over it; nothing is left
  *     behind but with o->keep_copy);
  *  4. for each budget choose the settings that minimise the predicted

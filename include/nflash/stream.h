@@ -9,11 +9,12 @@
  * (0, 1, ..., n_groups - 1, 0, ...): while group g is held, the next groups
  * are read into the free buffers, so group g + 1 is (being) read while g is
  * computed on. Every read is an O_DIRECT read of a whole object through
- * the store's I/O engine, its crc32c checked on completion.
+ * the cache the stream is opened on (nflash/cache.h: its streamed segment,
+ * on its one I/O context), its crc32c checked on completion.
  *
  *	struct nf_stream_opts o;
  *	nf_stream_opts_default(&o);               // 2 slots
- *	nf_stream_open(store, objs, n_layer, 4, &o, &st, &d);
+ *	nf_stream_open(cache, objs, n_layer, 4, &o, &st, &d);
  *	for each layer l:
  *		const void *w[4];
  *		if (nf_stream_acquire(st, l, w) < 0) fail;  // waits for l's reads
@@ -24,10 +25,11 @@
  * Errors (STYLE.md rule 6): a failed read (I/O error, short read, checksum
  * mismatch) is returned by the acquire of its group and by every call
  * after it, until the stream is closed.
- * Thread-safety: one thread at a time calls the functions. Completions
- * (and their crc32c checks) run in the I/O context's own thread by default
- * (opts.io.completion; the sync and fault backends always complete inside
- * acquire, in the calling thread).
+ * Thread-safety: one thread at a time calls the functions, never while the
+ * cache's FFN reads are being requested. Completions (and their crc32c
+ * checks) run in whichever thread reaps the cache's I/O context: acquire,
+ * or the FFN's reapers in passing (so a prefetched group is checked while
+ * the FFN computes).
  */
 #ifndef NFLASH_STREAM_H
 #define NFLASH_STREAM_H
@@ -42,13 +44,12 @@
 extern "C" {
 #endif
 
+struct nf_cache;
 struct nf_store;
 struct nf_store_object;
 
 struct nf_stream_opts {
 	uint32_t n_slots;          /* buffers of one group each, >= 2 (default 2) */
-	struct nf_io_opts io;      /* backend, queue depth (default 64), completion
-				    * (default NF_IO_COMPLETION_THREAD), faults */
 };
 
 void nf_stream_opts_default(struct nf_stream_opts *o);
@@ -75,13 +76,12 @@ uint64_t nf_stream_slot_bytes(struct nf_store *s, const struct nf_store_object *
 
 /*
  * nf_stream_open - a stream over the dense objects objs[0 .. n_groups *
- * per_group) of store s (s and objs must outlive it; objs is copied). o may
- * be NULL for defaults. Allocates the buffers and opens its own I/O
- * context; reads nothing yet. Returns 0 and *out, NF_EUSAGE (no groups,
- * n_slots < 2, an object that is not dense), -ENOMEM, or the I/O context's
- * error; d says which.
+ * per_group) of the store of cache c (c and objs must outlive it; objs is
+ * copied). o may be NULL for defaults. Allocates the buffers; reads
+ * nothing yet. Returns 0 and *out, NF_EUSAGE (no groups, n_slots < 2, an
+ * object that is not dense) or -ENOMEM; d says which.
  */
-int nf_stream_open(struct nf_store *s, const struct nf_store_object *const *objs,
+int nf_stream_open(struct nf_cache *c, const struct nf_store_object *const *objs,
 		   uint32_t n_groups, uint32_t per_group, const struct nf_stream_opts *o,
 		   struct nf_stream **out, struct nf_diag *d);
 /* Waits for reads in flight, frees the buffers. NULL allowed. */
