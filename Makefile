@@ -226,6 +226,13 @@ bench-decode: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash
 	$(Q)sh bench/bench_decode_budget.sh $(B)
 
+# ---- make bench-serve: nflash serve with 1-8 clients, batched vs one at a time --
+# (bench/bench_serve.sh: the 7B store bench-decode builds, under 2 GiB)
+.PHONY: bench-serve
+bench-serve: deps
+	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+	$(Q)sh bench/bench_serve.sh $(B)
+
 # ---- make bench-moe: a 47B Mixtral-shaped MoE under 4-12 GiB vs llama.cpp ----
 # (bench/bench_moe.sh: ~50 GiB of disk in NFLASH_BENCH_DIR while a variant
 # is built; LLAMA_CLI=/path/to/llama-cli for the peer; needs root)

@@ -25,7 +25,8 @@
  * NFLASH_ISA (kernel table), NFLASH_BENCH_REPACK=0 (keep Q4_0/Q8_0 rows plain
  * instead of nf_model_repack's 8-row groups, for A/B runs),
  * NFLASH_BENCH_MODEL (an existing file is used if it has the 7B shape,
- * Q4_0 or Q8_0, e.g. `nflash synth --shape 7b --dtype q4_0
+ * Q4_0, Q8_0 or K-quants such as llama-quantize's Q4_K_M mix, e.g.
+ * `nflash synth --shape 7b --dtype q4_0
  * --no-predictor`; never overwritten), LLAMA_BENCH (path of llama.cpp's
  * llama-bench: each nflash run is followed by one llama-bench run on the
  * same file, `-t THREADS -p 0 -n DECODE` or `-p PREFILL -n 0`, and rows
@@ -196,9 +197,10 @@ static int write_model(const char *path)
 static bool shape_ok(const struct nf_model *m)
 {
 	const struct nf_model_hparams *hp = nf_model_hparams(m);
+	uint32_t t = nf_model_layer(m, 0)->wq.dtype;
 	return hp->n_embd == B_EMBD && hp->n_ff == B_FF && hp->n_head == B_HEAD &&
 	       hp->n_layer == B_LAYER && hp->n_vocab == B_VOCAB &&
-	       (nf_model_layer(m, 0)->wq.dtype == NF_DTYPE_Q4_0 || nf_model_layer(m, 0)->wq.dtype == NF_DTYPE_Q8_0);
+	       (t == NF_DTYPE_Q4_0 || t == NF_DTYPE_Q8_0 || nf_dtype_is_kquant(t));
 }
 
 /* ---- memory-read peer: the same number of threads summing a buffer ---- */
@@ -282,7 +284,7 @@ int main(void)
 		nf_model_free(m);
 		m = NULL;
 		if (given) {
-			fprintf(stderr, "bench_decode: %s is not a LLaMA-7B-shaped Q4_0/Q8_0 model; not overwritten\n",
+			fprintf(stderr, "bench_decode: %s is not a LLaMA-7B-shaped Q4_0, Q8_0 or K-quant model; not overwritten\n",
 				path);
 			return 1;
 		}

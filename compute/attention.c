@@ -5,9 +5,12 @@
  *
  * Invariants:
  *  1. Query head h reads KV head h / (n_head / n_head_kv).
- *  2. Token b of a batch starting at pos0 sits at position pos0 + b and
- *     attends to positions 0 .. pos0 + b; the batch's keys and values are
- *     in the cache before any score is computed.
+ *  2. Row b of a batch is a token of sequence c->row_seq[b] at position
+ *     p = c->row_pos[b] and attends to that sequence's positions 0 .. p
+ *     (a prompt: rows of one sequence at consecutive positions; a decode
+ *     step of many sequences: one row each, in their own KV caches); the
+ *     batch's keys and values are in the caches before any score is
+ *     computed. The matrix products run over all rows at once.
  *  3. Scores and value sums follow ggml's types: with an F16 cache the
  *     query is rounded to fp16 for the K dot product and the softmax weight
  *     to fp16 for the V sum; with an F32 cache everything stays f32.
@@ -28,7 +31,6 @@ struct att_job {
 	struct nf_ctx *c;
 	uint32_t il;
 	size_t nb;
-	uint32_t pos0;
 	const float *norm_w;
 };
 
@@ -49,12 +51,13 @@ static void rope_store_rows(void *arg, size_t b0, size_t b1)
 	const struct nf_model_hparams *hp = &c->m->hp;
 	size_t E = hp->n_embd, KV = c->kv_dim;
 	for (size_t b = b0; b < b1; b++) {
-		int64_t pos = (int64_t)j->pos0 + (int64_t)b;
+		int64_t pos = (int64_t)c->row_pos[b];
+		const struct nf_ctx *sq = c->row_seq[b];
 		float *q = c->q + b * E, *k = c->kn + b * KV, *v = c->vn + b * KV;
 		nf_rope(q, hp->n_head, hp->head_dim, pos, hp->rope_freq_base, hp->rope_freq_scale);
 		nf_rope(k, hp->n_head_kv, hp->head_dim, pos, hp->rope_freq_base, hp->rope_freq_scale);
-		char *kd = (char *)c->kcache[j->il] + (size_t)pos * KV * c->kv_elt;
-		char *vd = (char *)c->vcache[j->il] + (size_t)pos * KV * c->kv_elt;
+		char *kd = (char *)sq->kcache[j->il] + (size_t)pos * KV * c->kv_elt;
+		char *vd = (char *)sq->vcache[j->il] + (size_t)pos * KV * c->kv_elt;
 		if (c->kv_type == NF_KV_F32) {
 			memcpy(kd, k, KV * sizeof(float));
 			memcpy(vd, v, KV * sizeof(float));
@@ -108,10 +111,11 @@ static void attend(void *arg, int ith, int nth)
 	nf_split(j->nb * hp->n_head, 1, ith, nth, &p0, &p1);
 	for (size_t p = p0; p < p1; p++) {
 		size_t b = p / hp->n_head, h = p % hp->n_head, hk = h / group;
-		size_t n_t = (size_t)j->pos0 + b + 1;
+		size_t n_t = (size_t)c->row_pos[b] + 1;
+		const struct nf_ctx *sq = c->row_seq[b];
 		const float *q = c->q + b * E + h * HD;
-		const char *kb = (const char *)c->kcache[j->il] + hk * HD * c->kv_elt;
-		const char *vb = (const char *)c->vcache[j->il] + hk * HD * c->kv_elt;
+		const char *kb = (const char *)sq->kcache[j->il] + hk * HD * c->kv_elt;
+		const char *vb = (const char *)sq->vcache[j->il] + hk * HD * c->kv_elt;
 		if (f16) {
 			k->act_prepare[NF_KT_F16](q, qh, HD);
 			k->gemv[NF_KT_F16](HD, n_t, kb, row_bytes, qh, scores);
@@ -144,11 +148,11 @@ static void add_rows(void *arg, size_t b0, size_t b1)
 		j->c->x[i] += j->c->tmp[i];
 }
 
-int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0)
+int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb)
 {
 	const struct nf_layer_weights *L = &c->m->layers[il];
 	size_t E = c->m->hp.n_embd, KV = c->kv_dim;
-	struct att_job j = { .c = c, .il = il, .nb = nb, .pos0 = pos0, .norm_w = L->attn_norm };
+	struct att_job j = { .c = c, .il = il, .nb = nb, .norm_w = L->attn_norm };
 	/* Streamed: this layer's matrices from the stream's buffer (read
 	 * while the previous layer ran), same shapes and types as bound. */
 	struct nf_weight wq = L->wq, wk = L->wk, wv = L->wv, wo = L->wo;

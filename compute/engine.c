@@ -142,11 +142,9 @@ static uint64_t store_ffn_neurons(struct nf_store *s)
 
 static bool predictor_mode(const struct nf_engine *e)
 {
-	const struct nf_model_hparams *hp = nf_model_hparams(e->model);
 	int sm = e->o.sparse_mode;
 	return (sm == NF_SPARSE_PREDICTOR ||
-		((sm < 0 || sm == NF_SPARSE_AUTO) && nf_model_layer(e->model, 0)->fc1.data)) &&
-	       hp->n_expert == 0;
+		((sm < 0 || sm == NF_SPARSE_AUTO) && nf_model_layer(e->model, 0)->fc1.data));
 }
 
 /*
@@ -439,11 +437,12 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 	nf_sparse_params_init(&sp);
 	sp.mode = o->sparse_mode < 0 ? NF_SPARSE_AUTO : (enum nf_sparse_mode)o->sparse_mode;
 	/* In memory, "dense" by default is the built-in FFN (the same sums);
-	 * MoE FFNs are not sparse: in memory the built-in FFN runs them, from
-	 * a store their routed experts stream as dense FFNs. */
+	 * a mixture of experts runs its routed experts in the same modes as a
+	 * dense FFN (predictor with per-expert predictors, else exact for
+	 * ReLU/dReLU experts). */
 	if (o->sparse_mode < 0) {
-		bool pred = !hp->n_expert && nf_model_layer(e->model, 0)->fc1.data;
-		if (hp->n_expert || (!pred && hp->act == NF_FFN_SILU))
+		bool pred = nf_model_layer(e->model, 0)->fc1.data;
+		if (!pred && hp->act == NF_FFN_SILU)
 			sp.mode = NF_SPARSE_OFF;
 	}
 	sp.threshold_set = o->threshold_set;

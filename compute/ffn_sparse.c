@@ -42,7 +42,11 @@ void nf_sparse_params_init(struct nf_sparse_params *p)
 	p->mode = NF_SPARSE_AUTO;
 }
 
-static int tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+/* Tokens of io through FFN (io->layer, s->cur_expert): from a cache as one
+ * batch, or halves of it while the union's misses outnumber the cold slots
+ * (each token's sums are its own, so any split gives the same output),
+ * else one at a time. */
+int nf_sp_tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	if (s->cache && io->nb > 1 && io->nb <= s->n_batch) {
 		int rc = nf_sp_batch_forward(s, env, io);
@@ -56,9 +60,9 @@ static int tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, con
 		b.x += h * E;
 		b.resid += h * E;
 		b.out += h * E;
-		if ((rc = tokens_forward(s, env, &a)) < 0)
+		if ((rc = nf_sp_tokens_forward(s, env, &a)) < 0)
 			return rc;
-		return tokens_forward(s, env, &b);
+		return nf_sp_tokens_forward(s, env, &b);
 	}
 	int rc = 0;
 	for (size_t b = 0; b < io->nb && rc == 0; b++)
@@ -69,7 +73,7 @@ static int tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, con
 static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	struct nf_sparse *s = self;
-	if (!s->tabs[io->layer].sparse)
+	if (!nf_sp_tab(s, io->layer, 0)->sparse)
 		return nf_ctx_ffn_builtin(s->ctx, io);
 	int rc = 0;
 	if (s->cache && io->layer == 0) {
@@ -95,11 +99,14 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 	if (s->n_expert)
 		rc = nf_sp_moe_forward(s, env, io);
 	else
-		rc = tokens_forward(s, env, io);
+		rc = nf_sp_tokens_forward(s, env, io);
 	s->st.t_ffn += nf_sp_now() - t0;
-	if (rc == 0 && s->replan_now && !s->n_expert) {
+	if (rc == 0 && s->replan_now) {
+		/* each FFN of the layer (every expert: one not routed now has
+		 * nothing cold-resident to trade and returns at once) */
 		double th = nf_sp_now();
-		nf_cache_rebalance(s->cache, io->layer, 0, s->replan_moves);
+		for (uint32_t e = 0; e < s->nx; e++)
+			nf_cache_rebalance(s->cache, io->layer, e, s->replan_moves);
 		s->st.t_hot += nf_sp_now() - th;
 	}
 	return rc;
@@ -137,7 +144,11 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	}
 	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
 	s->xq_size = (xq + 63) & ~(size_t)63;
-	s->n_batch = s->cache && !s->n_expert ? nf_ctx_n_batch(ctx) : 0;
+	/* a mixture of experts gathers each expert's tokens of a batch in
+	 * sub-batches of at most NF_SP_MOE_BATCH */
+	s->n_batch = s->cache ? nf_ctx_n_batch(ctx) : 0;
+	if (s->n_expert && s->n_batch > NF_SP_MOE_BATCH)
+		s->n_batch = NF_SP_MOE_BATCH;
 	/* every chunk but the last holds CHUNK_NEURONS active neurons or more */
 	s->max_chunks = s->F / CHUNK_NEURONS + 1;
 	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
@@ -151,8 +162,30 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    !(s->req = zalloc(s, 2ull * s->F * sizeof(uint32_t))) ||
 	    !(s->gout = zalloc(s, (size_t)s->max_chunks * s->E * sizeof(float))) ||
 	    !(s->tscratch = zalloc(s, (size_t)s->nth * s->act_stride)) ||
-	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))))
+	    (s->n_expert && !(s->eout = zalloc(s, (size_t)s->n_expert_used * s->E * sizeof(float)))) ||
+	    (s->n_expert && !(s->xst = zalloc(s, (size_t)s->n_layer * s->n_expert * sizeof(*s->xst)))) ||
+	    (s->n_expert && !(s->guess = zalloc(s, (size_t)s->n_expert_used * sizeof(int32_t)))))
 		return -ENOMEM;
+	s->guess_layer = UINT32_MAX;
+	size_t U = s->n_expert_used;
+	if (s->cache && s->n_expert &&
+	    (!(s->xtag = zalloc(s, U * sizeof(*s->xtag))) ||
+	     !(s->xmask = zalloc(s, U * s->n_groups * sizeof(uint32_t))) ||
+	     !(s->xpend = zalloc(s, U * s->n_groups * sizeof(atomic_uint))) ||
+	     !(s->xptrs = zalloc(s, U * s->F * sizeof(void *))) ||
+	     !(s->xactive = zalloc(s, U * sizeof(uint64_t)))))
+		return -ENOMEM;
+	if (s->cache && s->n_expert && s->n_batch > 1 &&
+	    (!(s->bx = zalloc(s, 3 * (size_t)s->n_batch * s->E * sizeof(float))) ||
+	     !(s->beout = zalloc(s, (size_t)s->n_batch * U * s->E * sizeof(float))) ||
+	     !(s->bslot = zalloc(s, (size_t)s->n_batch * sizeof(uint32_t)))))
+		return -ENOMEM;
+	if (!s->count_only) {
+		s->tag0 = (struct sp_tag){ .s = s, .k = UINT32_MAX };
+		s->cur_k = UINT32_MAX;
+		for (uint32_t k = 0; s->xtag && k < U; k++)
+			s->xtag[k] = (struct sp_tag){ .s = s, .k = k };
+	}
 	if (s->kgroups > 1 &&
 	    (!(s->kact = zalloc(s, s->F * sizeof(float))) ||
 	     !(s->kx = zalloc(s, (size_t)(s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
@@ -282,6 +315,7 @@ static void init_state(struct nf_sparse *s, struct nf_ctx *ctx, struct nf_cache 
 	s->act = hp->act;
 	s->cache = cache;
 	s->nth = nf_ctx_n_threads(ctx) > 0 ? nf_ctx_n_threads(ctx) : 1;
+	s->nx = hp->n_expert ? hp->n_expert : 1;
 	s->n_groups = (s->F + GROUP - 1) / GROUP;
 	s->last_mask = s->F % GROUP ? (1u << (s->F % GROUP)) - 1u : UINT32_MAX;
 	for (uint32_t il = 0; il < hp->n_layer; il++) {
@@ -309,7 +343,7 @@ static void forms_of_geometry(struct nf_sparse *s, const struct nf_cache_geom *g
 static int check_mode(struct nf_sparse *s, const struct nf_sparse_params *p, struct nf_diag *diag)
 {
 	const struct nf_model_hparams *hp = nf_model_hparams(s->m);
-	bool has_pred = !hp->n_expert && s->rank;
+	bool has_pred = s->rank;
 	for (uint32_t il = 0; il < hp->n_layer; il++)
 		has_pred &= nf_model_layer(s->m, il)->fc1.data != NULL;
 	s->mode = resolve_mode(hp, has_pred, p->mode);
@@ -320,13 +354,6 @@ static int check_mode(struct nf_sparse *s, const struct nf_sparse_params *p, str
 	s->replan_moves = p->replan_moves;
 	if (s->mode == NF_SPARSE_OFF)
 		return 0;
-	if (hp->n_expert && (!s->cache || s->mode != NF_SPARSE_DENSE))
-		return nf_diag_fail(diag, NF_EUNSUPPORTED,
-				    s->cache ? "--sparse-mode %s: the experts of a mixture-of-experts model stream from "
-					       "the store as dense FFNs only (--sparse-mode dense)"
-					     : "--sparse-mode %s: mixture-of-experts FFNs are not sparse in memory (use "
-					       "--sparse-mode off)",
-				    nf_sparse_mode_name(s->mode));
 	s->n_expert = hp->n_expert;
 	s->n_expert_used = hp->n_expert_used;
 	if (s->mode == NF_SPARSE_PREDICTOR && !has_pred)
@@ -337,12 +364,33 @@ static int check_mode(struct nf_sparse *s, const struct nf_sparse_params *p, str
 	return 0;
 }
 
+/* The in-memory matrices of FFN (layer il, expert e): gate (data NULL
+ * without), up, and down: the regular [n_embd x n_ff] or, in PowerInfer
+ * files, the transposed down_t (*transposed). Experts are never transposed. */
+static void ffn_mats(const struct nf_sparse *s, uint32_t il, uint32_t e, struct nf_weight *g,
+		     struct nf_weight *u, struct nf_weight *d, bool *transposed)
+{
+	const struct nf_layer_weights *L = nf_model_layer(s->m, il);
+	if (s->n_expert) {
+		*g = nf_weight_expert(&L->gate_exps, e);
+		*u = nf_weight_expert(&L->up_exps, e);
+		*d = nf_weight_expert(&L->down_exps, e);
+		*transposed = false;
+		return;
+	}
+	*g = L->gate;
+	*u = L->up;
+	*transposed = L->down_t.data != NULL;
+	*d = *transposed ? L->down_t : L->down;
+}
+
 /* Where the FFN's bytes come from (the cache's bundles or the model's
  * matrices) and in which forms; checks they fit the model and a kernel. */
 static int forms(struct nf_sparse *s, struct nf_diag *diag)
 {
 	const struct nf_model_hparams *hp = nf_model_hparams(s->m);
 	const struct nf_layer_weights *L0 = nf_model_layer(s->m, 0);
+	uint32_t gate_dt = 0;
 	if (s->cache) {
 		struct nf_cache_geom g;
 		nf_cache_geometry(s->cache, &g);
@@ -352,19 +400,23 @@ static int forms(struct nf_sparse *s, struct nf_diag *diag)
 					    "the model (n_embd %u, n_ff %u, %u layers)",
 					    g.dim, g.n_neurons, g.n_layer, s->E, s->F, hp->n_layer);
 		forms_of_geometry(s, &g);
+		gate_dt = s->dt_gu;
 		if (L0->up.data && (L0->up.dtype != s->dt_gu || (L0->gate.data != NULL) != s->has_gate))
 			return nf_diag_fail(diag, NF_EUSAGE, "sparse FFN: the store's bundles are %s, the model's FFN %s",
 					    nf_dtype_name(s->dt_gu), nf_dtype_name(L0->up.dtype));
 	} else {
-		if (!L0->up.data)
+		struct nf_weight g, u, d;
+		bool transposed;
+		ffn_mats(s, 0, 0, &g, &u, &d, &transposed);
+		if (!u.data)
 			return nf_diag_fail(diag, NF_EUSAGE,
 					    "sparse FFN: the model's FFN weights are not in memory (a store): give a cache");
-		s->has_gate = L0->gate.data != NULL;
-		s->dt_gu = L0->up.dtype;
-		const struct nf_weight *dw = L0->down_t.data ? &L0->down_t : &L0->down;
-		s->dt_down = dw->dtype;
+		s->has_gate = g.data != NULL;
+		s->dt_gu = u.dtype;
+		gate_dt = g.data ? g.dtype : u.dtype;
+		s->dt_down = d.dtype;
 		bool q = nf_dtype_block_len(s->dt_down) > 1;
-		s->form = (!L0->down_t.data && q) ? DOWN_QCOL : DOWN_ROW;
+		s->form = (!transposed && q) ? DOWN_QCOL : DOWN_ROW;
 		s->kgroups = s->form == DOWN_QCOL && nf_dtype_is_kquant(s->dt_down) ? NF_QK_K / GROUP : 1;
 		s->kt_gu = nf_ktype_of(s->dt_gu);
 		s->kt_down = nf_ktype_of(s->dt_down);
@@ -378,30 +430,35 @@ static int forms(struct nf_sparse *s, struct nf_diag *diag)
 				    "sparse FFN: a %s down needs a cold segment of at least %u bundles (one chunk of "
 				    "whole 256-neuron super-blocks); the cache has %u (--cold-slots)",
 				    nf_dtype_name(s->dt_down), CHUNK_MAX, s->cap);
-	if (s->kt_gu < 0 || s->kt_down < 0 || (!s->cache && s->has_gate && L0->gate.dtype != s->dt_gu))
+	if (s->kt_gu < 0 || s->kt_down < 0 || gate_dt != s->dt_gu)
 		return nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: weight types %s/%s have no bundle form",
 				    nf_dtype_name(s->dt_gu), nf_dtype_name(s->dt_down));
 	return 0;
 }
 
-/* Layer il's table: predictor, down type, and where its bytes are. */
-static int build_tab(struct nf_sparse *s, uint32_t il, struct nf_diag *diag)
+/* FFN (layer il, expert e)'s table: predictor, down type, and where its
+ * bytes are. */
+static int build_tab(struct nf_sparse *s, uint32_t il, uint32_t e, struct nf_diag *diag)
 {
 	const struct nf_layer_weights *L = nf_model_layer(s->m, il);
-	struct layer_tab *t = &s->tabs[il];
+	struct layer_tab *t = nf_sp_tab(s, il, e);
 	t->sparse = true;
-	t->fc1 = L->fc1.data ? &L->fc1 : NULL;
-	t->fc2 = L->fc2.data ? &L->fc2 : NULL;
-	if (t->fc2 && t->fc2->nrows != s->F)
-		return nf_diag_fail(diag, NF_EFORMAT, "blk.%u.fc2: %u outputs, n_ff is %u", il, t->fc2->nrows, s->F);
+	t->fc1 = nf_weight_expert(&L->fc1, e);
+	t->fc2 = nf_weight_expert(&L->fc2, e);
+	if (t->fc2.data && t->fc2.nrows != s->F)
+		return nf_diag_fail(diag, NF_EFORMAT, "blk.%u.fc2: %u outputs, n_ff is %u", il, t->fc2.nrows, s->F);
+	struct nf_weight g, u, d;
+	bool transposed = false;
+	if (!s->cache)
+		ffn_mats(s, il, e, &g, &u, &d, &transposed);
 	/* K-quant downs may change type from layer to layer (llama-quantize's
 	 * _M recipes); any other type is the same in every layer */
 	t->dt_down = s->dt_down;
 	struct nf_bundle_layout bl;
-	if (s->cache && nf_model_ffn_layout(s->m, il, 0, NULL, &bl, NULL, NULL) == 0)
+	if (s->cache && nf_model_ffn_layout(s->m, il, e, NULL, &bl, NULL, NULL) == 0)
 		t->dt_down = bl.down_dtype;
 	else if (!s->cache)
-		t->dt_down = L->down_t.data ? L->down_t.dtype : L->down.dtype;
+		t->dt_down = d.dtype;
 	t->kt_down = nf_ktype_of(t->dt_down);
 	if (t->dt_down != s->dt_down &&
 	    (!nf_dtype_is_kquant(t->dt_down) || !nf_dtype_is_kquant(s->dt_down) || s->form != DOWN_QCOL ||
@@ -413,34 +470,26 @@ static int build_tab(struct nf_sparse *s, uint32_t il, struct nf_diag *diag)
 	if (s->cache) {
 		if (s->form != DOWN_QCOL)
 			return 0;
-		uint32_t nx = s->n_expert ? s->n_expert : 1;
-		if (s->n_expert && !(t->xscales = zalloc(s, nx * sizeof(*t->xscales))))
-			return -ENOMEM;
-		for (uint32_t e = 0; e < nx; e++) {
-			const uint16_t *sc = NULL;
-			if (nf_model_ffn_layout(s->m, il, e, NULL, NULL, &sc, NULL) < 0 || !sc)
-				return nf_diag_fail(diag, NF_EUNSUPPORTED,
-						    "sparse FFN: layer %u expert %u: QCOL bundles need their scales: run the "
-						    "store itself (-m STORE), not a GGUF with --ffn-store", il, e);
-			if (s->n_expert)
-				t->xscales[e] = sc;
-			else
-				t->scales = sc;
-		}
+		const uint16_t *sc = NULL;
+		if (nf_model_ffn_layout(s->m, il, e, NULL, NULL, &sc, NULL) < 0 || !sc)
+			return nf_diag_fail(diag, NF_EUNSUPPORTED,
+					    "sparse FFN: layer %u expert %u: QCOL bundles need their scales: run the "
+					    "store itself (-m STORE), not a GGUF with --ffn-store", il, e);
+		t->scales = sc;
 		return 0;
 	}
-	t->gate = L->gate.data;
-	t->gate_stride = L->gate.row_bytes;
-	t->up = L->up.data;
-	t->up_stride = L->up.row_bytes;
-	if (L->up.dtype != s->dt_gu)
+	t->gate = g.data;
+	t->gate_stride = g.row_bytes;
+	t->up = u.data;
+	t->up_stride = u.row_bytes;
+	if (u.dtype != s->dt_gu)
 		return nf_diag_fail(diag, NF_EUNSUPPORTED, "sparse FFN: layer %u has other weight types than layer 0", il);
-	if (L->down_t.data) {
-		t->down = L->down_t.data;
-		t->down_stride = L->down_t.row_bytes;
+	if (transposed) {
+		t->down = d.data;
+		t->down_stride = d.row_bytes;
 		return 0;
 	}
-	return tab_down_regular(s, t, &L->down);
+	return tab_down_regular(s, t, &d);
 }
 
 int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct nf_sparse **out,
@@ -467,11 +516,12 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 	if ((rc = forms(s, diag)) < 0)
 		goto fail;
 	rc = -ENOMEM;
-	if (!(s->tabs = zalloc(s, s->n_layer * sizeof(*s->tabs))))
+	if (!(s->tabs = zalloc(s, (size_t)s->n_layer * s->nx * sizeof(*s->tabs))))
 		goto fail;
 	for (uint32_t il = 0; il < s->n_layer; il++)
-		if ((rc = build_tab(s, il, diag)) < 0)
-			goto fail;
+		for (uint32_t e = 0; e < s->nx; e++)
+			if ((rc = build_tab(s, il, e, diag)) < 0)
+				goto fail;
 	if ((rc = scratch(s, ctx)) < 0)
 		goto fail;
 	for (uint32_t il = 0; il < s->n_layer; il++)
@@ -501,9 +551,7 @@ uint64_t nf_sparse_bytes_for(const struct nf_ctx *ctx, const struct nf_cache_geo
 	forms_of_geometry(&s, g);
 	if (s.kt_gu < 0)
 		return 0;
-	zalloc(&s, s.n_layer * sizeof(struct layer_tab));
-	if (s.n_expert && s.form == DOWN_QCOL)
-		zalloc(&s, (size_t)s.n_layer * s.n_expert * sizeof(const uint16_t *));
+	zalloc(&s, (size_t)s.n_layer * s.nx * sizeof(struct layer_tab));
 	scratch(&s, ctx);
 	return s.bytes;
 }
@@ -513,11 +561,10 @@ void nf_sparse_close(struct nf_sparse *s)
 	if (!s)
 		return;
 	if (s->tabs) {
-		for (uint32_t il = 0; il < s->n_layer; il++) {
+		for (uint32_t il = 0; il < s->n_layer; il++)
 			nf_ctx_set_ffn(s->ctx, il, NULL, NULL);
-			free(s->tabs[il].owned);
-			free(s->tabs[il].xscales);
-		}
+		for (size_t i = 0; i < (size_t)s->n_layer * s->nx; i++)
+			free(s->tabs[i].owned);
 	}
 	free(s->tabs);
 	free(s->xq);
@@ -543,6 +590,16 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->bchunk);
 	free(s->bsum);
 	free(s->eout);
+	free(s->xst);
+	free(s->guess);
+	free(s->xtag);
+	free(s->xmask);
+	free((void *)s->xpend);
+	free(s->xptrs);
+	free(s->xactive);
+	free(s->bx);
+	free(s->beout);
+	free(s->bslot);
 	free(s);
 }
 
@@ -569,6 +626,13 @@ void nf_sparse_stats_get(const struct nf_sparse *s, struct nf_sparse_stats *out)
 void nf_sparse_stats_reset(struct nf_sparse *s)
 {
 	memset(&s->st, 0, sizeof(s->st));
+	if (s->xst)
+		memset(s->xst, 0, (size_t)s->n_layer * s->n_expert * sizeof(*s->xst));
+}
+
+const struct nf_sparse_expert_stats *nf_sparse_expert_stats(const struct nf_sparse *s)
+{
+	return s->xst;
 }
 void nf_sparse_ffn_ops(const struct nf_sparse *s, const struct nf_ffn_ops **ops, void **self)
 {

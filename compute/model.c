@@ -329,6 +329,24 @@ static int bind_dense_ffn(struct binder *b, uint32_t il, struct nf_layer_weights
 	return 0;
 }
 
+/* Predictor: fc1 [n_embd -> r], fc2 [r -> n_ff], r from fc1's shape; one
+ * per expert (3-D, n_expert X) in a mixture of experts. */
+static int bind_predictor(struct binder *b, uint32_t il, uint32_t X, struct nf_layer_weights *L)
+{
+	const struct nf_model_hparams *hp = &b->m->hp;
+	char nm[96];
+	int rc;
+	snprintf(nm, sizeof(nm), "blk.%u.fc1.weight", il);
+	const struct nf_gguf_tensor *fc1 = nf_model_find_tensor(b->m, nm);
+	if (!fc1)
+		return 0;
+	uint32_t rank = fc1->ne[1] <= UINT32_MAX ? (uint32_t)fc1->ne[1] : 0;
+	if ((rc = bind_mat(b, nm, true, hp->n_embd, rank, X, &L->fc1)) < 0)
+		return rc;
+	snprintf(nm, sizeof(nm), "blk.%u.fc2.weight", il);
+	return bind_mat(b, nm, true, rank, hp->n_ff, X, &L->fc2);
+}
+
 static int bind_layer(struct binder *b, uint32_t il, struct nf_layer_weights *L)
 {
 	const struct nf_model_hparams *hp = &b->m->hp;
@@ -364,7 +382,8 @@ static int bind_layer(struct binder *b, uint32_t il, struct nf_layer_weights *L)
 	bool ffn_here = !b->m->store || b->m->ffn_unpacked;
 	if (hp->n_expert) {
 		uint32_t X = hp->n_expert;
-		if ((rc = bind_mat(b, NAME("ffn_gate_inp"), true, E, X, 0, &L->router)) < 0)
+		if ((rc = bind_mat(b, NAME("ffn_gate_inp"), true, E, X, 0, &L->router)) < 0 ||
+		    (rc = bind_predictor(b, il, X, L)) < 0)
 			return rc;
 		if (!ffn_here)
 			return 0;
@@ -376,14 +395,8 @@ static int bind_layer(struct binder *b, uint32_t il, struct nf_layer_weights *L)
 	}
 	if (ffn_here && (rc = bind_dense_ffn(b, il, L)) < 0)
 		return rc;
-	/* Predictor: fc1 [n_embd -> r], fc2 [r -> n_ff]; r from fc1's shape. */
-	const struct nf_gguf_tensor *fc1 = nf_model_find_tensor(b->m, NAME("fc1"));
-	if (fc1) {
-		uint32_t rank = fc1->ne[1] <= UINT32_MAX ? (uint32_t)fc1->ne[1] : 0;
-		if ((rc = bind_mat(b, NAME("fc1"), true, E, rank, 0, &L->fc1)) < 0 ||
-		    (rc = bind_mat(b, NAME("fc2"), true, rank, F, 0, &L->fc2)) < 0)
-			return rc;
-	}
+	if ((rc = bind_predictor(b, il, 0, L)) < 0)
+		return rc;
 #undef NAME
 	return 0;
 }
@@ -655,7 +668,9 @@ uint64_t nf_model_step_dense_bytes(const struct nf_model *m)
 	uint64_t b = nf_model_attn_bytes(m) + (uint64_t)m->output.row_bytes * m->output.nrows;
 	for (uint32_t il = 0; il < m->hp.n_layer; il++) {
 		const struct nf_layer_weights *L = &m->layers[il];
-		b += (uint64_t)L->fc1.row_bytes * L->fc1.nrows + (uint64_t)L->fc2.row_bytes * L->fc2.nrows +
+		/* a mixture of experts runs the predictors of its routed experts */
+		uint64_t np = m->hp.n_expert ? m->hp.n_expert_used : 1;
+		b += np * ((uint64_t)L->fc1.row_bytes * L->fc1.nrows + (uint64_t)L->fc2.row_bytes * L->fc2.nrows) +
 		     (uint64_t)L->router.row_bytes * L->router.nrows + 2ull * m->hp.n_embd * sizeof(float);
 	}
 	return b + (m->tok_embd.row_bytes ? m->tok_embd.row_bytes : (uint64_t)m->hp.n_embd * sizeof(float));

@@ -13,6 +13,13 @@
  *     results independent of the thread count.
  *  4. Only the last token of a batch goes through the output norm and the
  *     vocabulary projection; logits are those of the last evaluated token.
+ *     With many sequences (nf_ctx_eval_seqs), the last row of each one
+ *     does, into that sequence's logits.
+ *  5. A row's result depends only on its own sequence's tokens: one
+ *     decode step of many sequences equals each of them evaluated alone,
+ *     bit for bit (invariant 2 for the products, attention per row, and
+ *     the FFN providers' own rule: the sparse engine's batch equals its
+ *     tokens one by one).
  */
 #include <errno.h>
 #include <math.h>
@@ -154,7 +161,8 @@ void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const 
 struct nf_weight nf_weight_expert(const struct nf_weight *w, uint32_t e)
 {
 	struct nf_weight v = *w;
-	v.data = (const char *)w->data + (size_t)e * w->expert_bytes;
+	if (w->data)
+		v.data = (const char *)w->data + (size_t)e * w->expert_bytes;
 	v.n_expert = 1;
 	return v;
 }
@@ -236,6 +244,8 @@ int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct 
 	c->g = czalloc(c, NB * F, sizeof(float), &rc);
 	c->u = czalloc(c, NB * F, sizeof(float), &rc);
 	c->xq = czalloc(c, NB, c->xq_row, &rc);
+	c->row_seq = czalloc(c, NB, sizeof(*c->row_seq), &rc);
+	c->row_pos = czalloc(c, NB, sizeof(*c->row_pos), &rc);
 	c->logits = czalloc(c, hp->n_vocab, sizeof(float), &rc);
 	c->scores = czalloc(c, NT * c->n_ctx, sizeof(float), &rc);
 	c->qh_row = nf_act_size(NF_KT_F16, hp->head_dim);
@@ -279,7 +289,7 @@ void nf_ctx_close(struct nf_ctx *c)
 	free(c->vcache);
 	free(c->ffn);
 	void *bufs[] = { c->x, c->xn, c->q, c->kn, c->vn, c->att, c->tmp, c->g, c->u, c->xq,
-			 c->logits, c->scores, c->qh, c->router, c->sel, c->selw, c->tok_of,
+			 c->row_seq, c->row_pos, c->logits, c->scores, c->qh, c->router, c->sel, c->selw, c->tok_of,
 			 c->slot_of, c->xg, c->eg, c->eout };
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		free(bufs[i]);
@@ -393,6 +403,16 @@ static void residual_add(struct nf_ctx *c, const float *src, size_t nb)
 	nf_ctx_parallel(c, nb, add_rows, &j);
 }
 
+/* Row b is the last of its sequence among rows [0, nb). */
+static bool last_of_seq(const struct nf_ctx *c, size_t b, size_t nb)
+{
+	for (size_t i = b + 1; i < nb; i++)
+		if (c->row_seq[i] == c->row_seq[b])
+			return false;
+	return true;
+}
+
+/* One forward step of rows [0, nb) (c->row_seq / c->row_pos filled). */
 static int forward(struct nf_ctx *c, const int32_t *ids, size_t nb)
 {
 	const struct nf_model *m = c->m;
@@ -402,7 +422,7 @@ static int forward(struct nf_ctx *c, const int32_t *ids, size_t nb)
 	nf_ctx_parallel(c, nb, embed_rows, &j);
 
 	for (uint32_t il = 0; il < hp->n_layer; il++) {
-		int rc = nf_attention(c, il, nb, c->n_past);
+		int rc = nf_attention(c, il, nb);
 		if (rc < 0)
 			return rc;
 
@@ -416,28 +436,70 @@ static int forward(struct nf_ctx *c, const int32_t *ids, size_t nb)
 		residual_add(c, c->tmp, nb);
 	}
 
-	const float *last = c->x + (nb - 1) * E;
-	c->k->rmsnorm(c->xn, last, m->output_norm, E, hp->rms_eps);
-	struct nf_mm mm = { .w = &m->output, .y = c->logits, .ldy = hp->n_vocab };
-	nf_ctx_matmul(c, &mm, 1, c->xn, E, 1);
-	c->n_past += (uint32_t)nb;
+	for (size_t b = 0; b < nb; b++) {
+		struct nf_ctx *sq = c->row_seq[b];
+		if (!last_of_seq(c, b, nb))
+			continue;
+		c->k->rmsnorm(c->xn, c->x + b * E, m->output_norm, E, hp->rms_eps);
+		struct nf_mm mm = { .w = &m->output, .y = sq->logits, .ldy = hp->n_vocab };
+		nf_ctx_matmul(c, &mm, 1, c->xn, E, 1);
+	}
+	for (size_t b = 0; b < nb; b++)
+		c->row_seq[b]->n_past = c->row_pos[b] + 1;
 	return 0;
 }
 
-int nf_ctx_eval(struct nf_ctx *c, const int32_t *ids, size_t n)
+/* Tokens ids[0..n): token i of sequence seqs[i] (seqs NULL: all of c). */
+static int eval_rows(struct nf_ctx *c, struct nf_ctx *const *seqs, const int32_t *ids, size_t n)
 {
 	if (n == 0)
 		return NF_EUSAGE;
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
+		const struct nf_ctx *sq = seqs ? seqs[i] : c;
 		if (ids[i] < 0 || (uint32_t)ids[i] >= c->m->hp.n_vocab)
 			return NF_EUSAGE;
-	if (n > c->n_ctx - c->n_past)
+		/* another sequence's cache must be one c's attention can use */
+		if (sq->m != c->m || sq->kv_type != c->kv_type || sq->n_ctx > c->n_ctx)
+			return NF_EUSAGE;
+	}
+	/* every sequence's tokens must fit its context: count them on n_past */
+	bool over = false;
+	for (size_t i = 0; i < n; i++) {
+		struct nf_ctx *sq = seqs ? seqs[i] : c;
+		over |= ++sq->n_past > sq->n_ctx;
+	}
+	for (size_t i = 0; i < n; i++)
+		(seqs ? seqs[i] : c)->n_past--;
+	if (over)
 		return NF_EBUDGET;
 	for (size_t off = 0; off < n; off += c->n_batch) {
 		size_t nb = n - off < c->n_batch ? n - off : c->n_batch;
+		/* positions: each sequence's next, in row order */
+		for (size_t b = 0; b < nb; b++) {
+			struct nf_ctx *sq = seqs ? seqs[off + b] : c;
+			c->row_seq[b] = sq;
+			c->row_pos[b] = sq->n_past;
+			for (size_t i = b; i-- > 0;)
+				if (c->row_seq[i] == sq) {
+					c->row_pos[b] = c->row_pos[i] + 1;
+					break;
+				}
+		}
 		int rc = forward(c, ids + off, nb);
 		if (rc < 0)
 			return rc;
 	}
 	return 0;
+}
+
+int nf_ctx_eval(struct nf_ctx *c, const int32_t *ids, size_t n)
+{
+	return eval_rows(c, NULL, ids, n);
+}
+
+int nf_ctx_eval_seqs(struct nf_ctx *c, struct nf_ctx *const *seqs, const int32_t *ids, size_t n)
+{
+	if (!seqs)
+		return NF_EUSAGE;
+	return eval_rows(c, seqs, ids, n);
 }

@@ -81,6 +81,11 @@ struct nf_ctx {
 	struct nf_pool *pool;       /* NULL with one thread */
 	int n_threads;
 	uint32_t n_ctx, n_batch, n_past;
+	/* the rows of the forward step under way (n_batch each): row b is a
+	 * token of sequence row_seq[b] (this context, or another whose KV
+	 * cache it uses: nf_ctx_eval_seqs) at position row_pos[b] */
+	struct nf_ctx **row_seq;
+	uint32_t *row_pos;
 	enum nf_kv_type kv_type;
 	size_t kv_elt;              /* bytes per cached value */
 	uint32_t kv_dim;            /* n_head_kv * head_dim */
@@ -150,17 +155,16 @@ void nf_ctx_run(struct nf_ctx *c, nf_pool_fn fn, void *arg);
 void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const float *x,
 		   size_t ldx, size_t nb);
 
-/* Expert e's matrix of a stacked 3-D weight, as a 2-D view. */
-struct nf_weight nf_weight_expert(const struct nf_weight *w, uint32_t e);
-
 /* Runs fn(arg, b0, b1) on slices [b0, b1) of n items over the threads. */
 void nf_ctx_parallel(struct nf_ctx *c, size_t n, void (*fn)(void *arg, size_t b0, size_t b1),
 		     void *arg);
 
-/* Attention block of layer il on c->x for nb tokens from position pos0;
- * adds its output to c->x. Returns 0, or the stream's read error
- * (c->attn), or NF_EUNSUPPORTED (attention deferred and not streamed). */
-int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb, uint32_t pos0);
+/* Attention block of layer il on c->x for nb rows, row b a token of
+ * sequence c->row_seq[b] at position c->row_pos[b] (its keys and values go
+ * to that sequence's cache); adds its output to c->x. Returns 0, or the
+ * stream's read error (c->attn), or NF_EUNSUPPORTED (attention deferred
+ * and not streamed). */
+int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb);
 
 /* Built-in FFNs (compute/ffn.c). */
 int nf_ffn_dense(struct nf_ctx *c, const struct nf_ffn_io *io);

@@ -30,7 +30,7 @@ static void batch_worker(void *arg, int ith, int nth)
 	size_t b0 = nb * (size_t)ith / (size_t)nth, b1 = nb * (size_t)(ith + 1) / (size_t)nth;
 	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
 	float *g = s->bsum + (size_t)ith * E;
-	uint32_t kdt = s->tabs[s->cur_layer].dt_down;
+	uint32_t kdt = s->cur_tab->dt_down;
 	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(kdt);
 	for (size_t b = b0; b < b1; b++) {
 		memset(s->cur_out + b * E, 0, E * sizeof(float));
@@ -93,9 +93,11 @@ static void batch_worker(void *arg, int ith, int nth)
 
 int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
-	const struct layer_tab *t = &s->tabs[io->layer];
+	const struct layer_tab *t = nf_sp_tab(s, io->layer, s->cur_expert);
 	uint64_t later0 = s->st.groups_ready_later, active = 0;
 	s->cur_layer = io->layer;
+	s->cur_tab = t;
+	s->cur_ptrs = s->ptrs;
 	s->cur_scales = t->scales;
 	s->cur_nb = io->nb;
 	s->cur_out = io->out;
@@ -120,7 +122,7 @@ int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const
 				s->req[n++] = gi * GROUP + i;
 	}
 	/* more misses than cold slots: the caller halves the batch */
-	if (nf_cache_cold_needed(s->cache, io->layer, 0, s->req, n) > s->cap)
+	if (nf_cache_cold_needed(s->cache, io->layer, s->cur_expert, s->req, n) > s->cap)
 		return BATCH_TOO_BIG;
 	/* for the online hot set, count each token's own neurons; the request
 	 * of the union counts once more, standing in for the last */
@@ -130,7 +132,7 @@ int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const
 		for (uint32_t gi = 0; gi < s->n_groups; gi++)
 			for (uint32_t m = bm[gi]; m; m &= m - 1)
 				s->req[n + k++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
-		nf_cache_count(s->cache, io->layer, 0, s->req + n, k);
+		nf_cache_count(s->cache, io->layer, s->cur_expert, s->req + n, k);
 	}
 	atomic_store(&s->err, 0);
 	for (uint32_t gi = 0; gi < s->n_groups; gi++)
@@ -138,7 +140,10 @@ int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const
 	s->in_batch = true;
 	s->t_req = nf_sp_now();
 	atomic_store(&s->t_last_ready, 0.0);
-	int rc = nf_cache_request(s->cache, io->layer, 0, s->req, n, s->ptrs, nf_sp_on_ready, s);
+	struct nf_cache_stats cs0, cs1;
+	nf_cache_stats_get(s->cache, &cs0);
+	int rc = nf_cache_request(s->cache, io->layer, s->cur_expert, s->req, n, s->ptrs, nf_sp_on_ready, &s->tag0);
+	nf_cache_stats_get(s->cache, &cs1);
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 		if (!s->gmask[gi])
 			continue;
@@ -164,5 +169,12 @@ int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const
 	s->st.ffn_calls += io->nb;
 	s->st.neurons_total += (uint64_t)s->F * io->nb;
 	s->st.neurons_active += active;
+	if (s->xst) {
+		struct nf_sparse_expert_stats *xs = &s->xst[(size_t)io->layer * s->n_expert + s->cur_expert];
+		xs->routed += io->nb;
+		xs->neurons_active += active;
+		xs->lookups += cs1.lookups - cs0.lookups;
+		xs->hits += (cs1.hits_hot + cs1.hits_cold) - (cs0.hits_hot + cs0.hits_cold);
+	}
 	return 0;
 }

@@ -17,17 +17,16 @@
 /* ---- group compute ----------------------------------------------------------- */
 
 /* Addresses of neuron j's gate row, up row and down part. */
-static void neuron_addr(const struct nf_sparse *s, uint32_t layer, uint32_t j, const char **g,
-			const char **u, const char **d)
+static void neuron_addr(const struct nf_sparse *s, uint32_t j, const char **g, const char **u, const char **d)
 {
 	if (s->cache) {
-		const char *p = s->ptrs[j];
+		const char *p = s->cur_ptrs[j];
 		*g = p;
 		*u = p + s->up_off_bundle;
 		*d = p + s->down_off_bundle;
 		return;
 	}
-	const struct layer_tab *t = &s->tabs[layer];
+	const struct layer_tab *t = s->cur_tab;
 	*g = t->gate ? t->gate + (size_t)j * t->gate_stride : NULL;
 	*u = t->up + (size_t)j * t->up_stride;
 	*d = t->down + (size_t)j * t->down_stride;
@@ -86,7 +85,7 @@ static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, co
 void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx, float *kacc,
 		      uint32_t kb0, uint32_t kb1, uint32_t r0, uint32_t r1)
 {
-	uint32_t E = s->E, layer = s->cur_layer, bits = nf_kquant_bits(dt);
+	uint32_t E = s->E, bits = nf_kquant_bits(dt);
 	int32_t off = nf_kquant_offset(dt);
 	size_t bs = nf_dtype_block_size(dt), hb = nf_bundle_head_bytes(dt), qoff, qlen;
 	nf_kquant_quant_span(dt, &qoff, &qlen);
@@ -103,7 +102,7 @@ void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_bl
 			if (!x->qs[i])
 				continue;
 			const char *g, *u, *d;
-			neuron_addr(s, layer, kb * NF_QK_K + i, &g, &u, &d);
+			neuron_addr(s, kb * NF_QK_K + i, &g, &u, &d);
 			lane[nz] = (i % 32) / 4;
 			sub[nz] = i / 16;
 			qx[nz] = x->qs[i];
@@ -202,7 +201,7 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 			  float *out, char *scratch, float *kact)
 {
 	const struct nf_kernels *k = s->k;
-	uint32_t layer = s->cur_layer, E = s->E;
+	uint32_t E = s->E;
 	uint32_t ids[CHUNK_MAX], n = 0;
 	float gv[2 * CHUNK_MAX], coef[CHUNK_MAX], *uv;
 	const void *gp[2 * CHUNK_MAX], *up[CHUNK_MAX], *dp[CHUNK_MAX], *cols[CHUNK_MAX];
@@ -212,7 +211,7 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 			uint32_t j = gi * GROUP + (uint32_t)__builtin_ctz(m);
 			const char *g, *u, *d;
 			m &= m - 1;
-			neuron_addr(s, layer, j, &g, &u, &d);
+			neuron_addr(s, j, &g, &u, &d);
 			ids[n] = j;
 			gp[n] = g;
 			up[n] = u;
@@ -253,7 +252,7 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 	/* per group (K-quant QCOL: per super-block): activations, rounded or
 	 * quantized as one block, then the group's (coefficient, down part)
 	 * pairs in neuron order */
-	const struct layer_tab *tab = &s->tabs[layer];
+	const struct layer_tab *tab = s->cur_tab;
 	uint32_t dt_down = tab->dt_down;
 	bool kcol = s->form == DOWN_QCOL && nf_dtype_is_kquant(dt_down);
 	uint32_t unit = kcol ? NF_QK_K : GROUP;

@@ -8,7 +8,7 @@
  *   sparse_sched.c  the ready list and the workers that take ready chunks
  *   sparse_token.c  one token: predictor, masks, chunks, cache windows
  *   sparse_batch.c  a batch of tokens from the cache (prefill)
- *   sparse_moe.c    mixture-of-experts layers from the cache
+ *   sparse_moe.c    mixture-of-experts layers (routing, experts in turn)
  * Invariants of the engine (every part keeps them):
  *  1. Arithmetic follows ggml/PowerInfer: gate/up inputs rounded to their
  *     weight's dot type (act_prepare); the activation of a neuron fed to a
@@ -42,8 +42,22 @@
  *     own chunks from its own masks and adding each closed chunk straight
  *     into its output: the same sums in the same order as invariant 2, so
  *     a batch equals its tokens one by one, bit for bit.
- *  6. Mixture-of-experts layers (from a cache only) route as the built-in
- *     FFN and run each routed expert as a dense FFN of (layer, expert).
+ *  6. Mixture-of-experts layers route as the built-in FFN and run each
+ *     routed expert as the FFN (layer, expert) through this same machinery
+ *     in the engine's mode: its table is tabs[layer * nx + expert] (bytes
+ *     in memory, or bundles of FFN object (layer, expert) through the
+ *     cache; its own predictor), and each expert keeps invariants 1-2 and
+ *     7, so exact experts from a store equal them in memory bit for bit.
+ *     The experts' outputs are summed in rank order with the router's
+ *     weights, as the built-in FFN sums them. From a cache a token's
+ *     experts are masked and requested together when they fit (tagged
+ *     requests, all misses in flight at once); a completion of rank k not
+ *     being computed counts down xpend[k] only, and rank k's chunks start
+ *     from what is still pending when it is computed (no thread reaps
+ *     while cur_k changes), so the sums are those of invariant 2. A batch
+ *     from a cache runs per expert: its tokens gathered (NF_SP_MOE_BATCH at
+ *     a time) as one batch of that expert (invariant 5), outputs combined
+ *     per token in rank order.
  *  7. K-quant down matrices (QCOL of Q2_K..Q6_K, types may differ per
  *     layer): chunks compute gate, up and the activations only, into the
  *     token's activation vector; chunks close only at 256-neuron
@@ -84,17 +98,17 @@
 
 enum down_form { DOWN_ROW, DOWN_QCOL };
 
-/* Where one layer's neuron bytes live when served from memory. */
+/* One FFN (layer, expert): its predictor, its down type, and where its
+ * neuron bytes live when served from memory (tabs[layer * nx + expert]). */
 struct layer_tab {
-	bool sparse;                 /* false: built-in FFN (MoE) */
+	bool sparse;                 /* false: built-in FFN */
 	const char *gate, *up, *down;
 	size_t gate_stride, up_stride, down_stride;
 	const uint16_t *scales;      /* QCOL: [n_ff / 32][n_embd] fp16; K: block heads */
 	uint32_t dt_down;            /* this layer's down type (K-quants vary per layer) */
 	int kt_down;
-	const uint16_t **xscales;    /* MoE from a cache: scales per expert */
 	void *owned;                 /* transposed / repacked down (ours) */
-	const struct nf_weight *fc1, *fc2;
+	struct nf_weight fc1, fc2;   /* predictor (this expert's view); data NULL: none */
 };
 
 struct group_state {
@@ -106,6 +120,16 @@ struct chunk_state {
 	uint32_t g0, g1;             /* groups [g0, g1); inactive ones are skipped */
 	uint32_t n_groups;           /* active groups among them */
 	atomic_uint pending;         /* bundles not yet in memory */
+};
+
+struct nf_sparse;
+
+/* What the cache's callbacks receive (nf_sp_on_ready): the engine, and for
+ * the routed experts of a token requested together, the expert's rank k
+ * (UINT32_MAX: the FFN being computed). */
+struct sp_tag {
+	struct nf_sparse *s;
+	uint32_t k;
 };
 
 struct nf_sparse {
@@ -133,7 +157,8 @@ struct nf_sparse {
 	float *bkacc;
 	uint32_t down_off_bundle;    /* cache bundles: byte offset of the down row */
 	uint32_t up_off_bundle;
-	struct layer_tab *tabs;
+	struct layer_tab *tabs;      /* n_layer x nx */
+	uint32_t nx;                 /* FFNs per layer: max(1, n_expert) */
 	struct nf_ffn_ops ops;
 	uint64_t bytes;
 	bool count_only;             /* a sizing pass: zalloc counts, allocates nothing */
@@ -151,6 +176,8 @@ struct nf_sparse {
 	uint32_t *ready;             /* chunk ids in the order they became ready */
 	atomic_uint n_ready, next;   /* appended / taken */
 	const void **ptrs;           /* cache: bundle address per neuron (n_ff) */
+	const void **cur_ptrs;       /* those of the FFN being computed (ptrs, or xptrs + k * n_ff) */
+	struct sp_tag tag0;          /* callbacks of the FFN being computed */
 	uint32_t *req;               /* cache: neuron ids requested (n_ff) */
 	atomic_int err;
 
@@ -161,6 +188,7 @@ struct nf_sparse {
 	char *tscratch;              /* nth x act_stride */
 
 	struct nf_sparse_stats st;
+	struct nf_sparse_expert_stats *xst; /* mixture of experts: n_layer x n_expert */
 	uint32_t hot_after;
 	uint32_t replan_moves;       /* online re-planning: most moves per layer and step (0: off) */
 	bool replan_now;             /* this forward step re-plans each layer after it */
@@ -177,12 +205,29 @@ struct nf_sparse {
 	uint32_t *bchunk;            /* n_batch x 2: open chunk's first group, active neurons */
 	float *bsum;                 /* nth x E: one chunk's contribution */
 	size_t cur_nb;
-	/* mixture of experts (from a cache only): each token's routed experts
-	 * run as dense FFNs one after the other */
+	/* mixture of experts: each token's routed experts run one after the
+	 * other, each the FFN (layer, expert) in the engine's mode */
 	uint32_t n_expert, n_expert_used;
 	uint32_t cur_expert;
+	const struct layer_tab *cur_tab; /* (cur_layer, cur_expert) */
 	const uint16_t *cur_scales;  /* QCOL scales of (cur_layer, cur_expert) */
 	float *eout;                 /* n_expert_used x E: each routed expert's output */
+	/* from a cache: a token's routed experts requested together (their
+	 * misses all in flight at once), then computed in rank order */
+	bool together;               /* this token's experts were requested together */
+	uint32_t cur_k;              /* rank being computed (UINT32_MAX: none) */
+	struct sp_tag *xtag;         /* n_expert_used */
+	uint32_t *xmask;             /* n_expert_used x n_groups: each expert's masks */
+	atomic_uint *xpend;          /* n_expert_used x n_groups: neurons not yet landed */
+	const void **xptrs;          /* n_expert_used x n_ff: bundle addresses */
+	uint64_t *xactive;           /* n_expert_used: active neurons */
+	int32_t *guess;              /* n_expert_used: experts guessed for layer guess_layer */
+	uint32_t guess_layer;        /* UINT32_MAX: no guess */
+	/* from a cache, a batch: each expert's tokens gathered (x, resid, out:
+	 * n_batch x E each), run as one batch of that expert (its union read
+	 * once), their outputs by slot (n_batch x n_expert_used x E) */
+	float *bx, *beout;
+	uint32_t *bslot;             /* n_batch: slot b * U + k of each gathered token */
 	const float *cur_x;          /* token being computed */
 	float *cur_out;              /* its FFN output */
 	uint32_t cur_layer;
@@ -215,12 +260,20 @@ struct kdown_job {
  * reads land. Same results, bit for bit, as the tokens one at a time.
  */
 #define BATCH_TOO_BIG 1
+/* Most tokens a mixture of experts gathers per expert at once (prefill):
+ * bounds the per-slot outputs (n_batch x n_expert_used x n_embd floats). */
+#define NF_SP_MOE_BATCH 64u
 
 static inline double nf_sp_now(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static inline struct layer_tab *nf_sp_tab(const struct nf_sparse *s, uint32_t layer, uint32_t expert)
+{
+	return &s->tabs[(size_t)layer * s->nx + expert];
 }
 
 void nf_sp_kdown_worker(void *arg, int ith, int nth);
@@ -243,11 +296,15 @@ void nf_sp_kdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 			 uint32_t g1);
 void nf_sp_reduce_worker(void *arg, int ith, int nth);
 void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid);
+/* FFN (layer, s->cur_expert)'s masks for token x into s->gmask (x prepared
+ * into s->xq); returns the active neurons. */
+uint64_t nf_sp_token_masks(struct nf_sparse *s, uint32_t layer, const float *x, const float *resid);
 uint32_t nf_sp_group_mask(const struct nf_sparse *s, uint32_t gi);
-void nf_sp_measure_recall(struct nf_sparse *s, uint32_t layer);
+void nf_sp_measure_recall(struct nf_sparse *s);
 int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
 			 const float *x, const float *resid, float *out);
 int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io);
+int nf_sp_tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io);
 int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io);
 
 #endif /* NF_SPARSE_IMPL_H */

@@ -24,13 +24,22 @@ void nf_sp_ready_push(struct nf_sparse *s, uint32_t ci)
 /* Cache completion: bundles of neurons[0..n) are in memory (or failed). */
 void nf_sp_on_ready(void *user, const uint32_t *neurons, uint32_t n, int result)
 {
-	struct nf_sparse *s = user;
+	const struct sp_tag *tag = user;
+	struct nf_sparse *s = tag->s;
 	if (result < 0) {
 		int expect = 0;
 		atomic_compare_exchange_strong(&s->err, &expect, result);
 	}
 	if (s->cache)
 		atomic_store(&s->t_last_ready, nf_sp_now());
+	if (tag->k != UINT32_MAX && tag->k != s->cur_k) {
+		/* an expert of the token requested together, not computed yet
+		 * (cur_k changes only while no thread reaps) */
+		atomic_uint *pend = s->xpend + (size_t)tag->k * s->n_groups;
+		for (uint32_t k = 0; k < n; k++)
+			atomic_fetch_sub(&pend[neurons[k] / GROUP], 1);
+		return;
+	}
 	if (s->in_batch) {
 		/* a batch consumes groups in order: count per group */
 		for (uint32_t k = 0; k < n; k++)
@@ -49,7 +58,7 @@ void nf_sp_on_ready(void *user, const uint32_t *neurons, uint32_t n, int result)
 bool nf_sp_reap_some(struct nf_sparse *s, int ith)
 {
 	double t0 = ith == 0 ? nf_sp_now() : 0.0;
-	int rc = nf_cache_reap(s->cache, nf_sp_on_ready, s);
+	int rc = nf_cache_reap(s->cache, nf_sp_on_ready, &s->tag0);
 	if (ith == 0)
 		s->st.t_wait += nf_sp_now() - t0;
 	if (rc < 0) {

@@ -19,12 +19,13 @@
 void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid)
 {
 	const struct nf_kernels *k = s->k;
-	k->act_prepare[t->fc1->kt](resid, s->hq, s->E);
-	k->gemv[t->fc1->kt](t->fc1->n, t->fc1->nrows, t->fc1->data, t->fc1->row_bytes, s->hq, s->h1);
+	const struct nf_weight *fc1 = &t->fc1, *fc2 = &t->fc2;
+	k->act_prepare[fc1->kt](resid, s->hq, s->E);
+	k->gemv[fc1->kt](fc1->n, fc1->nrows, fc1->data, fc1->row_bytes, s->hq, s->h1);
 	for (uint32_t i = 0; i < s->rank; i++)
 		s->h1[i] = s->h1[i] > 0.0f ? s->h1[i] : 0.0f;
-	k->act_prepare[t->fc2->kt](s->h1, s->hq, s->rank);
-	k->gemv[t->fc2->kt](t->fc2->n, t->fc2->nrows, t->fc2->data, t->fc2->row_bytes, s->hq, s->score);
+	k->act_prepare[fc2->kt](s->h1, s->hq, s->rank);
+	k->gemv[fc2->kt](fc2->n, fc2->nrows, fc2->data, fc2->row_bytes, s->hq, s->score);
 }
 
 /* Neurons of group gi to compute: the predicted ones (score >= threshold,
@@ -41,9 +42,9 @@ uint32_t nf_sp_group_mask(const struct nf_sparse *s, uint32_t gi)
 }
 
 /* Gate values of every neuron (in memory) for recall. */
-void nf_sp_measure_recall(struct nf_sparse *s, uint32_t layer)
+void nf_sp_measure_recall(struct nf_sparse *s)
 {
-	const struct layer_tab *t = &s->tabs[layer];
+	const struct layer_tab *t = s->cur_tab;
 	if (s->cache || !t->gate)
 		return;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++)
@@ -58,59 +59,102 @@ void nf_sp_measure_recall(struct nf_sparse *s, uint32_t layer)
 		}
 }
 
-int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
-			 const float *x, const float *resid, float *out)
+uint64_t nf_sp_token_masks(struct nf_sparse *s, uint32_t layer, const float *x, const float *resid)
 {
-	const struct layer_tab *t = &s->tabs[layer];
-	uint64_t later0 = s->st.groups_ready_later;
+	const struct layer_tab *t = nf_sp_tab(s, layer, s->cur_expert);
 	s->cur_layer = layer;
-	s->cur_scales = t->xscales ? t->xscales[s->cur_expert] : t->scales;
-	s->cur_x = x;
+	s->cur_tab = t;
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
 	if (s->mode == NF_SPARSE_PREDICTOR)
 		nf_sp_predict(s, t, resid);
+	uint64_t active = 0;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		uint32_t m = nf_sp_group_mask(s, gi);
+		s->gmask[gi] = m;
+		active += (uint64_t)__builtin_popcount(m);
+	}
+	return active;
+}
+
+/* Drop the guard count of chunks [c0, c1): those whose bundles were all
+ * in memory are ready now. */
+static void drop_guards(struct nf_sparse *s, uint32_t c0, uint32_t c1)
+{
+	for (uint32_t ci = c0; ci < c1; ci++) {
+		if (atomic_fetch_sub(&s->chunks[ci].pending, 1) == 1) {
+			nf_sp_ready_push(s, ci);
+			s->st.groups_ready_now += s->chunks[ci].n_groups;
+		} else {
+			s->st.groups_ready_later += s->chunks[ci].n_groups;
+		}
+	}
+}
+
+int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,
+			 const float *x, const float *resid, float *out)
+{
+	const struct layer_tab *t = nf_sp_tab(s, layer, s->cur_expert);
+	uint64_t later0 = s->st.groups_ready_later, active;
+	const atomic_uint *pend = NULL;
+	if (s->together) {
+		/* masked and requested with the token's other experts
+		 * (nf_sp_moe_forward); s->xq holds x prepared */
+		uint32_t k = s->cur_k;
+		memcpy(s->gmask, s->xmask + (size_t)k * s->n_groups, s->n_groups * sizeof(uint32_t));
+		pend = s->xpend + (size_t)k * s->n_groups;
+		active = s->xactive[k];
+		s->cur_layer = layer;
+		s->cur_tab = t;
+		s->cur_ptrs = s->xptrs + (size_t)k * s->F;
+	} else {
+		active = nf_sp_token_masks(s, layer, x, resid);
+		s->cur_ptrs = s->ptrs;
+	}
+	s->cur_scales = t->scales;
+	s->cur_x = x;
 	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(t->dt_down);
 	if (kq) {
 		memset(s->kact, 0, s->F * sizeof(float));
 		memset(s->kacc, 0, (size_t)s->E * KACC * sizeof(float));
 	}
 
-	uint64_t active = 0;
 	atomic_store(&s->n_ready, 0);
 	atomic_store(&s->next, 0);
-	atomic_store(&s->err, 0);
-	/* masks, and chunks: consecutive groups up to CHUNK_NEURONS active
-	 * neurons, cut from the masks alone (invariant 2) */
-	uint32_t nc = 0, in_chunk = 0;
+	if (!s->together)
+		atomic_store(&s->err, 0);
+	/* chunks: consecutive groups up to CHUNK_NEURONS active neurons, cut
+	 * from the masks alone (invariant 2); each waits for its neurons not
+	 * yet in memory (requested together: those not landed yet) */
+	uint32_t nc = 0, in_chunk = 0, waits = 0;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
-		uint32_t m = nf_sp_group_mask(s, gi);
-		s->gmask[gi] = m;
+		uint32_t m = s->gmask[gi];
 		if (!m)
 			continue;
 		uint32_t pc = (uint32_t)__builtin_popcount(m);
-		active += pc;
 		struct chunk_state *c = &s->chunks[nc];
 		if (!in_chunk) {
 			c->g0 = gi;
 			c->n_groups = 0;
+			waits = 0;
 		}
 		c->g1 = gi + 1;
 		c->n_groups++;
 		s->groups[gi].chunk = nc;
 		in_chunk += pc;
+		waits += pend ? atomic_load(&pend[gi]) : pc;
 		if (in_chunk >= CHUNK_NEURONS && (gi + 1) % s->kgroups == 0) {
-			atomic_store(&c->pending, in_chunk + 1u);
+			atomic_store(&c->pending, waits + 1u);
 			nc++;
 			in_chunk = 0;
 		}
 	}
 	if (in_chunk)
-		atomic_store(&s->chunks[nc++].pending, in_chunk + 1u);
+		atomic_store(&s->chunks[nc++].pending, waits + 1u);
 	s->n_chunks = nc;
 	for (uint32_t i = 0; i < nc; i++)
 		s->ready[i] = UINT32_MAX;
 	if (s->measure_recall && s->mode == NF_SPARSE_PREDICTOR)
-		nf_sp_measure_recall(s, layer);
+		nf_sp_measure_recall(s);
 
 	if (!s->cache) {
 		for (uint32_t ci = 0; ci < nc; ci++) {
@@ -118,6 +162,15 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 			s->st.groups_ready_now += s->chunks[ci].n_groups;
 		}
 		nf_sp_run_workers(s, env, nf_sp_worker);
+		if (kq && nc)
+			nf_sp_kdown_blocks(s, env, t->dt_down, s->chunks[0].g0, s->chunks[nc - 1].g1);
+	} else if (s->together) {
+		/* the reads are in flight already; released after the last expert */
+		drop_guards(s, 0, nc);
+		nf_sp_run_workers(s, env, nf_sp_worker);
+		int err = atomic_load(&s->err);
+		if (err < 0)
+			return err;
 		if (kq && nc)
 			nf_sp_kdown_blocks(s, env, t->dt_down, s->chunks[0].g0, s->chunks[nc - 1].g1);
 	} else {
@@ -132,6 +185,8 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 				if (m & (1u << i))
 					s->req[n++] = gi * GROUP + i;
 		}
+		struct nf_cache_stats cs0;
+		nf_cache_stats_get(s->cache, &cs0);
 		bool whole = nf_cache_cold_needed(s->cache, layer, s->cur_expert, s->req, n) <= s->cap;
 		uint32_t c0 = 0;
 		while (c0 < nc) {
@@ -161,16 +216,10 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 			s->t_req = nf_sp_now();
 			atomic_store(&s->t_last_ready, 0.0);
 			uint64_t later = s->st.groups_ready_later;
-			int rc = nf_cache_request(s->cache, layer, s->cur_expert, s->req + first, w, s->ptrs, nf_sp_on_ready, s);
+			int rc = nf_cache_request(s->cache, layer, s->cur_expert, s->req + first, w, s->ptrs, nf_sp_on_ready,
+						  &s->tag0);
 			/* drop the guard count: chunks whose bundles were all hits are ready now */
-			for (uint32_t ci = c0; ci < c1; ci++) {
-				if (atomic_fetch_sub(&s->chunks[ci].pending, 1) == 1) {
-					nf_sp_ready_push(s, ci);
-					s->st.groups_ready_now += s->chunks[ci].n_groups;
-				} else {
-					s->st.groups_ready_later += s->chunks[ci].n_groups;
-				}
-			}
+			drop_guards(s, c0, c1);
 			if (rc < 0) {
 				/* what was submitted must land before its slots are reused */
 				nf_cache_release(s->cache);
@@ -193,6 +242,13 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 			c0 = c1;
 		}
 		s->n_chunks = nc;
+		if (s->xst) {
+			struct nf_cache_stats cs1;
+			nf_cache_stats_get(s->cache, &cs1);
+			struct nf_sparse_expert_stats *xs = &s->xst[(size_t)layer * s->n_expert + s->cur_expert];
+			xs->lookups += cs1.lookups - cs0.lookups;
+			xs->hits += (cs1.hits_hot + cs1.hits_cold) - (cs0.hits_hot + cs0.hits_cold);
+		}
 	}
 	(void)later0;
 	if (!s->cache && atomic_load(&s->err) < 0)
@@ -207,5 +263,10 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 	s->st.ffn_calls++;
 	s->st.neurons_total += s->F;
 	s->st.neurons_active += active;
+	if (s->xst) {
+		struct nf_sparse_expert_stats *xs = &s->xst[(size_t)layer * s->n_expert + s->cur_expert];
+		xs->routed++;
+		xs->neurons_active += active;
+	}
 	return 0;
 }

@@ -55,8 +55,10 @@ struct ffn_ent {
 	uint32_t *count;   /* per neuron: times requested (or profile counts) */
 	uint32_t *inv;     /* per store slot: its neuron (the permutation inverted) */
 	uint64_t *sig;     /* sig_tokens: n_neurons rows of sig_words; bit t of a row: asked
-			    * for by this FFN's request t (NULL when not recording) */
+			    * for by this FFN's t-th sampled request (NULL when not recording) */
 	uint32_t sig_n;    /* requests recorded in sig */
+	uint32_t sig_every; /* requests are sampled every sig_every (a power of two) */
+	uint64_t sig_seen;  /* requests of this FFN so far */
 };
 
 /* One read: a run of bundles of one FFN landing in adjacent slots. */
@@ -68,6 +70,7 @@ struct read_rec {
 	uint32_t n_slots;      /* cold slots the read fills (n, plus bridged gaps) */
 	uint32_t *neurons;     /* into run_neurons */
 	uint32_t *store_slots; /* into run_slots */
+	void *tag;             /* the request's tag: reap hands it to fn instead of its user */
 	int result;
 	bool queued;
 };
@@ -97,10 +100,13 @@ struct nf_cache {
 	bool hugepages, numa;
 	uint32_t sig_words;            /* co-activation record: words per neuron (0: off) */
 
-	/* the current request */
+	/* the current requests (several may go out before a release, their
+	 * misses laid out one after the other from run_base, n_neurons in all) */
 	struct read_rec *reads;        /* n_neurons at most */
 	uint32_t n_reads;
 	uint32_t *run_neurons, *run_slots, *order;
+	uint32_t run_base;
+	void *cur_tag;
 	uint64_t *sortbuf;
 	uint32_t *pinned_list;         /* cold slots pinned by the current layer */
 	uint32_t n_pinned_list;
@@ -594,10 +600,53 @@ static int cmp_u64(const void *a, const void *b)
 
 /* The co-activation record: which neurons this FFN's next recorded request
  * asked for (one bit per neuron and calibration token). */
+/* The even bits of x (bit 2i to bit i). */
+static uint32_t even_bits(uint64_t x)
+{
+	x &= 0x5555555555555555ull;
+	x = (x | x >> 1) & 0x3333333333333333ull;
+	x = (x | x >> 2) & 0x0f0f0f0f0f0f0f0full;
+	x = (x | x >> 4) & 0x00ff00ff00ff00ffull;
+	x = (x | x >> 8) & 0x0000ffff0000ffffull;
+	x = (x | x >> 16) & 0x00000000ffffffffull;
+	return (uint32_t)x;
+}
+
+/*
+ * The co-activation record samples an FFN's requests uniformly over the
+ * whole run, not its first ones: every request while there is room, then,
+ * each time the record is full, every other recorded column is dropped and
+ * the sampling interval doubles (requests 0, s, 2s, ... of this FFN, s a
+ * power of two). An FFN requested rarely (an expert seldom routed) keeps
+ * all its requests; one requested often keeps sig_tokens / 2 or more spread
+ * over the run.
+ */
 static void record_signature(struct nf_cache *c, struct ffn_ent *f, const uint32_t *neurons, uint32_t n)
 {
-	if (!f->sig || f->sig_n >= c->sig_words * 64u)
+	if (!f->sig)
 		return;
+	uint64_t seen = f->sig_seen++;
+	if (!f->sig_every)
+		f->sig_every = 1;
+	if (seen % f->sig_every)
+		return;
+	uint32_t W = c->sig_words;
+	if (f->sig_n >= W * 64u) {
+		/* keep the even columns (requests 0, 2s, 4s, ...) */
+		for (uint64_t r = 0; r < c->g.n_neurons; r++) {
+			uint64_t *row = f->sig + r * W;
+			for (uint32_t w = 0; w < (W + 1) / 2; w++) {
+				uint64_t hi = 2 * w + 1 < W ? row[2 * w + 1] : 0;
+				row[w] = even_bits(row[2 * w]) | (uint64_t)even_bits(hi) << 32;
+			}
+			for (uint32_t w = (W + 1) / 2; w < W; w++)
+				row[w] = 0;
+		}
+		f->sig_n = (f->sig_n + 1) / 2;
+		f->sig_every *= 2;
+		if (seen % f->sig_every)
+			return;
+	}
 	uint32_t t = f->sig_n++;
 	for (uint32_t k = 0; k < n; k++)
 		if (neurons[k] < c->g.n_neurons)
@@ -740,7 +789,7 @@ static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t tak
 	}
 	struct read_rec *r = &c->reads[c->n_reads++];
 	*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take, .n_slots = span,
-				.neurons = c->run_neurons + k, .store_slots = c->run_slots + k };
+				.neurons = c->run_neurons + k, .store_slots = c->run_slots + k, .tag = c->cur_tag };
 	atomic_fetch_add(&c->outstanding, 1);
 	/* the I/O context holds a bounded number of requests: when it is full,
 	 * let some complete (their events wait in the queue) */
@@ -764,15 +813,10 @@ static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t tak
 	return 0;
 }
 
-int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
-		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user)
+static int request_at(struct nf_cache *c, uint32_t fi, const uint32_t *neurons, uint32_t n, const void **ptrs,
+		      nf_cache_ready_fn fn, void *user)
 {
-	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
-		return NF_EUSAGE;
-	uint32_t fi = layer * c->g.n_expert + expert;
 	struct ffn_ent *f = &c->ffns[fi];
-	if (!f->obj)
-		return NF_EUSAGE;
 	record_signature(c, f, neurons, n);
 	/* hits now (c->run_neurons is free until the misses are laid out) */
 	uint32_t n_hit;
@@ -803,13 +847,51 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 		/* neurons never submitted: report them failed */
 		struct read_rec *r = &c->reads[c->n_reads++];
 		*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = NO_SLOT, .n = n_miss - k,
-					.neurons = c->run_neurons + k, .result = rc };
+					.neurons = c->run_neurons + k, .tag = c->cur_tag, .result = rc };
 		atomic_fetch_add(&c->outstanding, 1);
 		ev_push(c, r);
 	}
 	if (rc < 0 && c->layer_err == 0)
 		c->layer_err = rc;
 	return rc;
+}
+
+/* A request whose hits are reported to user now; tag (NULL: none) goes
+ * with its reads to whoever reaps them. */
+static int request_any(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons, uint32_t n,
+		       const void **ptrs, nf_cache_ready_fn fn, void *user, void *tag)
+{
+	if (layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NF_EUSAGE;
+	uint32_t fi = layer * c->g.n_expert + expert;
+	if (!c->ffns[fi].obj)
+		return NF_EUSAGE;
+	uint32_t base = c->run_base;
+	if (n > c->g.n_neurons - base)
+		return NF_EBUDGET;
+	/* this request's misses go after the earlier ones' (still in flight) */
+	c->run_neurons += base;
+	c->run_slots += base;
+	c->cur_tag = tag;
+	uint32_t misses0 = (uint32_t)c->st.misses;
+	int rc = request_at(c, fi, neurons, n, ptrs, fn, user);
+	c->run_base += (uint32_t)c->st.misses - misses0;
+	c->cur_tag = NULL;
+	c->run_neurons -= base;
+	c->run_slots -= base;
+	return rc;
+}
+
+int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user)
+{
+	return request_any(c, layer, expert, neurons, n, ptrs, fn, user, NULL);
+}
+
+int nf_cache_request_tagged(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+			    uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *tag)
+{
+	return request_any(c, layer, expert, neurons, n, ptrs, fn, tag, tag);
 }
 
 /* Undo the slots of a failed read (invariant 6). */
@@ -839,7 +921,7 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 				read_failed(c, r);
 				pthread_mutex_unlock(&c->ev_lock);
 			}
-			fn(user, r->neurons, r->n, r->result);
+			fn(r->tag ? r->tag : user, r->neurons, r->n, r->result);
 			atomic_fetch_sub(&c->outstanding, 1);
 			handed++;
 		}
@@ -861,7 +943,7 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 				read_failed(c, q);
 				pthread_mutex_unlock(&c->ev_lock);
 			}
-			fn(user, q->neurons, q->n, q->result);
+			fn(q->tag ? q->tag : user, q->neurons, q->n, q->result);
 			atomic_fetch_sub(&c->outstanding, 1);
 			handed++;
 		}
@@ -897,6 +979,7 @@ int nf_cache_release(struct nf_cache *c)
 		c->cold_meta[c->pinned_list[i]].pinned = 0;
 	c->n_pinned_list = 0;
 	c->n_reads = 0;
+	c->run_base = 0;
 	int err = c->layer_err;
 	c->layer_err = 0;
 	return err;

@@ -62,6 +62,15 @@ static int open_engine(const char *path, uint64_t budget, uint32_t n_ctx, struct
 	return nf_engine_open(&o, e, d);
 }
 
+/* Options opening the test store with a context of n_ctx on two threads. */
+static void store_opts(struct nf_engine_opts *o, uint32_t n_ctx)
+{
+	nf_engine_opts_default(o);
+	o->path = store;
+	o->n_ctx = n_ctx;
+	o->n_threads = 2;
+}
+
 /* The "at least X MiB" of a budget error, in bytes (rounded up to whole
  * KiB as printed with one decimal of MiB: the caller adds a margin). */
 static double stated_min_mib(const char *msg)
@@ -191,10 +200,7 @@ Test(engine, cold_segment_shrinks_to_fit_the_budget_in_exact_mode, .fini = drop_
 {
 	make_model(256);
 	struct nf_engine_opts o;
-	nf_engine_opts_default(&o);
-	o.path = store;
-	o.n_ctx = 64;
-	o.n_threads = 2;
+	store_opts(&o, 64);
 	o.sparse_mode = NF_SPARSE_EXACT;
 	o.overhead = 24ull << 20; /* a fresh process's, not this test's */
 	o.budget = 4ull << 20;
@@ -277,10 +283,7 @@ Test(engine, online_replanning_recovers_a_wrong_hot_set_with_the_same_bits, .fin
 {
 	make_model(256);
 	struct nf_engine_opts o;
-	nf_engine_opts_default(&o);
-	o.path = store;
-	o.n_ctx = 224;
-	o.n_threads = 2;
+	store_opts(&o, 224);
 	o.overhead = 24ull << 20;
 	o.budget = 72ull << 20;
 	o.profile = true;
@@ -390,6 +393,114 @@ Test(engine, kquant_store_under_the_smallest_budget)
 	free(lg);
 	unlink(sp);
 	nf_ref_free(&r);
+}
+
+/*
+ * One decode step of many sequences (nf_ctx_eval_seqs): three sequences,
+ * each its own KV cache, decoded together as one batch through the
+ * engine's context, give the logits each gives alone (nf_ctx_eval), bit
+ * for bit, and the cache is asked for each layer's union of their neurons
+ * once (fewer lookups than the three one after the other). With attention
+ * in memory and streamed (only the engine's context has a stream).
+ */
+#define SEQS 3
+#define SEQ_STEPS 6
+
+static uint32_t argmax(const float *v, uint32_t n)
+{
+	uint32_t b = 0;
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[b])
+			b = i;
+	return b;
+}
+
+/* Prompts, then SEQ_STEPS greedy tokens of every sequence, batched or
+ * one sequence at a time; logits of every step into lg; cache lookups
+ * of the decode steps returned. */
+static uint64_t run_seqs(struct nf_engine *e, struct nf_ctx **seq, bool batched, float *lg, uint32_t nv)
+{
+	static const int32_t prompts[SEQS][5] = { { 1, 15, 200, 7, 99 }, { 1, 300, 42 }, { 1, 8, 8, 120 } };
+	static const size_t lens[SEQS] = { 5, 3, 4 };
+	struct nf_ctx *host = nf_engine_ctx(e);
+	struct nf_ctx *rows[8];
+	int32_t ids[SEQS];
+	for (int s = 0; s < SEQS; s++) {
+		nf_ctx_reset(seq[s]);
+		for (size_t i = 0; i < lens[s]; i++)
+			rows[i] = seq[s];
+		cr_assert_eq(nf_ctx_eval_seqs(host, rows, prompts[s], lens[s]), 0);
+		ids[s] = (int32_t)argmax(nf_ctx_logits(seq[s]), nv);
+	}
+	struct nf_cache_stats c0, c1;
+	nf_cache_stats_get(nf_engine_cache(e), &c0);
+	for (int t = 0; t < SEQ_STEPS; t++) {
+		if (batched) {
+			cr_assert_eq(nf_ctx_eval_seqs(host, seq, ids, SEQS), 0);
+		} else {
+			for (int s = 0; s < SEQS; s++)
+				cr_assert_eq(seq[s] == host ? nf_ctx_eval(host, &ids[s], 1) :
+							      nf_ctx_eval_seqs(host, &seq[s], &ids[s], 1), 0);
+		}
+		for (int s = 0; s < SEQS; s++) {
+			memcpy(lg + ((size_t)t * SEQS + s) * nv, nf_ctx_logits(seq[s]), nv * sizeof(float));
+			ids[s] = (int32_t)argmax(nf_ctx_logits(seq[s]), nv);
+			cr_assert_eq(nf_ctx_n_past(seq[s]), lens[s] + (size_t)t + 1);
+		}
+	}
+	nf_cache_stats_get(nf_engine_cache(e), &c1);
+	return c1.lookups - c0.lookups;
+}
+
+Test(engine, decode_step_of_many_sequences_equals_each_alone, .fini = drop_model, .timeout = 120 * NF_TEST_SLOWDOWN)
+{
+	make_model(256);
+	for (int streamed = 0; streamed < 2; streamed++) {
+		struct nf_engine_opts o;
+		store_opts(&o, 64);
+		o.stream_attn = streamed;
+		o.replan_moves = 0;    /* the hot set stays put between the two runs */
+		struct nf_engine *e;
+		struct nf_diag d = { 0 };
+		int rc = nf_engine_open(&o, &e, &d);
+		cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+		struct nf_engine_info ei;
+		nf_engine_info(e, &ei);
+		cr_assert_eq(ei.attn_streamed, streamed);
+		struct nf_ctx *host = nf_engine_ctx(e), *seq[SEQS] = { host };
+		struct nf_ctx_params cp = nf_ctx_defaults();
+		cp.n_ctx = nf_ctx_n_ctx(host);
+		cp.n_batch = 1;
+		cp.n_threads = 1;
+		cp.kv_type = (enum nf_kv_type)nf_engine_opts(e)->kv_type;
+		for (int s = 1; s < SEQS; s++)
+			cr_assert_eq(nf_ctx_open(nf_engine_model(e), &cp, &seq[s], &d), 0, "%s", d.msg);
+		uint32_t nv = nf_model_hparams(nf_engine_model(e))->n_vocab;
+		size_t n = (size_t)SEQ_STEPS * SEQS * nv;
+		float *alone = malloc(n * sizeof(float)), *together = malloc(n * sizeof(float));
+		cr_assert(alone && together);
+		uint64_t l_alone = run_seqs(e, seq, false, alone, nv);
+		uint64_t l_together = run_seqs(e, seq, true, together, nv);
+		cr_expect_eq(memcmp(alone, together, n * sizeof(float)), 0,
+			     "a batched decode step differs from the sequences alone (attention %s)",
+			     streamed ? "streamed" : "in memory");
+		cr_expect_lt(l_together, l_alone, "the batch did not ask for the union of its neurons once");
+		/* one sequence's tokens over its context: nothing runs */
+		struct nf_ctx *rows[64];
+		int32_t ids[64];
+		for (int i = 0; i < 64; i++) {
+			rows[i] = i == 0 ? seq[0] : seq[1];
+			ids[i] = 1;
+		}
+		cr_expect_eq(nf_ctx_eval_seqs(host, rows, ids, 64), NF_EBUDGET);
+		cr_expect_eq(nf_ctx_n_past(seq[0]), 5 + SEQ_STEPS, "a sequence advanced in a refused step");
+		cr_expect_eq(nf_ctx_n_past(seq[1]), 3 + SEQ_STEPS, "a sequence advanced in a refused step");
+		free(alone);
+		free(together);
+		for (int s = 1; s < SEQS; s++)
+			nf_ctx_close(seq[s]);
+		nf_engine_close(e);
+	}
 }
 
 /* Compute reaches the store through one door: the model's cache holds

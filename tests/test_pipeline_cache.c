@@ -433,3 +433,93 @@ Test(pipeline, cache_hot_segment_goes_to_the_ffns_that_fire_most)
 	nf_cache_close(c);
 	fx_close(&f);
 }
+
+/* Tagged requests of two FFNs go out before one release: each reap hands
+ * every completion to its own request's tag (not the reaper's user), the
+ * bytes are each FFN's, and more neurons in all than an FFN has are
+ * refused. */
+Test(pipeline, cache_tagged_requests_go_out_together)
+{
+	struct fx f, g, other;
+	fx_open(&f, false);
+	memcpy(g.path, f.path, sizeof(g.path));
+	g.store = f.store;
+	g.n_got = 0;
+	other.n_got = 0;
+	uint64_t min = nf_cache_min_bytes(f.store);
+	struct nf_cache *c = cache_open(&f, 4 * min, 0.0, NULL);
+	struct nf_cache_geom geom;
+	nf_cache_geometry(c, &geom);
+	uint32_t a[50], b[50];
+	for (uint32_t i = 0; i < 50; i++) {
+		a[i] = 10 + i;
+		b[i] = 100 + i;
+	}
+	f.n_got = 0;
+	cr_assert_eq(nf_cache_request_tagged(c, 0, 0, a, 50, f.ptrs, ready, &f), 0);
+	cr_assert_eq(nf_cache_request_tagged(c, 1, 0, b, 50, g.ptrs, ready, &g), 0);
+	while (f.n_got + g.n_got < 100)
+		cr_assert(nf_cache_reap(c, ready, &other) >= 0);
+	cr_expect_eq(other.n_got, 0, "completions went to the reaper's user");
+	cr_expect(f.n_got == 50 && g.n_got == 50, "%u and %u reported", f.n_got, g.n_got);
+	for (uint32_t i = 0; i < 50; i++)
+		cr_expect(f.got[i] >= 10 && f.got[i] < 60 && g.got[i] >= 100 && g.got[i] < 150);
+	check_bytes(&f, 0, a, 50);
+	check_bytes(&g, 1, b, 50);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.requests, 2);
+	/* in all at most one FFN's neurons between releases */
+	uint32_t *ids = malloc(geom.n_neurons * sizeof(uint32_t));
+	for (uint32_t i = 0; i < geom.n_neurons; i++)
+		ids[i] = i;
+	cr_expect_eq(nf_cache_request_tagged(c, 0, 0, ids, geom.n_neurons, f.ptrs, ready, &f), NF_EBUDGET);
+	cr_assert_eq(nf_cache_release(c), 0);
+	free(ids);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
+/* The co-activation record samples each FFN's requests over the whole
+ * run: with room for 64, 150 requests of one FFN (request t asks for
+ * neuron t) keep requests 0, 4, 8, ..., 148 in order, and the 10 requests
+ * of another FFN (an expert seldom routed) are all kept. */
+Test(pipeline, cache_signatures_sample_the_whole_run)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.arena_bytes = 4 * min;
+	o.sig_tokens = 64;
+	o.io.quiet = true;
+	struct nf_cache *c = NULL;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_cache_open(f.store, &o, &c, &d), 0, "%s", d.msg);
+	for (uint32_t t = 0; t < 150; t++) {
+		fetch(&f, c, 0, &t, 1);
+		cr_assert_eq(nf_cache_release(c), 0);
+		if (t < 10) {
+			uint32_t j = 3 * t;
+			fetch(&f, c, 1, &j, 1);
+			cr_assert_eq(nf_cache_release(c), 0);
+		}
+	}
+	uint32_t tokens = 0, words = 0;
+	const uint64_t *sig = nf_cache_signatures(c, 0, 0, &tokens, &words);
+	cr_assert_not_null(sig);
+	cr_expect_eq(words, 1);
+	cr_expect_eq(tokens, 38, "%u requests kept of 150", tokens);
+	for (uint32_t j = 0; j < 150; j++) {
+		uint64_t want = j % 4 ? 0 : 1ull << (j / 4);
+		cr_expect_eq(sig[j], want, "neuron %u: %#llx, want %#llx", j, (unsigned long long)sig[j],
+			     (unsigned long long)want);
+	}
+	sig = nf_cache_signatures(c, 1, 0, &tokens, &words);
+	cr_expect_eq(tokens, 10);
+	for (uint32_t t = 0; t < 10; t++)
+		cr_expect_eq(sig[3 * t], 1ull << t);
+	nf_cache_close(c);
+	fx_close(&f);
+}

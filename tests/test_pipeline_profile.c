@@ -202,7 +202,6 @@ Test(pipeline, profile_relayout_of_qcol_bundles_keeps_exact_output, .timeout = 1
 	struct nf_store_relayout_opts o = { .profile = p, .block_size = 512 };
 	int rc = nf_store_relayout(store, hot, &o, &d);
 	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
-	nf_store_profile_free(p);
 	cr_assert_eq(nf_store_open(hot, NULL, &s, &d), 0, "%s", d.msg);
 	cr_expect_eq(nf_store_info(s)->block_size, 512u);
 	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
@@ -217,6 +216,7 @@ Test(pipeline, profile_relayout_of_qcol_bundles_keeps_exact_output, .timeout = 1
 	snprintf(bad, sizeof(bad), "%s.bad", hot);
 	cr_expect_eq(nf_store_relayout(store, bad, &o, &d), NF_EUSAGE, "a block size of 768 was taken");
 	cr_expect(access(bad, F_OK) != 0);
+	nf_store_profile_free(p); /* o.profile, used by both relayouts */
 
 	struct nf_model *gm = pl_load(gguf, false, false);
 	uint32_t nv = nf_model_hparams(gm)->n_vocab;

@@ -28,18 +28,7 @@
 #define REF_TOL 1e-3
 #define EXACT_TOL 1e-5
 
-static struct nf_sparse *engine(struct nf_ctx *c, enum nf_sparse_mode mode, struct nf_cache *cache)
-{
-	struct nf_sparse_params sp;
-	nf_sparse_params_init(&sp);
-	sp.mode = mode;
-	sp.cache = cache;
-	struct nf_sparse *s = NULL;
-	struct nf_diag d = { 0 };
-	int rc = nf_sparse_open(c, &sp, &s, &d);
-	cr_assert_eq(rc, 0, "nf_sparse_open(%s): %s", nf_sparse_mode_name(mode), nf_diag_msg(&d, rc));
-	return s;
-}
+
 
 /* ---- PowerInfer's own output ------------------------------------------------ */
 
@@ -56,7 +45,7 @@ Test(pipeline, predictor_reproduces_powerinfer)
 	int32_t *g = malloc(r.n_greedy * sizeof(int32_t));
 	for (int threads = 1; threads <= 2; threads++) {
 		struct nf_ctx *c = pl_open_ctx(m, threads);
-		struct nf_sparse *s = engine(c, NF_SPARSE_AUTO, NULL);
+		struct nf_sparse *s = pl_engine(c, NF_SPARSE_AUTO, NULL);
 		cr_assert_eq(nf_sparse_mode_of(s), NF_SPARSE_PREDICTOR);
 		pl_run(c, r.input, r.n_input, lg, g, r.n_greedy);
 		double md = pl_max_diff(lg, r.logits, nv);
@@ -88,28 +77,6 @@ struct ref_ffn {
 	uint64_t predicted;
 };
 
-/* Round v (n values) as the kernels prepare an input for weight type dt. */
-static void round_for(uint32_t dt, const float *v, float *out, size_t n)
-{
-	if (dt == NF_DTYPE_F32) {
-		memcpy(out, v, n * sizeof(float));
-		return;
-	}
-	uint32_t dot = nf_ktype_dot_dtype(nf_ktype_of(dt));
-	void *q = malloc(nf_dtype_row_size(dot, n));
-	nf_quantize_row(dot, v, q, n);
-	nf_dequantize_row(dot, q, out, n);
-	free(q);
-}
-
-static double dotd(const struct nf_weight *w, uint32_t r, const float *x, float *row)
-{
-	nf_dequantize_row(w->dtype, (const char *)w->data + (size_t)r * w->row_bytes, row, w->n);
-	double s = 0;
-	for (uint32_t i = 0; i < w->n; i++)
-		s += (double)row[i] * (double)x[i];
-	return s;
-}
 
 static int ref_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
@@ -122,24 +89,24 @@ static int ref_forward(void *self, const struct nf_ffn_env *env, const struct nf
 		const float *h = io->resid + b * E, *x = io->x + b * E;
 		float *h1 = calloc(rank, sizeof(float)), *hr = malloc(E * sizeof(float));
 		float *a = calloc(F, sizeof(float)), *ar = malloc(F * sizeof(float));
-		round_for(L->fc1.dtype, h, hr, E);
+		pl_round_for(L->fc1.dtype, h, hr, E);
 		for (uint32_t i = 0; i < rank; i++) {
-			double v = dotd(&L->fc1, i, hr, R->row);
+			double v = pl_dotd(&L->fc1, i, hr, R->row);
 			h1[i] = v > 0 ? (float)v : 0.0f;
 		}
 		float *h1r = malloc(rank * sizeof(float));
-		round_for(L->fc2.dtype, h1, h1r, rank);
-		round_for(L->up.dtype, x, R->xr, E);
+		pl_round_for(L->fc2.dtype, h1, h1r, rank);
+		pl_round_for(L->up.dtype, x, R->xr, E);
 		for (uint32_t j = 0; j < F; j++) {
-			double sc = dotd(&L->fc2, j, h1r, R->row);
+			double sc = pl_dotd(&L->fc2, j, h1r, R->row);
 			if (!(sc >= R->threshold))
 				continue;
 			R->predicted++;
-			double g = dotd(&L->gate, j, R->xr, R->row), u = dotd(&L->up, j, R->xr, R->row);
+			double g = pl_dotd(&L->gate, j, R->xr, R->row), u = pl_dotd(&L->up, j, R->xr, R->row);
 			a[j] = (float)((g > 0 ? g : 0) * u);
 		}
 		/* the activation vector as fed to down_t: rounded to its dot type */
-		round_for(L->down_t.dtype, a, ar, F);
+		pl_round_for(L->down_t.dtype, a, ar, F);
 		for (uint32_t r2 = 0; r2 < E; r2++)
 			R->dv[r2] = 0;
 		for (uint32_t j = 0; j < F; j++) {
@@ -206,7 +173,7 @@ static void check_restricted(const char *path, double tol)
 	R.row = calloc(E > F ? E : F, sizeof(float));
 	R.xr = calloc(E, sizeof(float));
 	struct nf_ctx *c = pl_open_ctx(m, 2);
-	struct nf_sparse *s = engine(c, NF_SPARSE_PREDICTOR, NULL);
+	struct nf_sparse *s = pl_engine(c, NF_SPARSE_PREDICTOR, NULL);
 	struct cmp_ffn C = { .R = &R, .tmp = calloc((size_t)64 * E, sizeof(float)) };
 	nf_sparse_ffn_ops(s, &C.ops, &C.self);
 	static const struct nf_ffn_ops cmp_ops = { .name = "compare", .forward = cmp_forward };
@@ -269,7 +236,7 @@ static void check_exact(const char *act, uint32_t dtype)
 	for (int threads = 1; threads <= 2; threads++) {
 		struct nf_ctx *c = pl_open_ctx(m, threads);
 		pl_run(c, pl_prompt, 8, a, ga, 8);
-		struct nf_sparse *s = engine(c, NF_SPARSE_AUTO, NULL);
+		struct nf_sparse *s = pl_engine(c, NF_SPARSE_AUTO, NULL);
 		cr_assert_eq(nf_sparse_mode_of(s), NF_SPARSE_EXACT);
 		pl_run(c, pl_prompt, 8, b, gb, 8);
 		double md = pl_max_diff(a, b, nv);
@@ -311,7 +278,7 @@ Test(pipeline, predictor_same_bits_on_any_thread_count)
 	int32_t ga[8], gb[8];
 	for (int threads = 1; threads <= 3; threads++) {
 		struct nf_ctx *c = pl_open_ctx(m, threads);
-		struct nf_sparse *s = engine(c, NF_SPARSE_PREDICTOR, NULL);
+		struct nf_sparse *s = pl_engine(c, NF_SPARSE_PREDICTOR, NULL);
 		pl_run(c, pl_prompt, 8, threads == 1 ? a : b, threads == 1 ? ga : gb, 8);
 		if (threads > 1) {
 			cr_expect(!memcmp(a, b, nv * sizeof(float)), "%d threads: logits differ from 1 thread", threads);
@@ -349,33 +316,10 @@ Test(pipeline, mode_errors_name_the_problem)
 
 /* ---- from a store through the cache ------------------------------------------------ */
 
-static struct nf_cache *open_cache_cold(const char *store_path, struct nf_store **st, uint64_t arena,
-					const struct nf_io_fault_rule *fault, uint32_t min_cold_slots)
-{
-	struct nf_diag d = { 0 };
-	int rc = nf_store_open(store_path, NULL, st, &d);
-	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
-	struct nf_cache_opts o;
-	nf_cache_opts_default(&o);
-	o.arena_bytes = arena;
-	o.min_cold_slots = min_cold_slots;
-	o.io.quiet = true;
-	if (fault) {
-		o.io.backend = NF_IO_FAULT;
-		o.io.fault.inner = NF_IO_AUTO;
-		o.io.fault.n_rules = 1;
-		o.io.fault.rules[0] = *fault;
-	}
-	struct nf_cache *c = NULL;
-	rc = nf_cache_open(*st, &o, &c, &d);
-	cr_assert_eq(rc, 0, "nf_cache_open: %s", nf_diag_msg(&d, rc));
-	return c;
-}
-
 static struct nf_cache *open_cache(const char *store_path, struct nf_store **st, uint64_t arena,
 				   const struct nf_io_fault_rule *fault)
 {
-	return open_cache_cold(store_path, st, arena, fault, 0);
+	return pl_open_cache(store_path, st, arena, fault, 0);
 }
 
 /* In-memory engine vs store-backed, with a cache holding everything, with
@@ -395,7 +339,7 @@ static void check_store(const char *model_path, enum nf_sparse_mode mode, bool s
 	int32_t ga[6], gb[6];
 
 	struct nf_ctx *c = pl_open_ctx(m, 2);
-	struct nf_sparse *s = engine(c, mode, NULL);
+	struct nf_sparse *s = pl_engine(c, mode, NULL);
 	pl_run(c, pl_prompt, 8, a, ga, 6);
 	nf_sparse_close(s);
 
@@ -413,8 +357,8 @@ static void check_store(const char *model_path, enum nf_sparse_mode mode, bool s
 	float *a0 = malloc(nv * sizeof(float));
 	uint64_t budgets[3] = { all, min, small_cold };
 	for (int k = 0; k < 3; k++) {
-		struct nf_cache *cache = open_cache_cold(sp, &store, budgets[k], NULL, k == 2 ? 96 : 0);
-		s = engine(c, mode, cache);
+		struct nf_cache *cache = pl_open_cache(sp, &store, budgets[k], NULL, k == 2 ? 96 : 0);
+		s = pl_engine(c, mode, cache);
 		pl_run(c, pl_prompt, 8, b, gb, 6);
 		double md = pl_max_diff(a, b, nv);
 		cr_expect(md <= EXACT_TOL, "%s %s (%s budget): store vs memory %.3g", model_path,
@@ -501,7 +445,7 @@ Test(pipeline, read_error_fails_that_eval_only)
 
 	struct nf_ctx *c = pl_open_ctx(m, 2);
 	float *good = malloc(nv * sizeof(float));
-	struct nf_sparse *s = engine(c, NF_SPARSE_DENSE, NULL);
+	struct nf_sparse *s = pl_engine(c, NF_SPARSE_DENSE, NULL);
 	cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
 	memcpy(good, nf_ctx_logits(c), nv * sizeof(float));
 	nf_sparse_close(s);
@@ -510,7 +454,7 @@ Test(pipeline, read_error_fails_that_eval_only)
 	 * bundles are adjacent), so layer 1 of the prompt */
 	struct nf_io_fault_rule rule = { .kind = NF_IO_FAULT_EIO, .nth = 1 };
 	struct nf_cache *cache = open_cache(sp, &store, min, &rule);
-	s = engine(c, NF_SPARSE_DENSE, cache);
+	s = pl_engine(c, NF_SPARSE_DENSE, cache);
 	nf_ctx_reset(c);
 	int rc = nf_ctx_eval(c, pl_prompt, 8);
 	cr_expect_eq(rc, -EIO, "eval with a failing read returned %d (%s)", rc, nf_strerror(rc));
@@ -519,7 +463,7 @@ Test(pipeline, read_error_fails_that_eval_only)
 	nf_store_close(store);
 	/* a fresh cache (the I/O error is sticky per context) computes the right logits */
 	cache = open_cache(sp, &store, min, NULL);
-	s = engine(c, NF_SPARSE_DENSE, cache);
+	s = pl_engine(c, NF_SPARSE_DENSE, cache);
 	nf_ctx_reset(c);
 	cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
 	cr_expect(pl_max_diff(good, nf_ctx_logits(c), nv) <= EXACT_TOL);
@@ -563,7 +507,7 @@ static void check_batch(const char *model_path, enum nf_sparse_mode mode)
 		/* k 0: in memory; else one layer of cache: every layer is read
 		 * again for every step */
 		struct nf_cache *cache = k ? open_cache(sp, &store, min, NULL) : NULL;
-		struct nf_sparse *s = engine(c, mode, cache);
+		struct nf_sparse *s = pl_engine(c, mode, cache);
 		cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
 		if (k < 2)
 			memcpy(lg[k], nf_ctx_logits(c), nv * sizeof(float));

@@ -542,6 +542,12 @@ static void load_test(void)
 	cr_expect(ok > 0);
 	cr_expect_eq(metric("nflash_slots_busy"), 0);
 	cr_expect_eq(metric("nflash_queue_depth"), 0);
+	/* the outputs above came from batched decode steps, not only alone */
+	if (cfg.parallel > 1 && !cfg.no_batch)
+		cr_expect_gt(metric("nflash_decode_batched_steps_total"), 0, "no decode step ran as a batch");
+	else
+		cr_expect_eq(metric("nflash_decode_batched_steps_total"), 0);
+	cr_expect_eq(metric("nflash_decode_batch_size_count"), metric("nflash_decode_steps_total"));
 	for (int k = 0; k < 4; k++)
 		for (int chat = 0; chat < 2; chat++)
 			free(ref_text[k][chat]);
@@ -564,6 +570,26 @@ Test(serve, load_from_store_shared_cache)
 	load_test();
 	cr_expect(metric("nflash_read_bytes_total") > 0);
 	unlink(store);
+}
+
+/* Attention streamed from the store (only the engine's context holds a
+ * stream) with several slots: every slot's rows go through it. */
+Test(serve, load_with_streamed_attention)
+{
+	char store[256];
+	use_store(store, sizeof(store));
+	cfg.mc.stream_attn = true;
+	cfg.parallel = 3;
+	load_test();
+	unlink(store);
+}
+
+/* --no-batch: the same answers, one slot per decode step. */
+Test(serve, load_without_batching)
+{
+	cfg.parallel = 3;
+	cfg.no_batch = true;
+	load_test();
 }
 
 /* An I/O error while serving: the store's FFN bytes vanish (the file is

@@ -16,7 +16,9 @@
 
 #include "nflash/dtype.h"
 #include "nflash/import.h"
+#include "nflash/kernels.h"
 #include "nflash/sampler.h"
+#include "nflash/sparse.h"
 #include "nflash/store.h"
 #include "nflash/synth.h"
 #include "util_pipeline.h"
@@ -106,6 +108,11 @@ out:
 
 int pl_synth_tiny(const char *path, const char *act, uint32_t dtype, bool predictor)
 {
+	return pl_synth_tiny_moe(path, act, dtype, predictor, 0);
+}
+
+int pl_synth_tiny_moe(const char *path, const char *act, uint32_t dtype, bool predictor, uint32_t n_expert)
+{
 	struct nf_synth_params p;
 	struct nf_diag d = { 0 };
 	nf_synth_params_init(&p);
@@ -117,10 +124,73 @@ int pl_synth_tiny(const char *path, const char *act, uint32_t dtype, bool predic
 	if (nf_dtype_is_kquant(dtype))
 		p.n_embd = 256; /* K-quant rows: whole super-blocks */
 	p.predictor = predictor;
+	if (n_expert) {
+		p.n_expert = n_expert;
+		p.n_expert_used = 2;
+	}
 	p.n_threads = 1;
 	if ((rc = nf_synth_validate(&p, &d)) < 0)
 		return rc;
 	return nf_synth_write(&p, path, &d);
+}
+
+/* Round v (n values) as the kernels prepare an input for weight type dt. */
+void pl_round_for(uint32_t dt, const float *v, float *out, size_t n)
+{
+	if (dt == NF_DTYPE_F32) {
+		memcpy(out, v, n * sizeof(float));
+		return;
+	}
+	uint32_t dot = nf_ktype_dot_dtype(nf_ktype_of(dt));
+	void *q = malloc(nf_dtype_row_size(dot, n));
+	nf_quantize_row(dot, v, q, n);
+	nf_dequantize_row(dot, q, out, n);
+	free(q);
+}
+
+double pl_dotd(const struct nf_weight *w, uint32_t r, const float *x, float *row)
+{
+	nf_dequantize_row(w->dtype, (const char *)w->data + (size_t)r * w->row_bytes, row, w->n);
+	double s = 0;
+	for (uint32_t i = 0; i < w->n; i++)
+		s += (double)row[i] * (double)x[i];
+	return s;
+}
+
+struct nf_sparse *pl_engine(struct nf_ctx *c, enum nf_sparse_mode mode, struct nf_cache *cache)
+{
+	struct nf_sparse_params sp;
+	nf_sparse_params_init(&sp);
+	sp.mode = mode;
+	sp.cache = cache;
+	struct nf_sparse *s = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_sparse_open(c, &sp, &s, &d);
+	cr_assert_eq(rc, 0, "nf_sparse_open(%s): %s", nf_sparse_mode_name(mode), nf_diag_msg(&d, rc));
+	return s;
+}
+
+struct nf_cache *pl_open_cache(const char *store_path, struct nf_store **st, uint64_t arena,
+			       const struct nf_io_fault_rule *fault, uint32_t min_cold_slots)
+{
+	struct nf_diag d = { 0 };
+	int rc = nf_store_open(store_path, NULL, st, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.arena_bytes = arena;
+	o.min_cold_slots = min_cold_slots;
+	o.io.quiet = true;
+	if (fault) {
+		o.io.backend = NF_IO_FAULT;
+		o.io.fault.inner = NF_IO_AUTO;
+		o.io.fault.n_rules = 1;
+		o.io.fault.rules[0] = *fault;
+	}
+	struct nf_cache *c = NULL;
+	rc = nf_cache_open(*st, &o, &c, &d);
+	cr_assert_eq(rc, 0, "nf_cache_open: %s", nf_diag_msg(&d, rc));
+	return c;
 }
 
 double pl_max_diff(const float *a, const float *b, size_t n)

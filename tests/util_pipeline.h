@@ -13,7 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nflash/cache.h"
 #include "nflash/model.h"
+#include "nflash/sparse.h"
 
 /* Tests' own time limits are multiplied by this: a cross build's suite runs
  * under qemu-user, several times slower than the machine (the Makefile
@@ -34,6 +36,9 @@ int pl_store_from_model(const struct nf_model *m, const char *path, uint32_t ext
 /* Write a tiny synthetic model (nflash synth --shape tiny) with activation
  * act ("relu", "drelu", "silu"), dtype, and PowerInfer predictor or not. */
 int pl_synth_tiny(const char *path, const char *act, uint32_t dtype, bool predictor);
+/* The same as a mixture of n_expert experts, 2 routed per token (0: dense;
+ * with predictor, one predictor per expert). */
+int pl_synth_tiny_moe(const char *path, const char *act, uint32_t dtype, bool predictor, uint32_t n_expert);
 
 /* Criterion-asserting helpers: load a model (GGUF or store; unpack: a
  * store's FFN into memory), open a context (n_ctx 64), run the 8-token
@@ -53,6 +58,23 @@ void pl_import(const char *gguf, char *out, size_t len);
  * n_ctx, written as a GGUF and imported as a store, at fresh /tmp paths
  * named from stem (Criterion-asserting). */
 void pl_make_wide_model(const char *stem, uint32_t n_ctx, char *gguf, char *store, size_t len);
+
+/* A cache over the store at store_path (opened into *st) with an arena
+ * of arena bytes, a cold segment of at least min_cold_slots (0: the
+ * default), and with fault, reads through the fault backend applying that
+ * rule (Criterion-asserting). */
+
+struct nf_cache *pl_open_cache(const char *store_path, struct nf_store **st, uint64_t arena,
+			       const struct nf_io_fault_rule *fault, uint32_t min_cold_slots);
+
+/* The sparse engine on c in mode, with cache or in memory (NULL)
+ * (Criterion-asserting). */
+struct nf_sparse *pl_engine(struct nf_ctx *c, enum nf_sparse_mode mode, struct nf_cache *cache);
+
+/* Round v (n values) into out as the kernels prepare an input for weight
+ * type dt; row r of w times x in double (row: w->n floats of scratch). */
+void pl_round_for(uint32_t dt, const float *v, float *out, size_t n);
+double pl_dotd(const struct nf_weight *w, uint32_t r, const float *x, float *row);
 
 /* max |a[i] - b[i]| */
 double pl_max_diff(const float *a, const float *b, size_t n);

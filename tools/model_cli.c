@@ -276,6 +276,47 @@ void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label
 	mc->t_last = t;
 }
 
+/* A mixture of experts' per-expert statistics (NULL otherwise), and its
+ * layers and experts. */
+static const struct nf_sparse_expert_stats *expert_stats(const struct nf_model_cli *mc, uint32_t *n_layer,
+							  uint32_t *n_expert)
+{
+	const struct nf_sparse_expert_stats *xs = mc->sparse && mc->ctx ? nf_sparse_expert_stats(mc->sparse) : NULL;
+	if (xs) {
+		const struct nf_model_hparams *hp = nf_model_hparams(nf_ctx_model(mc->ctx));
+		*n_layer = hp->n_layer;
+		*n_expert = hp->n_expert;
+	}
+	return xs;
+}
+
+/* One line per layer: each expert's tokens routed and hit rate. */
+static void experts_lines(const struct nf_model_cli *mc, FILE *f)
+{
+	uint32_t nl, nx;
+	const struct nf_sparse_expert_stats *xs = expert_stats(mc, &nl, &nx);
+	struct nf_sparse_stats st;
+	if (xs)
+		nf_sparse_stats_get(mc->sparse, &st);
+	if (xs && st.route_guesses)
+		fprintf(f, "nflash: route-ahead guess (layer L+1's router on layer L's FFN input, decode): %.1f%% of "
+			"%llu routed experts (measured, not prefetched)\n",
+			100.0 * (double)st.route_guess_hits / (double)st.route_guesses,
+			(unsigned long long)st.route_guesses);
+	for (uint32_t il = 0; xs && il < nl; il++) {
+		fprintf(f, "nflash: layer %u experts (tokens routed, cache hit rate):", il);
+		for (uint32_t e = 0; e < nx; e++) {
+			const struct nf_sparse_expert_stats *x = &xs[(size_t)il * nx + e];
+			if (mc->cache && x->lookups)
+				 fprintf(f, "%s e%u %llu tok %.1f%%", e ? "," : "", e, (unsigned long long)x->routed,
+					100.0 * (double)x->hits / (double)x->lookups);
+			else
+				fprintf(f, "%s e%u %llu tok", e ? "," : "", e, (unsigned long long)x->routed);
+		}
+		fprintf(f, "\n");
+	}
+}
+
 void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 {
 	if (!mc->stats || !mc->sparse)
@@ -288,6 +329,7 @@ void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 	struct nf_stream_stats a;
 	bool attn = nf_ctx_attn_stats(mc->ctx, &a);
 	stats_line(f, "total", &now, mc->cache ? &c : NULL, attn ? &a : NULL, t_total);
+	experts_lines(mc, f);
 	if (mc->cache) {
 		struct nf_cache_layout cl;
 		nf_cache_layout_get(mc->cache, &cl);
@@ -363,6 +405,30 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_dbl(j, "attn_wait_ms", a.t_wait * 1e3);
 	nf_json_dbl(j, "attn_wait_share", t_total > 0 ? a.t_wait / t_total : 0.0);
 	nf_json_u64(j, "attn_buffer_bytes", mc->ctx ? nf_ctx_attn_stream_bytes(mc->ctx) : 0);
+	uint32_t nl, nx;
+	const struct nf_sparse_expert_stats *xs = expert_stats(mc, &nl, &nx);
+	if (xs) {
+		nf_json_u64(j, "moe_together", st.moe_together);
+		nf_json_u64(j, "route_guesses", st.route_guesses);
+		nf_json_u64(j, "route_guess_hits", st.route_guess_hits);
+		/* per expert: tokens routed, neurons computed, cache hit rate */
+		nf_json_arr_begin(j, "experts");
+		for (uint32_t il = 0; il < nl; il++)
+			for (uint32_t e = 0; e < nx; e++) {
+				const struct nf_sparse_expert_stats *x = &xs[(size_t)il * nx + e];
+				nf_json_obj_begin(j, NULL);
+				nf_json_u64(j, "layer", il);
+				nf_json_u64(j, "expert", e);
+				nf_json_u64(j, "routed", x->routed);
+				nf_json_u64(j, "neurons_active", x->neurons_active);
+				nf_json_u64(j, "lookups", x->lookups);
+				nf_json_u64(j, "hits", x->hits);
+				nf_json_dbl(j, "hit_rate",
+					    !mc->cache ? 1.0 : x->lookups ? (double)x->hits / (double)x->lookups : 0.0);
+				nf_json_obj_end(j);
+			}
+		nf_json_arr_end(j);
+	}
 	nf_json_u64(j, "budget_bytes", mc->budget);
 	nf_json_u64(j, "reserved_bytes", mc->reserved);
 	nf_json_u64(j, "overhead_bytes", mc->overhead);
@@ -377,32 +443,37 @@ static int exit_code(int rc)
 	return rc == NF_EUSAGE ? NF_EXIT_USAGE : NF_EXIT_FAIL;
 }
 
+void nf_model_cli_engine_opts(const struct nf_model_cli *mc, struct nf_engine_opts *o)
+{
+	nf_engine_opts_default(o);
+	o->path = mc->path;
+	o->ffn_store = mc->ffn_store;
+	o->budget = mc->budget;
+	o->n_ctx = (uint32_t)mc->n_ctx;
+	o->n_batch = (uint32_t)mc->n_batch;
+	o->n_threads = (int)mc->n_threads;
+	o->kv_type = mc->kv_type;
+	o->sparse_mode = mc->sparse_mode;
+	o->threshold_set = mc->threshold_set;
+	o->threshold = (float)mc->threshold;
+	o->io_backend = mc->io_backend ? nf_io_backend_parse(mc->io_backend) : -1;
+	o->io_mmap = mc->io_mmap;
+	o->qd = (uint32_t)mc->qd;
+	o->read_gap = (int)mc->read_gap;
+	o->stream_attn = mc->stream_attn;
+	o->attn_pin = (uint32_t)mc->attn_pin;
+	o->cold_slots = (int)mc->cold_slots;
+	o->replan_moves = (int)mc->replan_moves;
+	o->profile = mc->profile;
+	o->profile_sig_tokens = NF_PROFILE_SIG_TOKENS;
+	o->measure_recall = mc->stats;
+	o->log = stderr;
+}
+
 int nf_model_cli_open(struct nf_model_cli *mc)
 {
 	struct nf_engine_opts o;
-	nf_engine_opts_default(&o);
-	o.path = mc->path;
-	o.ffn_store = mc->ffn_store;
-	o.budget = mc->budget;
-	o.n_ctx = (uint32_t)mc->n_ctx;
-	o.n_batch = (uint32_t)mc->n_batch;
-	o.n_threads = (int)mc->n_threads;
-	o.kv_type = mc->kv_type;
-	o.sparse_mode = mc->sparse_mode;
-	o.threshold_set = mc->threshold_set;
-	o.threshold = (float)mc->threshold;
-	o.io_backend = mc->io_backend ? nf_io_backend_parse(mc->io_backend) : -1;
-	o.io_mmap = mc->io_mmap;
-	o.qd = (uint32_t)mc->qd;
-	o.read_gap = (int)mc->read_gap;
-	o.stream_attn = mc->stream_attn;
-	o.attn_pin = (uint32_t)mc->attn_pin;
-	o.cold_slots = (int)mc->cold_slots;
-	o.replan_moves = (int)mc->replan_moves;
-	o.profile = mc->profile;
-	o.profile_sig_tokens = NF_PROFILE_SIG_TOKENS;
-	o.measure_recall = mc->stats;
-	o.log = stderr;
+	nf_model_cli_engine_opts(mc, &o);
 	struct nf_diag d = { 0 };
 	/* --profile writes the store at the end: find out now, not after minutes */
 	const char *upd = mc->ffn_store ? mc->ffn_store : mc->path;

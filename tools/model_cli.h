@@ -74,6 +74,9 @@ void nf_model_cli_help(FILE *f);
  * file is bad), after printing the error.
  */
 int nf_model_cli_open(struct nf_model_cli *mc);
+/* The engine options mc's flags give (what nf_model_cli_open opens), for
+ * a front end that opens the engine itself (the server). */
+void nf_model_cli_engine_opts(const struct nf_model_cli *mc, struct nf_engine_opts *o);
 void nf_model_cli_close(struct nf_model_cli *mc);
 /* What made evaluation fail with rc: the store's object and offset when a
  * read or checksum failed, else nf_strerror(rc). */
@@ -85,13 +88,15 @@ const char *nf_model_cli_strerror(const struct nf_model_cli *mc, int rc);
 void nf_model_cli_stats_step(struct nf_model_cli *mc, FILE *f, const char *label);
 void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total);
 void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double t_total);
-/* Calibration tokens (per FFN) recorded for the co-activation layout. */
+/* Calibration tokens (per FFN) recorded for the co-activation layout,
+ * sampled over the whole run. */
 #define NF_PROFILE_SIG_TOKENS 512
 
 /*
  * --profile: store the neurons' firing counts gathered by the cache since
  * open (tokens: how many tokens were evaluated), and the co-activation
- * layout planned from the first NF_PROFILE_SIG_TOKENS of them
+ * layout planned from up to NF_PROFILE_SIG_TOKENS of them per FFN,
+ * sampled over the run
  * (nflash/coact.h), in the store the FFN came from, as a new generation.
  * Prints where; returns an exit code. No-op without --profile.
  */

@@ -958,6 +958,22 @@ static enum MHD_Result handle_metrics(struct serve_server *s, struct MHD_Connect
 	metric(f, "nflash_decode_tokens_per_second", "gauge",
 	       "tokens generated per decode-step second since start, over all slots");
 	fprintf(f, "nflash_decode_tokens_per_second %.3f\n", ratio((double)m.gen_tokens, m.t_decode));
+	metric(f, "nflash_decode_steps_total", "counter", "decode steps (forward passes of one token per slot)");
+	fprintf(f, "nflash_decode_steps_total %llu\n", (unsigned long long)m.es.steps);
+	metric(f, "nflash_decode_batched_steps_total", "counter",
+	       "decode steps that carried more than one slot (their FFN reads each layer's union once)");
+	fprintf(f, "nflash_decode_batched_steps_total %llu\n", (unsigned long long)(m.es.steps - m.es.batch_hist[0]));
+	metric(f, "nflash_decode_batch_size", "histogram", "slots per decode step");
+	uint64_t cum = 0;
+	for (unsigned k = 0; k < SERVE_BATCH_BUCKETS; k++) {
+		cum += m.es.batch_hist[k];
+		if (k + 1 < SERVE_BATCH_BUCKETS)
+			fprintf(f, "nflash_decode_batch_size_bucket{le=\"%u\"} %llu\n", 1u << k, (unsigned long long)cum);
+		else
+			fprintf(f, "nflash_decode_batch_size_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+	}
+	fprintf(f, "nflash_decode_batch_size_sum %llu\nnflash_decode_batch_size_count %llu\n",
+		(unsigned long long)m.es.step_slots, (unsigned long long)m.es.steps);
 	metric(f, "nflash_cache_lookups_total", "counter", "neurons asked of the neuron cache");
 	fprintf(f, "nflash_cache_lookups_total %llu\n", (unsigned long long)m.es.lookups);
 	metric(f, "nflash_cache_hits_total", "counter", "neuron cache hits, by segment");
@@ -1168,7 +1184,7 @@ int serve_server_start(struct serve_config *c, struct serve_server **out)
 	s->cfg = c;
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->work, NULL);
-	int ret = serve_engine_open(&c->mc, (unsigned)c->parallel, &s->eng);
+	int ret = serve_engine_open(&c->mc, (unsigned)c->parallel, !c->no_batch, &s->eng);
 	if (ret != NF_EXIT_OK) {
 		s->eng = NULL;
 		goto fail;
@@ -1257,7 +1273,9 @@ static void usage(FILE *f)
 		"  --host ADDR           address to bind (default 127.0.0.1; 0.0.0.0 exposes it)\n"
 		"  --port N              TCP port (default 8080; 0: any free port, printed at start)\n"
 		"  --parallel N          slots decoding at once, each with its own KV cache in the\n"
-		"                        budget (default 1)\n"
+		"                        budget (default 1); slots that decode together run as one\n"
+		"                        batch: each layer reads the union of their neurons once\n"
+		"  --no-batch            decode the slots one after the other (to measure batching)\n"
 		"  --queue N             requests waiting for a slot before 503 (default 64)\n"
 		"  --api-key KEY         require Authorization: Bearer KEY on /v1/* (default none;\n"
 		"                        also read from NFLASH_API_KEY)\n"
@@ -1285,6 +1303,10 @@ static int serve_parse(int argc, char **argv, struct serve_config *c)
 		if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
 			usage(stdout);
 			return 1;
+		}
+		if (!strcmp(f, "--no-batch")) {
+			c->no_batch = true;
+			continue;
 		}
 		if (!(v = nf_cli_value(argc, argv, &i)))
 			return NF_EUSAGE;

@@ -75,6 +75,7 @@ struct serve_config {
 	const char *host;           /* default 127.0.0.1 */
 	long port;                  /* default 8080; 0: any free port */
 	long parallel;              /* slots, default 1 */
+	bool no_batch;              /* --no-batch: decode steps one slot at a time */
 	long queue;                 /* requests waiting beyond the slots before 503, default 64 */
 	const char *api_key;        /* NULL: no auth */
 	const char *alias;          /* model name in the API; default the file's base name */

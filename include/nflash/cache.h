@@ -82,10 +82,12 @@ struct nf_cache_opts {
 	 * ~10% more) */
 	double profile_hot_fraction;
 	struct nf_io_opts io;      /* backend, queue depth (default 256), faults */
-	/* Record which neurons each of an FFN's first sig_tokens requests asked
-	 * for, for a co-activation layout (nf_cache_signatures, nf_coact_order;
-	 * default 0: off). Costs n_neurons * ceil(sig_tokens / 64) * 8 bytes per
-	 * FFN, outside the arena (a calibration run's). */
+	/* Record which neurons up to sig_tokens of an FFN's requests asked
+	 * for, sampled uniformly over the run (every request while there is
+	 * room, then every 2nd, 4th, ...), for a co-activation layout
+	 * (nf_cache_signatures, nf_coact_order; default 0: off). Costs
+	 * n_neurons * ceil(sig_tokens / 64) * 8 bytes per FFN, outside the
+	 * arena (a calibration run's). */
 	uint32_t sig_tokens;
 	/* Smallest cold segment, in slots (default 0: one FFN's neurons, what
 	 * a request for a whole layer needs). The sparse engine splits what
@@ -215,6 +217,18 @@ int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const 
 		     uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *user);
 
 /*
+ * nf_cache_request_tagged - nf_cache_request whose hits are reported to
+ * fn(tag, ...) now and whose misses are handed by nf_cache_reap to its fn
+ * with tag in place of the reaper's user: the requester tells its requests
+ * apart. Several requests (of different FFNs) may go out before one
+ * nf_cache_release, their reads all in flight together, as long as they
+ * ask for at most n_neurons neurons in all (else NF_EBUDGET) and their
+ * cold slots fit the cold segment.
+ */
+int nf_cache_request_tagged(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
+			    uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *tag);
+
+/*
  * nf_cache_reap - hand queued completion events to fn; if none is queued
  * and reads are in flight, wait for at least one (one thread waits; the
  * others return at once to try again). Returns the number of events
@@ -257,7 +271,8 @@ int nf_cache_set_counts(struct nf_cache *c, uint32_t layer, const uint32_t *coun
  * used), or NULL when there is no such FFN. Valid until close. */
 const uint32_t *nf_cache_counts(const struct nf_cache *c, uint32_t layer, uint32_t expert);
 
-/* The co-activation record of FFN (layer, expert) (opts sig_tokens):
+/* The co-activation record of FFN (layer, expert) (opts sig_tokens),
+ * sampled uniformly over the run (see record_signature in storage/cache.c):
  * n_neurons rows of *words uint64_t, bit t of neuron j's row set when the
  * FFN's request t asked for j, *tokens requests recorded. NULL when not
  * recording. Valid until close. */

@@ -100,6 +100,10 @@ struct nf_weight {
 	uint32_t packed;
 };
 
+/* Expert e's matrix of a stacked 3-D weight, as a 2-D view (data NULL
+ * stays NULL; a 2-D weight's expert 0 is itself). */
+struct nf_weight nf_weight_expert(const struct nf_weight *w, uint32_t e);
+
 /* One layer's weights. Unused matrices have data == NULL. */
 struct nf_layer_weights {
 	const float *attn_norm;          /* n_embd */
@@ -296,6 +300,26 @@ void nf_ctx_close(struct nf_ctx *c);
  * NF_EUNSUPPORTED (attention deferred and not streamed).
  */
 int nf_ctx_eval(struct nf_ctx *c, const int32_t *ids, size_t n);
+
+/*
+ * nf_ctx_eval_seqs - token ids[i] appended to sequence seqs[i], for many
+ * sequences in one step: PowerInfer-2's dynamic batch. A sequence is a
+ * context over the same model, with the same KV type and an n_ctx no
+ * larger than c's; only its KV cache, n_past and logits are used (open it
+ * with n_batch 1 and one thread to keep it small), and it may be c
+ * itself. Every step runs on c: its scratch, threads, FFN providers and
+ * attention stream, the rows of all sequences together (matrix-matrix
+ * products, one FFN call per layer: the sparse engine reads the union of
+ * the rows' neurons once from its cache); attention reads each row's own
+ * sequence. Rows of one sequence go in order at its next positions (a
+ * prompt), and a step holds at most n_batch rows (more are split). Each
+ * sequence's logits are those of its last row, in its own context.
+ * Results equal each sequence evaluated alone with nf_ctx_eval, bit for
+ * bit. Returns as nf_ctx_eval (NF_EBUDGET when any sequence would
+ * overflow its n_ctx, nothing run; NF_EUSAGE for a sequence c cannot
+ * serve); on an error every sequence in the call must be reset.
+ */
+int nf_ctx_eval_seqs(struct nf_ctx *c, struct nf_ctx *const *seqs, const int32_t *ids, size_t n);
 
 /* n_vocab logits of the last evaluated token (valid until the next eval). */
 const float *nf_ctx_logits(const struct nf_ctx *c);

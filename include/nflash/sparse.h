@@ -114,6 +114,21 @@ struct nf_sparse_stats {
 	/* a cold segment smaller than a layer's misses: a token's request
 	 * split into windows of chunks, a batch halved */
 	uint64_t windows, batch_splits;
+	/* mixture of experts from a cache: tokens whose routed experts were
+	 * requested together (all their misses in flight at once) */
+	uint64_t moe_together;
+	/* mixture of experts, decode: the next layer's router applied to this
+	 * layer's FFN input guesses its experts (what a route-ahead prefetch
+	 * would read); of route_guesses routed experts, route_guess_hits were
+	 * guessed (a measurement only: nothing is prefetched) */
+	uint64_t route_guesses, route_guess_hits;
+};
+
+/* One expert (layer, expert) of a mixture of experts. */
+struct nf_sparse_expert_stats {
+	uint64_t routed;          /* tokens routed to it */
+	uint64_t neurons_active;  /* neurons it computed, over those tokens */
+	uint64_t lookups, hits;   /* from a cache: its neurons asked for, and found in memory */
 };
 
 struct nf_sparse;
@@ -128,6 +143,11 @@ struct nf_sparse;
  */
 int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct nf_sparse **out,
 		   struct nf_diag *diag);
+/* Per-expert statistics of a mixture of experts: n_layer x n_expert
+ * entries, layer-major (index layer * n_expert + expert), since open or the
+ * last nf_sparse_stats_reset; NULL for a dense model or mode OFF. */
+const struct nf_sparse_expert_stats *nf_sparse_expert_stats(const struct nf_sparse *s);
+
 /* Restores the built-in FFNs and frees. Accepts NULL. */
 void nf_sparse_close(struct nf_sparse *s);
 

@@ -1,0 +1,470 @@
+/*
+ * test_pipeline_moe.c - mixtures of experts run sparsely: each routed
+ * expert through the sparse engine as the FFN (layer, expert), in exact
+ * mode against the built-in dense MoE FFN and in predictor mode against a
+ * dense computation restricted to each expert's predicted set (computed
+ * here, in double), in memory and from a store under a budget that forces
+ * re-reads; per-expert statistics; a read error during an expert's read.
+ * Models: tiny synthetic ReLU mixtures (4 experts, 2 routed).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nflash/cache.h"
+#include "nflash/dtype.h"
+#include "nflash/model.h"
+#include "nflash/sampler.h"
+#include "nflash/sparse.h"
+#include "nflash/store.h"
+#include "util_pipeline.h"
+
+#define EXACT_TOL 1e-5
+#define N_EXPERT 4
+
+
+
+/* The model at gguf imported into a store (path into sp), the store-backed
+ * model loaded, and the smallest cache the store accepts (one FFN of cold
+ * slots: every routed expert is read again at every token). */
+struct from_store {
+	char sp[256];
+	struct nf_model *m;
+	struct nf_store *store;
+	struct nf_cache *cache;
+};
+
+static void store_open(struct from_store *f, const char *gguf, const struct nf_io_fault_rule *fault)
+{
+	pl_import(gguf, f->sp, sizeof(f->sp));
+	f->m = pl_load(f->sp, false, false);
+	cr_assert(!nf_model_ffn_in_memory(f->m));
+	uint64_t min = nf_cache_min_bytes(nf_model_store(f->m));
+	f->cache = pl_open_cache(f->sp, &f->store, min, fault, 0);
+}
+
+static void store_close(struct from_store *f)
+{
+	nf_cache_close(f->cache);
+	nf_store_close(f->store);
+	nf_model_free(f->m);
+	unlink(f->sp);
+}
+
+/* ---- exact mode == the built-in dense MoE FFN ------------------------------------ */
+
+static void check_exact(const char *act, uint32_t dtype)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "moe-exact");
+	cr_assert_eq(pl_synth_tiny_moe(p, act, dtype, false, N_EXPERT), 0);
+	struct nf_model *m = pl_load(p, true, false);
+	const struct nf_model_hparams *hp = nf_model_hparams(m);
+	cr_assert_eq(hp->n_expert, N_EXPERT);
+	uint32_t nv = hp->n_vocab;
+	float *a = malloc(nv * sizeof(float)), *b = malloc(nv * sizeof(float)), *e = malloc(nv * sizeof(float));
+	int32_t ga[6], gb[6];
+	const char *what = nf_dtype_name(dtype);
+
+	/* the built-in FFN, then the engine's exact mode in memory */
+	struct nf_ctx *c = pl_open_ctx(m, 2);
+	pl_run(c, pl_prompt, 8, a, ga, 6);
+	struct nf_sparse *s = pl_engine(c, NF_SPARSE_AUTO, NULL);
+	cr_assert_eq(nf_sparse_mode_of(s), NF_SPARSE_EXACT, "%s %s: auto is not exact for experts", act, what);
+	pl_run(c, pl_prompt, 8, e, gb, 6);
+	double md = pl_max_diff(a, e, nv);
+	cr_expect(md <= EXACT_TOL, "%s %s: exact experts in memory vs the built-in FFN %.3g", act, what, md);
+	cr_expect_arr_eq(ga, gb, sizeof(ga), "%s %s: greedy differs in memory", act, what);
+	struct nf_sparse_stats st;
+	nf_sparse_stats_get(s, &st);
+	/* 8 + 5 tokens, each through 2 routed experts per layer */
+	cr_expect_eq(st.ffn_calls, 13ull * hp->n_layer * 2, "%llu expert calls", (unsigned long long)st.ffn_calls);
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+
+	/* from a store, one FFN of cache: the same bits as in memory */
+	struct from_store f;
+	store_open(&f, p, NULL);
+	c = pl_open_ctx(f.m, 2);
+	s = pl_engine(c, NF_SPARSE_EXACT, f.cache);
+	pl_run(c, pl_prompt, 8, b, gb, 6);
+	cr_expect(!memcmp(b, e, nv * sizeof(float)), "%s %s: exact experts from the store vs in memory %.3g", act,
+		  what, pl_max_diff(b, e, nv));
+	cr_expect_arr_eq(ga, gb, sizeof(ga), "%s %s: greedy differs from the store", act, what);
+	struct nf_cache_stats cs;
+	nf_cache_stats_reset(f.cache);
+	int32_t id = gb[5];
+	cr_assert_eq(nf_ctx_eval(c, &id, 1), 0);
+	nf_cache_stats_get(f.cache, &cs);
+	cr_expect(cs.misses > 0 && cs.errors == 0, "%s %s: no re-reads under a one-FFN budget", act, what);
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+	store_close(&f);
+	free(a);
+	free(b);
+	free(e);
+	nf_model_free(m);
+	unlink(p);
+}
+
+Test(pipeline_moe, exact_equals_dense)
+{
+	check_exact("relu", NF_DTYPE_F32);
+	check_exact("drelu", NF_DTYPE_F16);
+	check_exact("relu", NF_DTYPE_Q8_0);  /* down in the QCOL form */
+	check_exact("relu", NF_DTYPE_Q4_K);  /* K-quant QCOL down: ggml's dense order */
+}
+
+/* ---- predictor mode == dense restricted to each expert's predicted set ------------ */
+
+/*
+ * Per FFN call: the reference (routing as the built-in FFN, then per
+ * routed expert its own predictor fc2 . relu(fc1 . resid) >= threshold,
+ * and the dense FFN of that expert over the predicted neurons only, every
+ * product in double, inputs rounded as the kernels round them), then the
+ * engine on the same input; the engine's output goes on. Tolerance
+ * relative to the output: where activations are rounded (Q8_0 down) one
+ * last-bit difference can move an activation by one step.
+ */
+struct moe_ref {
+	struct nf_ctx *c;
+	const struct nf_model *m;
+	float threshold;
+	const struct nf_ffn_ops *ops;
+	void *self;
+	float *tmp;
+	double worst;
+	uint64_t predicted, routed;
+	size_t calls;
+};
+
+/* Expert e of layer L on token (x, resid) restricted to its predicted set,
+ * times w, added into acc (n_embd doubles). */
+static void ref_expert(struct moe_ref *R, const struct nf_layer_weights *L, uint32_t e, double w, const float *x,
+		       const float *resid, double *acc)
+{
+	const struct nf_model_hparams *hp = nf_model_hparams(R->m);
+	uint32_t E = hp->n_embd, F = hp->n_ff;
+	struct nf_weight fc1 = nf_weight_expert(&L->fc1, e), fc2 = nf_weight_expert(&L->fc2, e);
+	struct nf_weight g = nf_weight_expert(&L->gate_exps, e), u = nf_weight_expert(&L->up_exps, e);
+	struct nf_weight dn = nf_weight_expert(&L->down_exps, e);
+	uint32_t rank = fc1.nrows, big = E > F ? E : F;
+	float *row = malloc(big * sizeof(float)), *hr = malloc(E * sizeof(float)), *xr = malloc(E * sizeof(float));
+	float *h1 = calloc(rank, sizeof(float)), *h1r = malloc(rank * sizeof(float));
+	float *a = calloc(F, sizeof(float)), *ar = malloc(F * sizeof(float));
+	pl_round_for(fc1.dtype, resid, hr, E);
+	for (uint32_t i = 0; i < rank; i++) {
+		double v = pl_dotd(&fc1, i, hr, row);
+		h1[i] = v > 0 ? (float)v : 0.0f;
+	}
+	pl_round_for(fc2.dtype, h1, h1r, rank);
+	pl_round_for(u.dtype, x, xr, E);
+	for (uint32_t j = 0; j < F; j++) {
+		if (!(pl_dotd(&fc2, j, h1r, row) >= R->threshold))
+			continue;
+		R->predicted++;
+		double gv = pl_dotd(&g, j, xr, row), uv = pl_dotd(&u, j, xr, row);
+		if (hp->act == NF_FFN_DRELU)
+			uv = uv > 0 ? uv : 0;
+		a[j] = (float)((gv > 0 ? gv : 0) * uv);
+	}
+	/* the activations as fed to the (regular) down matrix */
+	pl_round_for(dn.dtype, a, ar, F);
+	for (uint32_t r = 0; r < E; r++)
+		acc[r] += w * pl_dotd(&dn, r, ar, row);
+	free(row);
+	free(hr);
+	free(xr);
+	free(h1);
+	free(h1r);
+	free(a);
+	free(ar);
+}
+
+static int moe_cmp_forward(void *self, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
+{
+	struct moe_ref *R = self;
+	const struct nf_model_hparams *hp = nf_model_hparams(R->m);
+	const struct nf_layer_weights *L = nf_model_layer(R->m, io->layer);
+	size_t E = hp->n_embd, U = hp->n_expert_used;
+	const int32_t *sel;
+	const float *w;
+	int rc = nf_ctx_moe_route(R->c, io, &sel, &w);
+	if (rc < 0)
+		return rc;
+	double *acc = calloc(E, sizeof(double));
+	for (size_t b = 0; b < io->nb; b++) {
+		memset(acc, 0, E * sizeof(double));
+		for (size_t k = 0; k < U; k++)
+			ref_expert(R, L, (uint32_t)sel[b * U + k], w[b * U + k], io->x + b * E, io->resid + b * E, acc);
+		for (size_t r = 0; r < E; r++)
+			R->tmp[b * E + r] = (float)acc[r];
+		R->routed += U;
+	}
+	free(acc);
+	if ((rc = R->ops->forward(R->self, env, io)) < 0)
+		return rc;
+	double mx = 0, md = 0;
+	for (size_t i = 0; i < io->nb * E; i++) {
+		mx = fmax(mx, fabs(R->tmp[i]));
+		md = fmax(md, fabs((double)R->tmp[i] - io->out[i]));
+	}
+	R->worst = fmax(R->worst, md / fmax(mx, 1e-30));
+	R->calls++;
+	return 0;
+}
+
+static void check_predictor(uint32_t dtype, double tol)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "moe-pred");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", dtype, true, N_EXPERT), 0);
+	struct nf_model *m = pl_load(p, true, false);
+	const struct nf_model_hparams *hp = nf_model_hparams(m);
+	uint32_t nv = hp->n_vocab, E = hp->n_embd;
+	const char *what = nf_dtype_name(dtype);
+	cr_assert(nf_model_layer(m, 0)->fc1.data && nf_model_layer(m, 0)->fc1.n_expert == N_EXPERT,
+		  "%s: no per-expert predictors bound", what);
+
+	struct nf_ctx *c = pl_open_ctx(m, 2);
+	struct nf_sparse *s = pl_engine(c, NF_SPARSE_AUTO, NULL);
+	cr_assert_eq(nf_sparse_mode_of(s), NF_SPARSE_PREDICTOR, "%s: auto is not predictor", what);
+	struct moe_ref R = { .c = c, .m = m, .threshold = nf_sparse_threshold(s),
+			     .tmp = calloc((size_t)64 * E, sizeof(float)) };
+	nf_sparse_ffn_ops(s, &R.ops, &R.self);
+	static const struct nf_ffn_ops cmp_ops = { .name = "compare", .forward = moe_cmp_forward };
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		nf_ctx_set_ffn(c, il, &cmp_ops, &R);
+	cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
+	for (int t = 0; t < 4; t++) {
+		int32_t id = nf_sampler_argmax(nf_ctx_logits(c), nv);
+		cr_assert_eq(nf_ctx_eval(c, &id, 1), 0);
+	}
+	cr_expect_eq(R.calls, 5 * hp->n_layer, "%zu calls", R.calls);
+	cr_expect(R.worst <= tol, "%s: experts vs dense restricted to each predicted set: %.3g of the output", what,
+		  R.worst);
+	struct nf_sparse_stats st;
+	nf_sparse_stats_get(s, &st);
+	cr_expect_eq(st.ffn_calls, R.routed, "%s: %llu expert calls, %llu routed", what,
+		     (unsigned long long)st.ffn_calls, (unsigned long long)R.routed);
+	cr_expect_eq(st.neurons_active, R.predicted, "%s: engine computed %llu neurons, the reference predicted %llu",
+		     what, (unsigned long long)st.neurons_active, (unsigned long long)R.predicted);
+	cr_expect(R.predicted > 0 && R.predicted < st.neurons_total / 2, "%s: %llu predicted of %llu", what,
+		  (unsigned long long)R.predicted, (unsigned long long)st.neurons_total);
+	nf_sparse_close(s);
+
+	/* from a store, one FFN of cache: the same bits as in memory */
+	float *a = malloc(nv * sizeof(float)), *b = malloc(nv * sizeof(float));
+	int32_t ga[6], gb[6];
+	s = pl_engine(c, NF_SPARSE_PREDICTOR, NULL);
+	pl_run(c, pl_prompt, 8, a, ga, 6);
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+	struct from_store f;
+	store_open(&f, p, NULL);
+	c = pl_open_ctx(f.m, 2);
+	s = pl_engine(c, NF_SPARSE_AUTO, f.cache);
+	cr_expect_eq(nf_sparse_mode_of(s), NF_SPARSE_PREDICTOR, "%s: auto from the store is not predictor", what);
+	pl_run(c, pl_prompt, 8, b, gb, 6);
+	cr_expect(!memcmp(a, b, nv * sizeof(float)), "%s: predicted experts from the store vs in memory %.3g", what,
+		  pl_max_diff(a, b, nv));
+	cr_expect_arr_eq(ga, gb, sizeof(ga), "%s: greedy differs from the store", what);
+	/* a one-FFN cache holds both routed experts' predicted sets: each
+	 * generated token's experts were requested together (the prompt ran
+	 * as a batch per expert) */
+	nf_sparse_stats_get(s, &st);
+	cr_expect(st.moe_together >= 5ull * hp->n_layer, "%s: %llu tokens' experts requested together", what,
+		  (unsigned long long)st.moe_together);
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+	store_close(&f);
+	free(a);
+	free(b);
+	free(R.tmp);
+	nf_model_free(m);
+	unlink(p);
+}
+
+Test(pipeline_moe, predictor_equals_dense_restricted_to_predicted_sets)
+{
+	check_predictor(NF_DTYPE_F32, 1e-4);
+	check_predictor(NF_DTYPE_Q8_0, 1e-2);
+}
+
+/* ---- per-expert statistics (--stats, --json) ---------------------------------------- */
+
+/* The numbers after each "key": in json from p on, into v (at most n). */
+static size_t json_all(const char *p, const char *key, unsigned long long *v, size_t n)
+{
+	char k[64];
+	size_t got = 0;
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	while (got < n && (p = strstr(p, k)) != NULL) {
+		p += strlen(k);
+		v[got++] = strtoull(p, NULL, 10);
+	}
+	return got;
+}
+
+Test(pipeline_moe, stats_report_experts)
+{
+	char p[256], sp[256], cmd[1024];
+	static char out[1 << 16], err[1 << 16];
+	pl_tmp_path(p, sizeof(p), "moe-stats");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", NF_DTYPE_Q8_0, true, N_EXPERT), 0);
+	pl_import(p, sp, sizeof(sp));
+	snprintf(cmd, sizeof(cmd), "generate -m %s -p Hello -n 3 --seed 1 --json --stats", sp);
+	int rc = pl_run_cli(cmd, out, sizeof(out), err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s\n%s", out, err);
+	cr_expect(strstr(err, "layer 0 experts (tokens routed, cache hit rate): e0 ") &&
+			  strstr(err, "layer 1 experts"),
+		  "--stats: no per-expert lines:\n%s", err);
+	/* every token routed to 2 experts in each of the 2 layers */
+	unsigned long long evals = pl_json_u64(out, "prompt_tokens") + pl_json_u64(out, "gen_evals");
+	const char *xs = strstr(out, "\"experts\":[");
+	cr_assert(xs, "--json: no experts array:\n%s", out);
+	unsigned long long layer[16], routed[16], lookups[16], hits[16], sum[2] = { 0 }, lk = 0, ht = 0;
+	cr_assert_eq(json_all(xs, "layer", layer, 16), 2 * N_EXPERT);
+	cr_assert_eq(json_all(xs, "routed", routed, 16), 2 * N_EXPERT);
+	cr_assert_eq(json_all(xs, "lookups", lookups, 16), 2 * N_EXPERT);
+	cr_assert_eq(json_all(xs, "hits", hits, 16), 2 * N_EXPERT);
+	for (size_t i = 0; i < 2 * N_EXPERT; i++) {
+		cr_assert_lt(layer[i], 2);
+		sum[layer[i]] += routed[i];
+		lk += lookups[i];
+		ht += hits[i];
+		cr_expect(hits[i] <= lookups[i], "expert %zu: %llu hits of %llu", i, hits[i], lookups[i]);
+	}
+	cr_expect(sum[0] == 2 * evals && sum[1] == 2 * evals, "routed %llu, %llu for %llu tokens", sum[0], sum[1],
+		  evals);
+	/* the experts' lookups and hits add up to the cache's */
+	cr_expect_eq(lk, pl_json_u64(out, "lookups"));
+	cr_expect_eq(ht, pl_json_u64(out, "lookups") - pl_json_u64(out, "misses"));
+	cr_expect(ht > 0 && ht < lk, "hits %llu of %llu", ht, lk);
+	/* route-ahead, measured: each generated token's layer 1 experts
+	 * guessed from layer 0 (the prompt, a batch, guesses nothing) */
+	unsigned long long guesses = pl_json_u64(out, "route_guesses");
+	cr_expect_eq(guesses, 2 * pl_json_u64(out, "gen_evals"));
+	cr_expect(pl_json_u64(out, "route_guess_hits") <= guesses);
+	cr_expect(strstr(err, "route-ahead guess"), "--stats: no route-ahead line:\n%s", err);
+	unlink(sp);
+	unlink(p);
+}
+
+/* ---- a read error during an expert's read ------------------------------------------ */
+
+/* The prompt, then one token, through a one-FFN cache whose read number
+ * nth fails (UINT64_MAX: none): the return codes of both evals, the
+ * logits after each that succeeded, and the reads each made. */
+struct fault_run {
+	int rc_prompt, rc_next;
+	uint64_t reads_prompt, reads_next;
+};
+
+static void run_with_fault(const char *gguf, uint64_t nth, float *lp, float *ln, struct fault_run *r)
+{
+	struct nf_io_fault_rule rule = { .kind = NF_IO_FAULT_EIO, .nth = nth };
+	struct from_store f;
+	store_open(&f, gguf, nth == UINT64_MAX ? NULL : &rule);
+	uint32_t nv = nf_model_hparams(f.m)->n_vocab;
+	struct nf_ctx *c = pl_open_ctx(f.m, 2);
+	struct nf_sparse *s = pl_engine(c, NF_SPARSE_PREDICTOR, f.cache);
+	struct nf_cache_stats cs;
+	memset(r, 0, sizeof(*r));
+	r->rc_next = 1;
+	r->rc_prompt = nf_ctx_eval(c, pl_prompt, 8);
+	nf_cache_stats_get(f.cache, &cs);
+	r->reads_prompt = cs.requests;
+	if (r->rc_prompt == 0) {
+		memcpy(lp, nf_ctx_logits(c), nv * sizeof(float));
+		int32_t id = nf_sampler_argmax(lp, nv);
+		r->rc_next = nf_ctx_eval(c, &id, 1);
+		nf_cache_stats_get(f.cache, &cs);
+		r->reads_next = cs.requests - r->reads_prompt;
+		if (r->rc_next == 0)
+			memcpy(ln, nf_ctx_logits(c), nv * sizeof(float));
+	}
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+	store_close(&f);
+}
+
+Test(pipeline_moe, read_error_fails_that_request)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "moe-eio");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", NF_DTYPE_Q8_0, true, N_EXPERT), 0);
+	struct nf_model *m = pl_load(p, false, false);
+	uint32_t nv = nf_model_hparams(m)->n_vocab;
+	nf_model_free(m);
+	float *gp = malloc(nv * sizeof(float)), *gn = malloc(nv * sizeof(float));
+	float *lp = malloc(nv * sizeof(float)), *ln = malloc(nv * sizeof(float));
+	struct fault_run good, r;
+	run_with_fault(p, UINT64_MAX, gp, gn, &good);
+	cr_assert(good.rc_prompt == 0 && good.rc_next == 0);
+	cr_assert(good.reads_prompt > 2 && good.reads_next > 2, "reads %llu, %llu",
+		  (unsigned long long)good.reads_prompt, (unsigned long long)good.reads_next);
+	/* an expert's read of the prompt fails: that eval fails with EIO */
+	run_with_fault(p, good.reads_prompt / 2, lp, ln, &r);
+	cr_expect_eq(r.rc_prompt, -EIO, "prompt with a failing expert read: %d (%s)", r.rc_prompt,
+		     nf_strerror(r.rc_prompt));
+	/* one of the next token's: the prompt's logits are right, the token's eval fails */
+	run_with_fault(p, good.reads_prompt + good.reads_next / 2, lp, ln, &r);
+	cr_expect_eq(r.rc_prompt, 0);
+	cr_expect(!memcmp(lp, gp, nv * sizeof(float)), "the prompt before the failing read changed");
+	cr_expect_eq(r.rc_next, -EIO, "token with a failing expert read: %d (%s)", r.rc_next, nf_strerror(r.rc_next));
+	/* a fresh cache computes the same logits again */
+	run_with_fault(p, UINT64_MAX, lp, ln, &r);
+	cr_expect(r.rc_prompt == 0 && r.rc_next == 0 && !memcmp(ln, gn, nv * sizeof(float)));
+	free(gp);
+	free(gn);
+	free(lp);
+	free(ln);
+	unlink(p);
+}
+
+/* ---- a batch reads each expert's union once ------------------------------------------ */
+
+/* The prompt as one batch through a one-FFN cache: per expert its tokens'
+ * union in one request, fewer reads and bytes than the same prompt token
+ * by token (n_batch 1; its attention sums differ, so only reads are
+ * compared; the batch's logits equal memory's in the tests above). */
+Test(pipeline_moe, batch_reads_each_experts_union_once)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "moe-batch");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", NF_DTYPE_F32, false, N_EXPERT), 0);
+	uint64_t reqs[2], bytes[2];
+	for (int k = 0; k < 2; k++) {
+		struct from_store f;
+		store_open(&f, p, NULL);
+		struct nf_ctx_params cp = nf_ctx_defaults();
+		cp.n_threads = 2;
+		cp.n_ctx = 64;
+		cp.n_batch = k ? 1 : 512;
+		struct nf_ctx *c = NULL;
+		struct nf_diag d = { 0 };
+		cr_assert_eq(nf_ctx_open(f.m, &cp, &c, &d), 0, "%s", d.msg);
+		struct nf_sparse *s = pl_engine(c, NF_SPARSE_EXACT, f.cache);
+		cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
+		struct nf_cache_stats cs;
+		nf_cache_stats_get(f.cache, &cs);
+		cr_expect_eq(cs.errors, 0);
+		reqs[k] = cs.requests;
+		bytes[k] = cs.bytes_read;
+		nf_sparse_close(s);
+		nf_ctx_close(c);
+		store_close(&f);
+	}
+	cr_expect(reqs[0] < reqs[1] && bytes[0] < bytes[1],
+		  "batch read %llu B in %llu requests, token by token %llu B in %llu", (unsigned long long)bytes[0],
+		  (unsigned long long)reqs[0], (unsigned long long)bytes[1], (unsigned long long)reqs[1]);
+	cr_log_info("MoE prompt of 8: batch %llu B in %llu requests, token by token %llu B in %llu",
+		    (unsigned long long)bytes[0], (unsigned long long)reqs[0], (unsigned long long)bytes[1],
+		    (unsigned long long)reqs[1]);
+	unlink(p);
+}
