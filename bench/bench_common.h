@@ -98,6 +98,20 @@ static inline uint64_t nf_bench_memsum(const char *p, size_t bytes)
 #define NF_BENCH_ISAS { "neon-dot", "neon" }
 #endif
 
+/* True if name is one of the comma-separated items of list. */
+static inline int nf_bench_list_has(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = list; *p;) {
+		const char *e = strchr(p, ',');
+		size_t len = e ? (size_t)(e - p) : strlen(p);
+		if (len == n && !strncmp(p, name, n))
+			return 1;
+		p += len + (e != NULL);
+	}
+	return 0;
+}
+
 static inline int nf_bench_cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;

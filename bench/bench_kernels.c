@@ -19,7 +19,11 @@
  * REPS runs) beside a memory read by 2 threads before each run.
  *
  *	make bench BENCH=bench_kernels   # or: build/bench/bench_kernels [avx512|avx2|neon-dot|neon|scalar...]
+ *
+ * NFLASH_BENCH_TYPES (a comma list of q4_0, q8_0, f16, q2_K .. q6_K, kcol)
+ * limits the run to those weight types (kcol: the rows below).
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,7 +116,19 @@ static void read_fn(void *arg, int ith, int nth)
 }
 
 /* Random weights whose fp16 scales and values are finite and modest. */
-static void fill_weights(enum nf_ktype kt, char *w, size_t rows, size_t row_bytes, uint64_t seed)
+/* Where a K-quant block keeps its fp16 d (dmin, if any, right after). */
+static size_t kq_d_offset(enum nf_ktype kt)
+{
+	switch (kt) {
+	case NF_KT_Q2_K: return offsetof(struct nf_block_q2_K, d);
+	case NF_KT_Q3_K: return offsetof(struct nf_block_q3_K, d);
+	case NF_KT_Q4_K: return offsetof(struct nf_block_q4_K, d);
+	case NF_KT_Q5_K: return offsetof(struct nf_block_q5_K, d);
+	default: return offsetof(struct nf_block_q6_K, d);
+	}
+}
+
+static void fill_weights(enum nf_ktype kt, uint32_t dt, char *w, size_t rows, size_t row_bytes, uint64_t seed)
 {
 	uint64_t s = seed | 1;
 	for (size_t i = 0; i + 8 <= rows * row_bytes; i += 8) {
@@ -125,15 +141,14 @@ static void fill_weights(enum nf_ktype kt, char *w, size_t rows, size_t row_byte
 			uint16_t *h = (uint16_t *)row;
 			for (size_t i = 0; i < N_COLS; i++)
 				h[i] = (uint16_t)((h[i] & 0x83ff) | 0x2c00); /* |v| in [1/16, 1/8) */
-		} else if (kt == NF_KT_Q4_K || kt == NF_KT_Q5_K || kt == NF_KT_Q6_K) {
+		} else if (kt >= NF_KT_Q2_K && kt <= NF_KT_Q6_K) {
 			/* random quants and scales; finite d (and dmin) at their offsets */
-			uint32_t dt = kt == NF_KT_Q4_K ? NF_DTYPE_Q4_K : kt == NF_KT_Q5_K ? NF_DTYPE_Q5_K : NF_DTYPE_Q6_K;
-			size_t bs = nf_dtype_block_size(dt), doff = kt == NF_KT_Q6_K ? bs - 2 : 0;
+			size_t bs = nf_dtype_block_size(dt), doff = kq_d_offset(kt);
 			for (size_t b = 0; b < N_COLS / NF_QK_K; b++) {
 				uint16_t d = nf_fp32_to_fp16(0.001f * (float)(1 + (b + r) % 7));
 				memcpy(row + b * bs + doff, &d, 2);
-				if (kt != NF_KT_Q6_K)
-					memcpy(row + b * bs + 2, &d, 2);
+				if (kt == NF_KT_Q2_K || kt == NF_KT_Q4_K || kt == NF_KT_Q5_K)
+					memcpy(row + b * bs + doff + 2, &d, 2); /* dmin follows d */
 			}
 		} else {
 			size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
@@ -178,13 +193,70 @@ static void gemv_pass(struct nf_pool *p, struct gemv_job *j, const char *w, size
 	*cpu = cs;
 }
 
+/*
+ * kcol: the sparse FFN's K-quant down columns (kcol_madd) as
+ * nf_sp_kdown_rows runs them: columns of 4096 rows (b bits each) in
+ * batches of 32 (the active neurons of a 256-neuron super-block at 13%),
+ * per batch tiles of 256 rows, per tile every column of the batch into the
+ * tile's lane sums. One thread over a set larger than the caches, the
+ * tables' passes alternating, each after a memory-read pass; GB/s of
+ * column bytes, medians.
+ */
+static void bench_kcol(const char **isas, int nisa, char *set, struct read_job *rj, struct nf_pool *pool1)
+{
+	enum { E = 4096, TILE = 256, BATCH = 32, MAXISA = 8 };
+	static int16_t sc[E];
+	static int32_t acc[8][E];
+	uint64_t s = 5;
+	for (size_t i = 0; i < SET_BYTES; i += 8) {
+		uint64_t v = nf_bench_rng(&s);
+		memcpy(set + i, &v, 8);
+	}
+	for (int i = 0; i < E; i++)
+		sc[i] = (int16_t)(nf_bench_rng(&s) % 128);
+	if (nisa > MAXISA)
+		nisa = MAXISA;
+	for (uint32_t bits = 4; bits <= 6; bits += 2) {
+		size_t colb = (size_t)E * bits / 8, ncol = SET_BYTES / colb / BATCH * BATCH;
+		double t[MAXISA][REPS], mt[REPS], d1;
+		for (int r = -1; r < REPS; r++) {
+			memread_pass(pool1, rj, &mt[r < 0 ? 0 : r], &d1);
+			for (int ii = 0; ii < nisa; ii++) {
+				const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+				if (!k)
+					continue;
+				double t0 = nf_cli_now();
+				for (size_t c0 = 0; c0 < ncol; c0 += BATCH)
+					for (size_t r0 = 0; r0 < E; r0 += TILE)
+						for (size_t c = c0; c < c0 + BATCH; c++)
+							k->kcol_madd(bits, 32, (const uint8_t *)set + c * colb + r0 * bits / 8,
+								     TILE, sc + r0, (int32_t)(c % 255) - 127, acc[c % 8] + r0);
+				if (r >= 0)
+					t[ii][r] = nf_cli_now() - t0;
+			}
+		}
+		double mgbps = (double)SET_BYTES / nf_bench_median(mt, REPS) / 1e9;
+		for (int ii = 0; ii < nisa; ii++) {
+			const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+			if (!k)
+				continue;
+			double gbps = (double)(ncol * colb) / nf_bench_median(t[ii], REPS) / 1e9;
+			printf("kcol\t%s\tb%u\t1\t%.2f\t%.2f\t%.2f\t-\t-\t-\t-\t-\n", k->isa, bits, gbps, mgbps,
+			       gbps / mgbps);
+			fflush(stdout);
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
-	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16, NF_KT_Q4_K, NF_KT_Q5_K,
-					       NF_KT_Q6_K };
-	static const char *const type_names[] = { "q4_0", "q8_0", "f16", "q4_K", "q5_K", "q6_K" };
-	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16, NF_DTYPE_Q4_K,
-						NF_DTYPE_Q5_K, NF_DTYPE_Q6_K };
+	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16, NF_KT_Q2_K, NF_KT_Q3_K,
+					       NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K };
+	static const char *const type_names[] = { "q4_0", "q8_0", "f16", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K" };
+	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16, NF_DTYPE_Q2_K,
+						NF_DTYPE_Q3_K, NF_DTYPE_Q4_K, NF_DTYPE_Q5_K, NF_DTYPE_Q6_K };
+	/* NFLASH_BENCH_TYPES=q2_K,q3_K: only those types */
+	const char *only = getenv("NFLASH_BENCH_TYPES");
 	const int n_types = (int)(sizeof(types) / sizeof(types[0]));
 	const char *all_isas[] = NF_BENCH_ISAS; /* scalar: name it on the command line */
 	const char **isas = all_isas;
@@ -228,10 +300,12 @@ int main(int argc, char **argv)
 
 	for (int ti = 0; ti < n_types; ti++) {
 		enum nf_ktype kt = types[ti];
+		if (only && !nf_bench_list_has(only, type_names[ti]))
+			continue;
 		size_t rb = nf_dtype_row_size(type_dtypes[ti], N_COLS), mat = rb * N_ROWS;
 		size_t nmat = (SET_BYTES + mat - 1) / mat;
 		char *w = alloc_huge(nmat * mat), *wp = NULL;
-		fill_weights(kt, w, nmat * N_ROWS, rb, 7 + ti);
+		fill_weights(kt, type_dtypes[ti], w, nmat * N_ROWS, rb, 7 + ti);
 		/* Q4_0 and Q8_0 also in 8-row groups (the form nf_model_repack
 		 * gives matrices in memory), for the tables that have kernels */
 		if (kt == NF_KT_Q4_0 || kt == NF_KT_Q8_0) {
@@ -299,6 +373,8 @@ int main(int argc, char **argv)
 		free(w);
 		free(wp);
 	}
+	if (!only || nf_bench_list_has(only, "kcol"))
+		bench_kcol(isas, nisa, rbuf, &rj, pools[1]);
 	/* the peer: llama.cpp's decode on a whole model, its weight traffic
 	 * (file bytes x tokens/s) beside a memory read of the same threads just
 	 * before each run: what its gemv kernels reach inside a forward pass */

@@ -1,6 +1,7 @@
 /*
- * kernels_avx2_kquant.c - AVX2 K-quant kernels: Q8_K activation preparation
- * and the Q4_K, Q5_K and Q6_K dot products (gemv, gemm, gemv_list).
+ * kernels_avx2_kquant.c - AVX2 K-quant kernels: Q8_K activation preparation,
+ * the Q2_K..Q6_K dot products (gemv, gemm, gemv_list), and the sparse FFN's
+ * K-quant down columns (kcol_madd).
  *
  * Invariants:
  * 1. Prepared Q8_K blocks are bit-identical to nf_kref_prepare_q8_K (same
@@ -44,16 +45,9 @@ void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n)
 		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
 		m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
 		float amax = _mm_cvtss_f32(m4);
-		if (amax == 0.0f) {
-			memset(&y[b], 0, sizeof(y[b]));
+		const float max = nf_kq_q8_K_max(x, amax, &y[b]);
+		if (max == 0.0f)
 			continue;
-		}
-		float max = 0.0f;
-		for (int j = 0; j < NF_QK_K; j++)
-			if (fabsf(x[j]) == amax) {
-				max = x[j];
-				break;
-			}
 		const float iscale = -127.0f / max;
 		const __m256 vs = _mm256_set1_ps(iscale);
 		const __m256i cap = _mm256_set1_epi32(127);
@@ -87,17 +81,6 @@ void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n)
 
 /* ---- dot products ---------------------------------------------------------- */
 
-/* q4_K / q5_K scales and mins of a block (6 bits each, 12 bytes) */
-static inline void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8])
-{
-	for (int j = 0; j < 4; j++) {
-		sc[j] = s[j] & 63;
-		mn[j] = s[j + 4] & 63;
-		sc[j + 4] = (uint8_t)((s[j + 8] & 0xf) | ((s[j] >> 6) << 4));
-		mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-	}
-}
-
 /* A q4_K/q5_K block against b: d, dmin, the 8 scales and the per-32 min
  * products m[2k] s[2k] + m[2k+1] s[2k+1], k = 0..3. */
 static inline void k4_head(const uint8_t *scales, uint16_t hd, uint16_t hdmin,
@@ -107,7 +90,7 @@ static inline void k4_head(const uint8_t *scales, uint16_t hd, uint16_t hdmin,
 	uint8_t mn[8];
 	*d = b->d * _cvtsh_ss(hd);
 	*dmin = -b->d * _cvtsh_ss(hdmin);
-	k4_scales(scales, sc, mn);
+	nf_kq_scales_k4(scales, sc, mn);
 	for (int k = 0; k < 4; k++) {
 		int32_t s0 = b->bsums[4 * k] + b->bsums[4 * k + 1];
 		int32_t s1 = b->bsums[4 * k + 2] + b->bsums[4 * k + 3];
@@ -119,6 +102,79 @@ static inline void k4_head(const uint8_t *scales, uint16_t hd, uint16_t hdmin,
 static inline __m256i lanes(__m256i q, __m256i x, int sc)
 {
 	return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16((int16_t)sc));
+}
+
+/* sc0 * (sums of 4 of the low 16 products) | sc1 * (of the high 16): the
+ * reference's lanes 0-3 and 4-7 of a 32-value group whose halves have
+ * their own scales; p holds the 16 pair sums (maddubs) */
+static inline __m256i lanes2(__m256i p, int sc0, int sc1)
+{
+	return _mm256_madd_epi16(p, _mm256_setr_m128i(_mm_set1_epi16((int16_t)sc0), _mm_set1_epi16((int16_t)sc1)));
+}
+
+/* Q2_K: value 128h + 32k + l is (qs[32h + l] >> 2k) & 3; per 16 values a
+ * 4-bit scale and a 4-bit min whose products with the bsums go into the
+ * lanes before the quants (dot_kquant). */
+static float dot_q2_K(size_t n, const void *w, const void *xq)
+{
+	const struct nf_block_q2_K *a = w;
+	const struct nf_block_q8_K *b = xq;
+	const __m256i m3 = _mm256_set1_epi8(3);
+	__m256 acc = _mm256_setzero_ps();
+	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		const float d = b[i].d * _cvtsh_ss(a[i].d), dmin = -b[i].d * _cvtsh_ss(a[i].dmin);
+		const __m128i sm = _mm_loadu_si128((const __m128i *)a[i].scales);
+		/* lane m: mn[2m] bsums[2m] + mn[2m+1] bsums[2m+1] */
+		__m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0xf)));
+		__m256i pm = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)b[i].bsums));
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), acc);
+		uint8_t sc[16];
+		_mm_storeu_si128((__m128i *)sc, _mm_and_si128(sm, _mm_set1_epi8(0xf)));
+		__m256i sumi = _mm256_setzero_si256();
+		for (int h = 0; h < 2; h++) {
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * h));
+			for (int k = 0; k < 4; k++) {
+				const int g = 4 * h + k;
+				__m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3);
+				__m256i x = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * g));
+				sumi = _mm256_add_epi32(sumi, lanes2(_mm256_maddubs_epi16(v, x), sc[2 * g], sc[2 * g + 1]));
+			}
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	return reduce8(acc);
+}
+
+/* Q3_K: Q2_K's low bits, bit g of hmask[l] the high bit of value 32g + l,
+ * value (low | hbit << 2) - 4, 16 signed 6-bit scales; no mins. */
+static float dot_q3_K(size_t n, const void *w, const void *xq)
+{
+	const struct nf_block_q3_K *a = w;
+	const struct nf_block_q8_K *b = xq;
+	const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+	__m256 acc = _mm256_setzero_ps();
+	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		const float d = b[i].d * _cvtsh_ss(a[i].d);
+		int8_t sc[16];
+		nf_kq_scales_k3(a[i].scales, sc);
+		const __m256i hm = _mm256_loadu_si256((const __m256i *)a[i].hmask);
+		__m256i sumi = _mm256_setzero_si256();
+		for (int h = 0; h < 2; h++) {
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * h));
+			for (int k = 0; k < 4; k++) {
+				const int g = 4 * h + k;
+				const __m256i bit = _mm256_set1_epi8((char)(1 << g));
+				__m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
+				__m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3), hb);
+				__m256i x = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * g));
+				/* (v - 4) * x in int16 pairs: exact */
+				__m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(v, x), _mm256_maddubs_epi16(four, x));
+				sumi = _mm256_add_epi32(sumi, lanes2(p, sc[2 * g], sc[2 * g + 1]));
+			}
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	return reduce8(acc);
 }
 
 static float dot_q4_K(size_t n, const void *w, const void *xq)
@@ -206,9 +262,7 @@ static float dot_q6_K(size_t n, const void *w, const void *xq)
 				__m256i x = _mm256_loadu_si256((const __m256i *)(b[i].qs + 128 * h + 32 * k));
 				/* (q - 32) * x in int16 pairs: exact */
 				__m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(v, x), _mm256_maddubs_epi16(m32, x));
-				int s0 = a[i].scales[8 * h + 2 * k], s1 = a[i].scales[8 * h + 2 * k + 1];
-				__m256i sv = _mm256_setr_m128i(_mm_set1_epi16((int16_t)s0), _mm_set1_epi16((int16_t)s1));
-				sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv));
+				sumi = _mm256_add_epi32(sumi, lanes2(p, a[i].scales[8 * h + 2 * k], a[i].scales[8 * h + 2 * k + 1]));
 			}
 		}
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -252,6 +306,68 @@ static inline void gemm_with(kdot_fn dot, size_t n, size_t nrows, const void *w,
 			y[r] = dot_##T(n, rows[r], xq);                                         \
 	}
 
+AVX2_K(q2_K)
+AVX2_K(q3_K)
 AVX2_K(q4_K)
 AVX2_K(q5_K)
 AVX2_K(q6_K)
+
+/* ---- K-quant down columns ------------------------------------------------------ */
+
+/* Exactly the 2b bytes of 16 b-bit values (never reading past them). */
+static inline __m128i kcol_load(const uint8_t *p, uint32_t b)
+{
+	uint64_t u64;
+	uint32_t u32;
+	uint16_t u16;
+	if (b < 4) {
+		memcpy(&u32, p, 4);
+		__m128i v = _mm_cvtsi32_si128((int)u32);
+		if (b == 3) {
+			memcpy(&u16, p + 4, 2);
+			v = _mm_insert_epi16(v, u16, 2);
+		}
+		return v;
+	}
+	memcpy(&u64, p, 8);
+	__m128i v = _mm_cvtsi64_si128((long long)u64);
+	if (b == 5) {
+		memcpy(&u16, p + 8, 2);
+		v = _mm_insert_epi16(v, u16, 4);
+	} else if (b == 6) {
+		memcpy(&u32, p + 8, 4);
+		v = _mm_insert_epi32(v, (int)u32, 2);
+	}
+	return v;
+}
+
+/* 16 rows per step: the values unpacked to int16 (nf_kcol_idx/mul),
+ * minus off, times xq (|.| <= 63 * 128: exact in int16), times the rows'
+ * scales as exact 32-bit products (mullo/mulhi interleaved). */
+static inline void kcol_madd_b(uint32_t b, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
+			       int32_t xq, int32_t *acc)
+{
+	const __m256i idx = _mm256_loadu_si256((const __m256i *)nf_kcol_idx[b - 2]);
+	const __m256i mul = _mm256_loadu_si256((const __m256i *)nf_kcol_mul[b - 2]);
+	const __m128i sh = _mm_cvtsi32_si128((int)(16 - b));
+	const __m256i vo = _mm256_set1_epi16((int16_t)off), vx = _mm256_set1_epi16((int16_t)xq);
+	size_t r = 0;
+	for (; r + 16 <= n; r += 16, col += 2 * b) {
+		__m256i w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(kcol_load(col, b)), idx);
+		__m256i v = _mm256_sub_epi16(_mm256_srl_epi16(_mm256_mullo_epi16(w, mul), sh), vo);
+		__m256i p = _mm256_mullo_epi16(v, vx), s = _mm256_loadu_si256((const __m256i *)(sc + r));
+		__m256i lo = _mm256_mullo_epi16(p, s), hi = _mm256_mulhi_epi16(p, s);
+		__m256i a = _mm256_unpacklo_epi16(lo, hi), c = _mm256_unpackhi_epi16(lo, hi); /* [0-3|8-11], [4-7|12-15] */
+		__m256i *o = (__m256i *)(acc + r);
+		_mm256_storeu_si256(o, _mm256_add_epi32(_mm256_loadu_si256(o), _mm256_permute2x128_si256(a, c, 0x20)));
+		_mm256_storeu_si256(o + 1, _mm256_add_epi32(_mm256_loadu_si256(o + 1), _mm256_permute2x128_si256(a, c, 0x31)));
+	}
+	if (r < n)
+		nf_kref_kcol_madd(b, off, col, n - r, sc + r, xq, acc + r);
+}
+
+void nf_kavx2_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
+			int32_t xq, int32_t *acc)
+{
+	NF_KCOL_BY_BITS(kcol_madd_b, bits, off, col, n, sc, xq, acc);
+}

@@ -1186,6 +1186,7 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_Q4_0] = axpy_list_q4,
 		NF_KREF_KQUANT(axpy_list),
 	},
+	.kcol_madd = nf_kavx2_kcol_madd,
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kavx2_softmax,
 	.silu_mul = nf_kavx2_silu_mul,

@@ -8,6 +8,9 @@
 #ifndef NF_KERNELS_IMPL_H
 #define NF_KERNELS_IMPL_H
 
+#include <math.h>
+#include <string.h>
+
 #include "nflash/kernels.h"
 
 extern const struct nf_kernels nf_kernels_table_ref;
@@ -35,6 +38,32 @@ void nf_kref_axpy_list(void (*axpy)(size_t, float, const void *, float *), size_
 /* F16 dot product in llama.cpp's summation order (see kernels_ref.c); the
  * SIMD tables use it for rows that are not a multiple of 16 long. */
 float nf_kref_dot_f16(size_t n, const void *w, const void *x);
+
+/* K-quant down columns (kcol_madd): 16 values of b bits are 2b bytes; word
+ * i of a 16-byte source register gathers bytes (ib / 8, ib / 8 + 1), i.e.
+ * the value's bits at shift ib % 8 (0x80: nothing, past the 2b bytes);
+ * multiplying by 2^(16 - shift - b) puts them at the top of the word, and
+ * a right shift by 16 - b leaves the value. Row b - 2 of each table. Both
+ * pshufb (per 128-bit lane: values 0-7 then 8-15) and tbl read them. */
+/* Calls FN(b, ...) with b a constant 2..6 (so FN's loop specialises), the
+ * reference for any other width. */
+#define NF_KCOL_BY_BITS(FN, bits, off, col, n, sc, xq, acc)                                        \
+	do {                                                                                       \
+		switch (bits) {                                                                    \
+		case 2: FN(2, off, col, n, sc, xq, acc); break;                                    \
+		case 3: FN(3, off, col, n, sc, xq, acc); break;                                    \
+		case 4: FN(4, off, col, n, sc, xq, acc); break;                                    \
+		case 5: FN(5, off, col, n, sc, xq, acc); break;                                    \
+		case 6: FN(6, off, col, n, sc, xq, acc); break;                                    \
+		default: nf_kref_kcol_madd(bits, off, col, n, sc, xq, acc); break;                 \
+		}                                                                                  \
+	} while (0)
+extern const uint8_t nf_kcol_idx[5][32];
+extern const uint16_t nf_kcol_mul[5][16];
+void nf_kref_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
+		       int32_t xq, int32_t *acc);
+void nf_kavx2_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
+			int32_t xq, int32_t *acc);
 
 /* K-quant reference entries (kernels_ref.c): Q8_K activations, ggml's x86
  * order. Any table may point its K-quant entries at these. */
@@ -66,9 +95,46 @@ NF_KREF_KQUANT_DECL(q6_K)
 	[NF_KT_Q4_K] = nf_kref_prepare_q8_K, [NF_KT_Q5_K] = nf_kref_prepare_q8_K,              \
 	[NF_KT_Q6_K] = nf_kref_prepare_q8_K
 
+/* Q4_K/Q5_K: the 8 six-bit scales and mins of a super-block, one per 32
+ * values (ggml's get_scale_min_k4), from its 12 scale bytes. */
+static inline void nf_kq_scales_k4(const uint8_t *s, uint8_t sc[8], uint8_t mn[8])
+{
+	for (int j = 0; j < 4; j++) {
+		sc[j] = s[j] & 63;
+		mn[j] = s[j + 4] & 63;
+		sc[j + 4] = (uint8_t)((s[j + 8] & 0xf) | ((s[j] >> 6) << 4));
+		mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+	}
+}
+
+/* Q8_K preparation of one super-block once its largest magnitude amax is
+ * known: an all-zero block (returns 0) or the first value of magnitude
+ * amax, whose sign the scale takes (the reference's rule). */
+static inline float nf_kq_q8_K_max(const float *x, float amax, struct nf_block_q8_K *y)
+{
+	if (amax == 0.0f) {
+		memset(y, 0, sizeof(*y));
+		return 0.0f;
+	}
+	for (int j = 0; j < NF_QK_K; j++)
+		if (fabsf(x[j]) == amax)
+			return x[j];
+	return amax;
+}
+
+/* Q3_K: the 16 signed scales (-32..31), one per 16 values. */
+static inline void nf_kq_scales_k3(const uint8_t *s, int8_t sc[16])
+{
+	for (int i = 0; i < 16; i++) {
+		int lo = i < 8 ? s[i] & 0xf : s[i - 8] >> 4;
+		int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+		sc[i] = (int8_t)((lo | (hi << 4)) - 32);
+	}
+}
+
 /* AVX2 K-quant kernels (kernels_avx2_kquant.c), for the AVX2 and AVX-512
- * tables: Q8_K preparation and Q4_K/Q5_K/Q6_K products with the
- * reference's bits; Q2_K/Q3_K and the axpys stay the reference's. */
+ * tables: Q8_K preparation and Q2_K..Q6_K products with the reference's
+ * bits; the axpys stay the reference's. */
 void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n);
 #define NF_KAVX2_KQUANT_DECL(T)                                                                 \
 	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
@@ -77,11 +143,13 @@ void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n);
 			       size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy); \
 	void nf_kavx2_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,           \
 				    const void *xq, float *y);
+NF_KAVX2_KQUANT_DECL(q2_K)
+NF_KAVX2_KQUANT_DECL(q3_K)
 NF_KAVX2_KQUANT_DECL(q4_K)
 NF_KAVX2_KQUANT_DECL(q5_K)
 NF_KAVX2_KQUANT_DECL(q6_K)
 #define NF_KAVX2_KQUANT(op)                                                                    \
-	[NF_KT_Q2_K] = nf_kref_##op##_q2_K, [NF_KT_Q3_K] = nf_kref_##op##_q3_K,                \
+	[NF_KT_Q2_K] = nf_kavx2_##op##_q2_K, [NF_KT_Q3_K] = nf_kavx2_##op##_q3_K,              \
 	[NF_KT_Q4_K] = nf_kavx2_##op##_q4_K, [NF_KT_Q5_K] = nf_kavx2_##op##_q5_K,              \
 	[NF_KT_Q6_K] = nf_kavx2_##op##_q6_K
 #define NF_KAVX2_KQUANT_PREPARE                                                                \
@@ -169,16 +237,13 @@ void nf_kneon_axpy_f32v(size_t n, float a, const float *x, float *y);
 	.rmsnorm = nf_kneon_rmsnorm, .softmax = nf_kneon_softmax, .silu_mul = nf_kneon_silu_mul,  \
 	.relu_mul = nf_kref_relu_mul, .drelu_mul = nf_kref_drelu_mul,                              \
 	.dot_f32 = nf_kneon_dot_f32v, .axpy_f32 = nf_kneon_axpy_f32v,                              \
-	NF_KNEON_KQUANT_REF(act_prepare, prepare_q8_K, prepare_q8_K, prepare_q8_K, prepare_q8_K,  \
-			    prepare_q8_K),                                                          \
-	NF_KNEON_KQUANT_OP(gemv), NF_KNEON_KQUANT_OP(gemm), NF_KNEON_KQUANT_OP(gemv_list),         \
-	NF_KNEON_KQUANT_OP(axpy), NF_KNEON_KQUANT_OP(axpy_list)
-/* The arm64 tables' K-quant entries: the reference's (no NEON K-quant
- * kernels yet). */
-#define NF_KNEON_KQUANT_REF(op, f2, f3, f4, f5, f6)                                                \
-	.op[NF_KT_Q2_K] = nf_kref_##f2, .op[NF_KT_Q3_K] = nf_kref_##f3,                           \
-	.op[NF_KT_Q4_K] = nf_kref_##f4, .op[NF_KT_Q5_K] = nf_kref_##f5,                           \
-	.op[NF_KT_Q6_K] = nf_kref_##f6
-#define NF_KNEON_KQUANT_OP(op) NF_KNEON_KQUANT_REF(op, op##_q2_K, op##_q3_K, op##_q4_K, op##_q5_K, op##_q6_K)
+	NF_KREF_KQUANT_AXPY
+/* The K-quant axpys stay the reference's on every SIMD table; the arm64
+ * tables' other K-quant entries are kernels_neon_kquant.h's. */
+#define NF_KREF_KQUANT_AXPY NF_KREF_KQUANT_AT(axpy), NF_KREF_KQUANT_AT(axpy_list)
+#define NF_KREF_KQUANT_AT(op)                                                                      \
+	.op[NF_KT_Q2_K] = nf_kref_##op##_q2_K, .op[NF_KT_Q3_K] = nf_kref_##op##_q3_K,              \
+	.op[NF_KT_Q4_K] = nf_kref_##op##_q4_K, .op[NF_KT_Q5_K] = nf_kref_##op##_q5_K,              \
+	.op[NF_KT_Q6_K] = nf_kref_##op##_q6_K
 
 #endif /* NF_KERNELS_IMPL_H */

@@ -7,8 +7,9 @@
  * 1. Prepared activations are bit-identical to the reference (same amax,
  *    d = amax / 127 and id = 127 / amax, round to nearest even; fp16 by
  *    fcvtn, bf16 by the reference's integer rounding).
- * 2. Q8_0, Q4_0 and F16 products sum in the reference's (llama.cpp's)
- *    order, so they have its bits (kernels_neon_q.h, fdot_f16); F32 and
+ * 2. Q8_0, Q4_0, K-quant and F16 products sum in the reference's
+ *    (llama.cpp's) order, so they have its bits (kernels_neon_q.h,
+ *    kernels_neon_kquant.h, fdot_f16); F32 and
  *    BF16 products differ from it only in summation order.
  * 3. axpy and axpy_list compute y = fma(a, w, y) per element, w the exact
  *    f32 weight, columns in ascending order: the reference's bits.
@@ -32,6 +33,7 @@ static inline int32x4_t dot16(int8x16_t a, int8x16_t b)
 }
 
 #include "kernels_neon_q.h"
+#include "kernels_neon_kquant.h"
 
 #define h2f nq_h2f
 
@@ -377,4 +379,5 @@ const struct nf_kernels nf_kernels_table_neon = {
 	.isa = "neon",
 	NF_KNEON_SHARED_ENTRIES,
 	NF_KNEON_QUANT_ENTRIES,
+	NF_KNEON_KQUANT_ENTRIES,
 };

@@ -80,21 +80,6 @@ static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, co
 }
 
 
-/* n raw b-bit values (low bits first) from c, minus off, into q */
-static inline void kcol_unpack(const uint8_t *c, uint32_t bits, uint32_t n, int32_t off, int16_t *q)
-{
-	uint32_t buf = 0, have = 0, mask = (1u << bits) - 1;
-	for (uint32_t i = 0; i < n; i++) {
-		if (have < bits) {
-			buf |= (uint32_t)*c++ << have;
-			have += 8;
-		}
-		q[i] = (int16_t)((int32_t)(buf & mask) - off);
-		buf >>= bits;
-		have -= bits;
-	}
-}
-
 #define KTILE 256u /* rows per pass: the tile's scales, quants and lanes stay in L1 */
 
 void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx, float *kacc,
@@ -130,7 +115,7 @@ void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_bl
 		 * in ggml's order */
 		for (uint32_t t0 = r0; t0 < r1; t0 += KTILE) {
 			uint32_t nt = r1 - t0 < KTILE ? r1 - t0 : KTILE;
-			int16_t sc[16][KTILE], mn[KTILE][16], q[KTILE];
+			int16_t sc[16][KTILE], mn[KTILE][16];
 			float d[KTILE], dm[KTILE];
 			int32_t li[8][KTILE];
 			struct nf_kblock k;
@@ -147,14 +132,10 @@ void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_bl
 			}
 			for (int m = 0; m < 8; m++)
 				memset(li[m], 0, nt * sizeof(int32_t));
-			for (uint32_t j = 0; j < nz; j++) {
-				/* t0 is a multiple of 8 rows: a whole byte of every column */
-				kcol_unpack(col[j] + (size_t)t0 * bits / 8, bits, nt, off, q);
-				const int16_t *scj = sc[sub[j]];
-				int32_t xq = qx[j], *lj = li[lane[j]];
-				for (uint32_t r = 0; r < nt; r++)
-					lj[r] += scj[r] * (q[r] * xq);
-			}
+			/* t0 is a multiple of 8 rows: a whole byte of every column */
+			for (uint32_t j = 0; j < nz; j++)
+				s->k->kcol_madd(bits, off, col[j] + (size_t)t0 * bits / 8, nt, sc[sub[j]], qx[j],
+						li[lane[j]]);
 			for (uint32_t r = 0; r < nt; r++) {
 				const int16_t *m16 = mn[r];
 				float *acc = kacc + (size_t)(t0 + r) * KACC;

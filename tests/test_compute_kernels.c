@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -671,6 +672,144 @@ Test(kernels, avx2_matches_ref) { check_isa(isas[1]); }
 Test(kernels, avx512_matches_ref) { check_isa(isas[2]); }
 Test(kernels, neon_matches_ref) { check_isa(isas[3]); }
 Test(kernels, neondot_matches_ref) { check_isa(isas[4]); }
+
+/*
+ * K-quant products on blocks of random bytes (every scale, min, quant and
+ * high-bit pattern the formats can hold, not only what the encoder makes;
+ * d and dmin set to sane fp16 values) against Q8_K activations, one block
+ * of them random bytes too (quants down to -128, bsums their sums): every
+ * SIMD table's gemv, gemm and gemv_list give the reference's bits.
+ */
+static void kquant_random_block(struct rng *r, enum nf_ktype kt, unsigned char *blk)
+{
+	size_t bs = nf_dtype_block_size(kt_dtype[kt]), dof = 0;
+	for (size_t i = 0; i < bs; i++)
+		blk[i] = (unsigned char)(rnd(r) * 128 + 128);
+	switch (kt) {
+	case NF_KT_Q2_K: dof = offsetof(struct nf_block_q2_K, d); break;
+	case NF_KT_Q3_K: dof = offsetof(struct nf_block_q3_K, d); break;
+	case NF_KT_Q4_K: dof = offsetof(struct nf_block_q4_K, d); break;
+	case NF_KT_Q5_K: dof = offsetof(struct nf_block_q5_K, d); break;
+	default: dof = offsetof(struct nf_block_q6_K, d); break;
+	}
+	uint16_t d = nf_fp32_to_fp16(ldexpf(1.0f + rnd(r) * 0.5f, -8 - (int)(r->s >> 60) % 4));
+	uint16_t dmin = nf_fp32_to_fp16(ldexpf(1.0f + rnd(r) * 0.5f, -9));
+	memcpy(blk + dof, &d, 2);
+	if (kt == NF_KT_Q2_K || kt == NF_KT_Q4_K || kt == NF_KT_Q5_K)
+		memcpy(blk + dof + 2, &dmin, 2);
+}
+
+Test(kernels, kquant_any_bits_match_ref, .timeout = 120)
+{
+	const struct nf_kernels *ref = nf_kernels_ref();
+	const enum nf_ktype kts[] = { NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K };
+	enum { N = 4 * NF_QK_K, ROWS = 5, NB = 3 };
+	int tables = 0;
+	for (size_t ii = 1; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+		const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+		if (!k)
+			continue;
+		tables++;
+		struct rng r = { 21 };
+		for (size_t t = 0; t < sizeof(kts) / sizeof(kts[0]); t++) {
+			enum nf_ktype kt = kts[t];
+			size_t bs = nf_dtype_block_size(kt_dtype[kt]), rb = N / NF_QK_K * bs;
+			unsigned char *w = xmalloc(ROWS * rb);
+			struct nf_block_q8_K x[NB][N / NF_QK_K];
+			float xf[N];
+			for (size_t i = 0; i < ROWS * N / NF_QK_K; i++)
+				kquant_random_block(&r, kt, w + i * bs);
+			for (size_t b = 0; b < NB; b++) {
+				fill(&r, xf, N);
+				ref->act_prepare[kt](xf, x[b], N);
+			}
+			struct nf_block_q8_K *raw = &x[NB - 1][2];
+			raw->d = 0.01f;
+			for (int j = 0; j < NF_QK_K / 16; j++) {
+				int s = 0;
+				for (int i = 0; i < 16; i++) {
+					raw->qs[16 * j + i] = (int8_t)(int)floorf(rnd(&r) * 128);
+					s += raw->qs[16 * j + i];
+				}
+				raw->bsums[j] = (int16_t)s;
+			}
+			const void *rows[ROWS];
+			for (size_t i = 0; i < ROWS; i++)
+				rows[i] = w + (ROWS - 1 - i) * rb;
+			float ya[NB][ROWS], yb[NB][ROWS];
+			ref->gemm[kt](N, ROWS, w, rb, NB, x, sizeof(x[0]), &ya[0][0], ROWS);
+			k->gemm[kt](N, ROWS, w, rb, NB, x, sizeof(x[0]), &yb[0][0], ROWS);
+			cr_assert(!memcmp(ya, yb, sizeof(ya)), "%s gemm kt %d on random blocks", k->isa, kt);
+			for (size_t b = 0; b < NB; b++) {
+				k->gemv[kt](N, ROWS, w, rb, x[b], yb[b]);
+				for (size_t i = 0; i < ROWS; i++)
+					cr_assert(!memcmp(&ya[b][i], &yb[b][i], sizeof(float)),
+						  "%s gemv kt %d token %zu row %zu: %.9g vs ref %.9g", k->isa, kt, b, i,
+						  yb[b][i], ya[b][i]);
+				k->gemv_list[kt](N, ROWS, rows, x[b], yb[b]);
+				for (size_t i = 0; i < ROWS; i++)
+					cr_assert(!memcmp(&ya[b][ROWS - 1 - i], &yb[b][i], sizeof(float)),
+						  "%s gemv_list kt %d token %zu row %zu", k->isa, kt, b, i);
+			}
+			free(w);
+		}
+	}
+	if (!tables)
+		cr_skip_test("no SIMD kernel table on this CPU or build");
+}
+
+/*
+ * kcol_madd (the sparse FFN's K-quant down columns): the reference against
+ * the formula with each value's bits read one by one, and every table
+ * against the reference, bit for bit, for 2..6 bits, with the type's
+ * offsets, 1 to 259 rows, columns allocated to their exact size (so a read
+ * past them shows under ASan), scales and activations over their ranges.
+ */
+Test(kernels, kcol_madd_matches_ref)
+{
+	const int32_t offs[] = { 0, 4, 0, 0, 32 }; /* Q2_K..Q6_K */
+	const size_t ns[] = { 1, 7, 8, 15, 16, 17, 31, 32, 64, 100, 256, 259 };
+	struct rng r = { 23 };
+	for (uint32_t bits = 2; bits <= 6; bits++)
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+			size_t n = ns[ni], nbytes = (n * bits + 7) / 8;
+			uint8_t *col = xmalloc(nbytes);
+			int16_t *sc = xmalloc(n * sizeof(int16_t));
+			int32_t *a0 = xmalloc(n * sizeof(int32_t)), *want = xmalloc(n * sizeof(int32_t));
+			int32_t *got = xmalloc(n * sizeof(int32_t));
+			for (size_t i = 0; i < nbytes; i++)
+				col[i] = (uint8_t)(rnd(&r) * 128 + 128);
+			for (size_t i = 0; i < n; i++) {
+				sc[i] = (int16_t)floorf(rnd(&r) * 128);
+				a0[i] = (int32_t)(rnd(&r) * 1e6f);
+			}
+			int32_t off = offs[bits - 2], xq = ni % 3 == 0 ? -128 : (int32_t)floorf(rnd(&r) * 128);
+			for (size_t i = 0; i < n; i++) {
+				uint32_t raw = 0;
+				for (uint32_t k = 0; k < bits; k++) {
+					size_t bit = i * bits + k;
+					raw |= (uint32_t)((col[bit / 8] >> (bit % 8)) & 1) << k;
+				}
+				want[i] = a0[i] + sc[i] * (((int32_t)raw - off) * xq);
+			}
+			for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+				const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+				if (!k)
+					continue;
+				cr_assert_not_null(k->kcol_madd);
+				memcpy(got, a0, n * sizeof(int32_t));
+				k->kcol_madd(bits, off, col, n, sc, xq, got);
+				for (size_t i = 0; i < n; i++)
+					cr_assert_eq(got[i], want[i], "%s kcol_madd bits %u n %zu row %zu: %d vs %d",
+						     k->isa, bits, n, i, got[i], want[i]);
+			}
+			free(col);
+			free(sc);
+			free(a0);
+			free(want);
+			free(got);
+		}
+}
 
 /* On arm64 the choice follows the CPU: sdot where it has it. */
 Test(kernels, arm64_picks_by_hwcap)

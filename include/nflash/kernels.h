@@ -81,6 +81,14 @@ struct nf_kernels {
 	void (*axpy_list[NF_KT_COUNT])(size_t n, size_t ncols, const float *a,
 				       const void *const *cols, float *y);
 
+	/* A K-quant down column of the sparse FFN (compute/sparse_chunk.c):
+	 * for r in [0, n), acc[r] += sc[r] * ((raw_r - off) * xq), raw_r the
+	 * r-th bits-wide value (bits 2..6) packed in col, low bits first.
+	 * Exact integers, so every table gives the same sums. Reads exactly
+	 * (n * bits + 7) / 8 bytes of col. */
+	void (*kcol_madd)(uint32_t bits, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
+			  int32_t xq, int32_t *acc);
+
 	/* out = x / sqrt(mean(x^2) + eps) * w (w may be NULL: no scale). out may alias x. */
 	void (*rmsnorm)(float *out, const float *x, const float *w, size_t n, float eps);
 	/* In place, numerically stable (max subtracted). */
