@@ -12,7 +12,7 @@
  * hottest ones (docs/SYNTH.md).
  *
  * The run: calibrate (the profile, as `generate --profile` records it) on
- * 256 tokens of set A (BENCH_REPLAN_SET ids from 1000, default 16, one
+ * 256 tokens of set A (BENCH_REPLAN_SET ids from 1000, default 4, one
  * token per step); then, per
  * repetition and mode (off, on, off, on, ...), open the engine under the
  * budget (the dense weights and context plus BENCH_REPLAN_CACHE_SHARE of
@@ -79,7 +79,7 @@ static double env_dbl(const char *name, double def)
 /* ids per set (BENCH_REPLAN_SET): a synth neuron fires or not as a
  * function of the token alone, so a small set fires a set of neurons of
  * its own beside the hottest ones every token fires */
-static uint32_t g_set = 16;
+static uint32_t g_set = 4;
 
 /* token i of set A or B: g_set ids in a fixed scrambled order */
 static int32_t tok(int set, uint32_t i)
@@ -201,7 +201,7 @@ int main(void)
 	uint32_t n = (uint32_t)env_long("BENCH_REPLAN_N", 256);
 	int reps = (int)env_long("BENCH_REPLAN_REPS", 2);
 	double share = env_dbl("BENCH_REPLAN_CACHE_SHARE", 0.35);
-	g_set = (uint32_t)env_long("BENCH_REPLAN_SET", 16);
+	g_set = (uint32_t)env_long("BENCH_REPLAN_SET", 4);
 	if (n < WIN || n / WIN > MAX_WIN || reps < 1 || reps > MAX_REPS || share <= 0 || share > 1 || g_set < 1 ||
 	    g_set > 1000) {
 		fprintf(stderr, "bench_replan: BENCH_REPLAN_N in [%u, %u], BENCH_REPLAN_REPS in [1, %d], "
