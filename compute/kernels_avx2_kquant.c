@@ -18,6 +18,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels_impl.h"
@@ -371,3 +372,278 @@ void nf_kavx2_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n
 {
 	NF_KCOL_BY_BITS(kcol_madd_b, bits, off, col, n, sc, xq, acc);
 }
+
+/* ---- 8-row groups ---------------------------------------------------------------- */
+
+/*
+ * Q4_K, Q5_K and Q6_K matrices in 8-row groups (kernels.h). Register e of
+ * lane m holds element r = row r's int32 lane m (bytes 4m..4m+3 of each
+ * 32-value group): one 32-byte load of quants serves 8 rows, the 4
+ * activation bytes are one broadcast, and the sub-block scale of the 8
+ * rows is one vector (pshufb of the group's scale bytes, rows 0-3 in the
+ * low lane and 4-7 in the high one), applied by madd to maddubs' pair
+ * sums: exactly the reference's integer lanes. Per super-block and lane
+ * acc_m[r] = fma(d_w[r] * d_x, lane_m[r], acc_m[r]), the mins as the
+ * reference adds them (Q4_K: 4 chains, Q5_K: one), and the end is hsum8
+ * element by element: the plain reference's bits for every row.
+ */
+#define KX8_CHUNK 64 /* super-blocks per activation table (16384 values) */
+
+struct kx8_tab {
+	float d;
+	int32_t mp[4];       /* Q4_K/Q5_K: the sums of 32 as int16 pairs (s0, s1), k = 0..3 */
+	int32_t corr[8][8];  /* Q6_K: 32 * (x pair sums) of lane m of group g, as int16 pairs */
+};
+
+static void kx8_table(int q6, const struct nf_block_q8_K *x, size_t nsb, struct kx8_tab *t)
+{
+	const __m256i m32 = _mm256_set1_epi8(32);
+	for (size_t i = 0; i < nsb; i++) {
+		t[i].d = x[i].d;
+		if (q6) {
+			for (int g = 0; g < 8; g++)
+				_mm256_storeu_si256((__m256i *)t[i].corr[g],
+						    _mm256_maddubs_epi16(m32, _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * g))));
+			continue;
+		}
+		for (int k = 0; k < 4; k++) {
+			int32_t s0 = x[i].bsums[4 * k] + x[i].bsums[4 * k + 1];
+			int32_t s1 = x[i].bsums[4 * k + 2] + x[i].bsums[4 * k + 3];
+			t[i].mp[k] = (int32_t)((uint32_t)(uint16_t)s0 | (uint32_t)s1 << 16);
+		}
+	}
+}
+
+static inline __m256i bcast32(const int8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, sizeof(v));
+	return _mm256_set1_epi32(v);
+}
+
+/* pshufb indexes (the same in both 128-bit lanes): element r gets, from
+ * the scale bytes' lane, rows 0-3 (low lane) or 4-7 (high lane):
+ * KX8_SC + p: byte 4p + r % 4 as int16, twice (a sub-block's scale of 8 rows);
+ * KX8_MN + k: bytes 8k + r % 4 and 8k + 4 + r % 4 as int16 (two mins);
+ * KX8_S6 + p: byte 4p + r % 4 in the high byte of each int16 (for srai). */
+enum { KX8_SC = 0, KX8_MN = 4, KX8_S6 = 6 };
+static const uint8_t kx8_ix[10][32] __attribute__((aligned(32))) = {
+#define KX8_L(...) { __VA_ARGS__, __VA_ARGS__ }
+	KX8_L(0x00, 0x80, 0x00, 0x80, 0x01, 0x80, 0x01, 0x80, 0x02, 0x80, 0x02, 0x80, 0x03, 0x80, 0x03, 0x80),
+	KX8_L(0x04, 0x80, 0x04, 0x80, 0x05, 0x80, 0x05, 0x80, 0x06, 0x80, 0x06, 0x80, 0x07, 0x80, 0x07, 0x80),
+	KX8_L(0x08, 0x80, 0x08, 0x80, 0x09, 0x80, 0x09, 0x80, 0x0a, 0x80, 0x0a, 0x80, 0x0b, 0x80, 0x0b, 0x80),
+	KX8_L(0x0c, 0x80, 0x0c, 0x80, 0x0d, 0x80, 0x0d, 0x80, 0x0e, 0x80, 0x0e, 0x80, 0x0f, 0x80, 0x0f, 0x80),
+	KX8_L(0x00, 0x80, 0x04, 0x80, 0x01, 0x80, 0x05, 0x80, 0x02, 0x80, 0x06, 0x80, 0x03, 0x80, 0x07, 0x80),
+	KX8_L(0x08, 0x80, 0x0c, 0x80, 0x09, 0x80, 0x0d, 0x80, 0x0a, 0x80, 0x0e, 0x80, 0x0b, 0x80, 0x0f, 0x80),
+	KX8_L(0x80, 0x00, 0x80, 0x00, 0x80, 0x01, 0x80, 0x01, 0x80, 0x02, 0x80, 0x02, 0x80, 0x03, 0x80, 0x03),
+	KX8_L(0x80, 0x04, 0x80, 0x04, 0x80, 0x05, 0x80, 0x05, 0x80, 0x06, 0x80, 0x06, 0x80, 0x07, 0x80, 0x07),
+	KX8_L(0x80, 0x08, 0x80, 0x08, 0x80, 0x09, 0x80, 0x09, 0x80, 0x0a, 0x80, 0x0a, 0x80, 0x0b, 0x80, 0x0b),
+	KX8_L(0x80, 0x0c, 0x80, 0x0c, 0x80, 0x0d, 0x80, 0x0d, 0x80, 0x0e, 0x80, 0x0e, 0x80, 0x0f, 0x80, 0x0f),
+#undef KX8_L
+};
+
+static inline __m256i kx8_shuf(__m256i v, int which)
+{
+	return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)kx8_ix[which]));
+}
+
+/* bit p (0..7) of each byte of h, moved to 0x10 */
+static inline __m256i kx8_bit4(__m256i h, int p)
+{
+	const __m256i b4 = _mm256_set1_epi8(0x10);
+	if (p < 4)
+		return _mm256_and_si256(_mm256_slli_epi16(h, 4 - p), b4);
+	if (p > 4)
+		return _mm256_and_si256(_mm256_srli_epi16(h, p - 4), b4);
+	return _mm256_and_si256(h, b4);
+}
+
+/* hsum8 of the 8 lane chains, element by element, plus the min sums (ty 4:
+ * Q4_K's (0+2) + (1+3), 5: Q5_K's one chain; none for Q6_K, where adding
+ * 0 would turn -0 into +0) */
+static inline void kx8_out(int ty, const __m256 a[8], const __m256 m[4], float *y)
+{
+	__m256 t0 = _mm256_add_ps(a[0], a[4]), t1 = _mm256_add_ps(a[1], a[5]);
+	__m256 t2 = _mm256_add_ps(a[2], a[6]), t3 = _mm256_add_ps(a[3], a[7]);
+	__m256 s = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
+	if (ty == 4)
+		s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(m[0], m[2]), _mm256_add_ps(m[1], m[3])));
+	else if (ty == 5)
+		s = _mm256_add_ps(s, m[0]);
+	_mm256_storeu_ps(y, s);
+}
+
+/* Q4_K (q5 = 0) or Q5_K: super-blocks [0, nsb) of one group into acc,
+ * accm (Q4_K's min chains) or accm[0] (Q5_K's). */
+static inline __attribute__((always_inline)) void kx8_k4(int q5, const unsigned char *b,
+							  const struct nf_block_q8_K *x, const struct kx8_tab *t,
+							  size_t nsb, __m256 acc[8], __m256 accm[4])
+{
+	const size_t bs = q5 ? sizeof(struct nf_block_q5_Kx8) : sizeof(struct nf_block_q4_Kx8);
+	const size_t qso = q5 ? offsetof(struct nf_block_q5_Kx8, qs) : offsetof(struct nf_block_q4_Kx8, qs);
+	const __m256i m4 = _mm256_set1_epi8(0x0f), m63 = _mm256_set1_epi8(63), m30 = _mm256_set1_epi8(0x30);
+	for (size_t i = 0; i < nsb; i++, b += bs) {
+		const __m256 dv = _mm256_mul_ps(_mm256_set1_ps(t[i].d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b)));
+		const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(-t[i].d),
+						_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16))));
+		const __m256i A = _mm256_loadu_si256((const __m256i *)(b + 32));
+		const __m256i B = _mm256_loadu_si256((const __m256i *)(b + 64));
+		const __m256i C = _mm256_loadu_si256((const __m256i *)(b + 96));
+		__m256i sc[2], mn[2];
+		sc[0] = _mm256_and_si256(A, m63);
+		sc[1] = _mm256_or_si256(_mm256_and_si256(C, m4), _mm256_and_si256(_mm256_srli_epi16(A, 2), m30));
+		mn[0] = _mm256_and_si256(B, m63);
+		mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(C, 4), m4),
+					_mm256_and_si256(_mm256_srli_epi16(B, 2), m30));
+		if (q5) {
+			__m256i tot = _mm256_setzero_si256();
+			for (int k = 0; k < 4; k++)
+				tot = _mm256_add_epi32(tot, _mm256_madd_epi16(kx8_shuf(mn[k / 2], KX8_MN + k % 2),
+									      _mm256_set1_epi32(t[i].mp[k])));
+			accm[0] = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(tot), accm[0]);
+		} else {
+			for (int k = 0; k < 4; k++) {
+				__m256i p = _mm256_madd_epi16(kx8_shuf(mn[k / 2], KX8_MN + k % 2),
+							      _mm256_set1_epi32(t[i].mp[k]));
+				accm[k] = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(p), accm[k]);
+			}
+		}
+		const int8_t *xq = x[i].qs;
+		for (int mh = 0; mh < 8; mh += 4) {
+			__m256i sumi[4] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+					    _mm256_setzero_si256() };
+			_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+				const __m256i s0 = kx8_shuf(sc[j / 2], KX8_SC + 2 * j % 4);
+				const __m256i s1 = kx8_shuf(sc[j / 2], KX8_SC + (2 * j + 1) % 4);
+				_Pragma("GCC unroll 4") for (int m = mh; m < mh + 4; m++) {
+					const __m256i q = _mm256_loadu_si256((const __m256i *)(b + qso + 32 * (8 * j + m)));
+					__m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+					if (q5) {
+						const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * m));
+						lo = _mm256_or_si256(lo, kx8_bit4(h, 2 * j));
+						hi = _mm256_or_si256(hi, kx8_bit4(h, 2 * j + 1));
+					}
+					__m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, bcast32(xq + 64 * j + 4 * m)), s0);
+					__m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bcast32(xq + 64 * j + 32 + 4 * m)), s1);
+					sumi[m - mh] = _mm256_add_epi32(sumi[m - mh], _mm256_add_epi32(p0, p1));
+				}
+			}
+			for (int m = mh; m < mh + 4; m++)
+				acc[m] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(sumi[m - mh]), acc[m]);
+		}
+	}
+}
+
+/* Q6_K: super-blocks [0, nsb) of one group into acc. */
+static inline __attribute__((always_inline)) void kx8_k6(const unsigned char *b, const struct nf_block_q8_K *x,
+							  const struct kx8_tab *t, size_t nsb, __m256 acc[8])
+{
+	const size_t bs = sizeof(struct nf_block_q6_Kx8);
+	const size_t qlo = offsetof(struct nf_block_q6_Kx8, ql), qho = offsetof(struct nf_block_q6_Kx8, qh);
+	const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+	for (size_t i = 0; i < nsb; i++, b += bs) {
+		const __m256 dv = _mm256_mul_ps(_mm256_set1_ps(t[i].d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b)));
+		const int8_t *xq = x[i].qs;
+		for (int mh = 0; mh < 8; mh += 4) {
+			__m256i sumi[4] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+					    _mm256_setzero_si256() };
+			for (int h = 0; h < 2; h++) {
+				__m256i s[4];
+				_Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+					const int sb = 2 * (4 * h + k) + mh / 4; /* sub-block of 16 */
+					const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (sb / 4)));
+					s[k] = _mm256_srai_epi16(kx8_shuf(v, KX8_S6 + sb % 4), 8);
+				}
+				_Pragma("GCC unroll 4") for (int m = mh; m < mh + 4; m++) {
+					const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + qlo + 32 * (16 * h + m)));
+					const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + qlo + 32 * (16 * h + 8 + m)));
+					const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + qho + 32 * (8 * h + m)));
+					const __m256i v[4] = {
+						_mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+						_mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+						_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30)),
+						_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+								_mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)),
+					};
+					_Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+						const int g = 4 * h + k;
+						__m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(v[k], bcast32(xq + 32 * g + 4 * m)),
+									     _mm256_set1_epi32(t[i].corr[g][m]));
+						sumi[m - mh] = _mm256_add_epi32(sumi[m - mh], _mm256_madd_epi16(p, s[k]));
+					}
+				}
+			}
+			for (int m = mh; m < mh + 4; m++)
+				acc[m] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(sumi[m - mh]), acc[m]);
+		}
+	}
+}
+
+/* Type 4 (Q4_K), 5 (Q5_K), 6 (Q6_K): y[8g..8g+7] for groups [0, ng) of
+ * w against activation row x; the table is made once when the row fits
+ * KX8_CHUNK super-blocks, else per group and chunk. */
+static inline __attribute__((always_inline)) void kx8_groups(int ty, size_t nsb, const unsigned char *w, size_t ng,
+							      const struct nf_block_q8_K *x, float *y)
+{
+	const size_t bs = ty == 4 ? sizeof(struct nf_block_q4_Kx8)
+			  : ty == 5 ? sizeof(struct nf_block_q5_Kx8)
+				    : sizeof(struct nf_block_q6_Kx8);
+	struct kx8_tab t[KX8_CHUNK];
+	if (nsb <= KX8_CHUNK)
+		kx8_table(ty == 6, x, nsb, t);
+	for (size_t g = 0; g < ng; g++) {
+		__m256 acc[8], accm[4];
+		for (int j = 0; j < 8; j++)
+			acc[j] = _mm256_setzero_ps();
+		for (int j = 0; j < 4; j++)
+			accm[j] = _mm256_setzero_ps();
+		for (size_t c = 0; c < nsb; c += KX8_CHUNK) {
+			size_t cn = nsb - c < KX8_CHUNK ? nsb - c : KX8_CHUNK;
+			if (nsb > KX8_CHUNK)
+				kx8_table(ty == 6, x + c, cn, t);
+			const unsigned char *b = w + (g * nsb + c) * bs;
+			if (ty == 6)
+				kx8_k6(b, x + c, t, cn, acc);
+			else
+				kx8_k4(ty == 5, b, x + c, t, cn, acc, accm);
+		}
+		kx8_out(ty, acc, accm, y + 8 * g);
+	}
+}
+
+/*
+ * gemm: KX8_GRP groups (at most 8 x 72 KB at 11008 values) stay in L2
+ * while the activation rows pass one by one, each row's table made once
+ * per block of groups.
+ */
+#define KX8_GRP 4
+
+static inline __attribute__((always_inline)) void kx8_gemm(int ty, size_t n, size_t nrows, const void *w, size_t nbat,
+							    const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	const size_t bs = ty == 4 ? sizeof(struct nf_block_q4_Kx8)
+			  : ty == 5 ? sizeof(struct nf_block_q5_Kx8)
+				    : sizeof(struct nf_block_q6_Kx8);
+	size_t ng = nrows / 8, nsb = n / NF_QK_K;
+	for (size_t g0 = 0; g0 < ng; g0 += KX8_GRP) {
+		size_t g1 = g0 + KX8_GRP < ng ? g0 + KX8_GRP : ng;
+		for (size_t b = 0; b < nbat; b++)
+			kx8_groups(ty, nsb, (const unsigned char *)w + g0 * nsb * bs, g1 - g0,
+				   (const struct nf_block_q8_K *)((const char *)xq + b * xq_stride), y + b * ldy + 8 * g0);
+	}
+}
+
+#define KX8_ENTRIES(T, TY)                                                                                  \
+	void nf_kavx2_gemv_x8_##T(size_t n, size_t nrows, const void *w, const void *xq, float *y)          \
+	{                                                                                                   \
+		kx8_groups(TY, n / NF_QK_K, w, nrows / 8, xq, y);                                           \
+	}                                                                                                   \
+	void nf_kavx2_gemm_x8_##T(size_t n, size_t nrows, const void *w, size_t nb, const void *xq,         \
+				  size_t xq_stride, float *y, size_t ldy)                                   \
+	{                                                                                                   \
+		kx8_gemm(TY, n, nrows, w, nb, xq, xq_stride, y, ldy);                                       \
+	}
+
+KX8_ENTRIES(Q4_K, 4)
+KX8_ENTRIES(Q5_K, 5)
+KX8_ENTRIES(Q6_K, 6)
