@@ -508,29 +508,33 @@ static inline __attribute__((always_inline)) void kx8_k4(int q5, const unsigned 
 				accm[k] = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(p), accm[k]);
 			}
 		}
+		/* the 8 sub-blocks' scale vectors, then lanes m = 0..7 in registers
+		 * while the 4 runs of 64 values pass */
+		__m256i sv[8];
+		for (int j = 0; j < 8; j++)
+			sv[j] = kx8_shuf(sc[j / 4], KX8_SC + j % 4);
 		const int8_t *xq = x[i].qs;
-		for (int mh = 0; mh < 8; mh += 4) {
-			__m256i sumi[4] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-					    _mm256_setzero_si256() };
-			_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-				const __m256i s0 = kx8_shuf(sc[j / 2], KX8_SC + 2 * j % 4);
-				const __m256i s1 = kx8_shuf(sc[j / 2], KX8_SC + (2 * j + 1) % 4);
-				_Pragma("GCC unroll 4") for (int m = mh; m < mh + 4; m++) {
-					const __m256i q = _mm256_loadu_si256((const __m256i *)(b + qso + 32 * (8 * j + m)));
-					__m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-					if (q5) {
-						const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * m));
-						lo = _mm256_or_si256(lo, kx8_bit4(h, 2 * j));
-						hi = _mm256_or_si256(hi, kx8_bit4(h, 2 * j + 1));
-					}
-					__m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, bcast32(xq + 64 * j + 4 * m)), s0);
-					__m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bcast32(xq + 64 * j + 32 + 4 * m)), s1);
-					sumi[m - mh] = _mm256_add_epi32(sumi[m - mh], _mm256_add_epi32(p0, p1));
+		__m256i sumi[8];
+		for (int m = 0; m < 8; m++)
+			sumi[m] = _mm256_setzero_si256();
+		_Pragma("GCC unroll 1") for (int j = 0; j < 4; j++) {
+			const __m256i s0 = sv[2 * j], s1 = sv[2 * j + 1];
+			_Pragma("GCC unroll 8") for (int m = 0; m < 8; m++) {
+				__m256i q = _mm256_loadu_si256((const __m256i *)(b + qso + 32 * (8 * j + m)));
+				__asm__("" : "+x"(q)); /* one load, not one per use */
+				__m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+				if (q5) {
+					const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * m));
+					lo = _mm256_or_si256(lo, kx8_bit4(h, 2 * j));
+					hi = _mm256_or_si256(hi, kx8_bit4(h, 2 * j + 1));
 				}
+				__m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, bcast32(xq + 64 * j + 4 * m)), s0);
+				__m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bcast32(xq + 64 * j + 32 + 4 * m)), s1);
+				sumi[m] = _mm256_add_epi32(sumi[m], _mm256_add_epi32(p0, p1));
 			}
-			for (int m = mh; m < mh + 4; m++)
-				acc[m] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(sumi[m - mh]), acc[m]);
 		}
+		for (int m = 0; m < 8; m++)
+			acc[m] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(sumi[m]), acc[m]);
 	}
 }
 
