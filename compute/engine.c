@@ -605,10 +605,11 @@ static void apply_plan(struct nf_engine *e)
 		snprintf(e->info.plan_note, sizeof(e->info.plan_note), "the store's plan is damaged: not followed");
 		return;
 	}
-	const struct nf_store_plan_entry *pe = nf_store_plan_pick(p, o->budget);
+	uint64_t want = o->plan_for ? o->plan_for : o->budget;
+	const struct nf_store_plan_entry *pe = nf_store_plan_pick(p, want);
 	if (!pe) {
 		snprintf(e->info.plan_note, sizeof(e->info.plan_note),
-			 "the store's plans are for budgets above %.1f MiB: settings chosen at start", mib(o->budget));
+			 "the store's plans are for budgets above %.1f MiB: settings chosen at start", mib(want));
 		nf_store_plan_free(p);
 		return;
 	}

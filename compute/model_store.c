@@ -275,6 +275,10 @@ int nf_model_store_ffn(struct nf_model *m, bool unpack, struct nf_diag *diag)
 							    "%s: FFN object %s: missing its scales "
 							    "object %s.down_scales", path, o->name, o->name);
 				m->ffn[l * nx + e].scales = t->data;
+				/* pinned beside the dense weights, and counted with
+				 * them: n_embd x n_ff/32 f16 per FFN (896 MiB on a
+				 * Mixtral-shaped store) */
+				m->weight_bytes += t->size;
 			}
 			if (e > 0) {
 				const struct nf_store_object *o0 = m->ffn[l * nx].obj;

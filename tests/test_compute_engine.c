@@ -12,6 +12,7 @@
 
 #include "nflash/cache.h"
 #include "nflash/coact.h"
+#include "nflash/dtype.h"
 #include "nflash/engine.h"
 #include "nflash/sampler.h"
 #include "nflash/store.h"
@@ -547,4 +548,41 @@ Test(engine, one_door_the_models_cache_serves_dense_ffn_and_streamed_attention, 
 	cr_expect(as.bytes_read > 0 && cs.lookups > 0, "attention read %llu bytes, %llu FFN lookups",
 		  (unsigned long long)as.bytes_read, (unsigned long long)cs.lookups);
 	nf_engine_close(e);
+}
+
+/* What the engine says its pinned dense weights take is what the store's
+ * dense objects take: every one of them is pinned, the QCOL down scales
+ * objects (n_embd x n_ff/32 f16 per FFN, 896 MiB on a Mixtral shape) as
+ * much as attention, so a budget counts them. */
+Test(engine, weights_count_every_pinned_dense_object, .timeout = 60 * NF_TEST_SLOWDOWN)
+{
+	char g[256], st[256];
+	pl_tmp_path(g, sizeof(g), "eng-pinned.gguf");
+	cr_assert_eq(pl_synth_tiny_moe(g, "relu", NF_DTYPE_Q4_0, true, 4), 0);
+	pl_import(g, st, sizeof(st));
+	struct nf_store *s;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_store_open(st, NULL, &s, &d), 0, "%s", d.msg);
+	uint64_t dense = 0, scales = 0;
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
+		const struct nf_store_object *ob = nf_store_object_get(s, i);
+		if (ob->kind != NF_STORE_KIND_DENSE)
+			continue;
+		dense += ob->length;
+		if (strstr(ob->name, ".down_scales"))
+			scales += ob->length;
+	}
+	nf_store_close(s);
+	cr_assert(scales > 0, "the tiny Q4_0 mixture should import with QCOL down scales");
+	struct nf_engine *e;
+	int rc = open_engine(st, 1ull << 30, 64, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	cr_expect(!info.attn_streamed);
+	cr_expect_eq(info.weights, dense, "weights %llu, the store's dense objects %llu (scales %llu)",
+		     (unsigned long long)info.weights, (unsigned long long)dense, (unsigned long long)scales);
+	nf_engine_close(e);
+	unlink(g);
+	unlink(st);
 }

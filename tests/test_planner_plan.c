@@ -191,6 +191,25 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	cr_expect_eq(info.plan_budget, 0);
 	cr_expect(strstr(info.plan_note, "above") != NULL, "%s", info.plan_note);
 	nf_engine_close(e1);
+	/* a front end that keeps part of the budget for itself (the
+	 * server's slots) follows the plan of the whole budget: plan_for */
+	{
+		struct nf_engine_opts so;
+		nf_engine_opts_default(&so);
+		so.path = store;
+		so.budget = budgets[0] - (8ull << 20);
+		so.plan_for = budgets[0];
+		so.n_threads = 2;
+		so.overhead = 24ull << 20;
+		memset(&d, 0, sizeof(d));
+		cr_assert_eq(nf_engine_open(&so, &e1, &d), 0, "%s", d.msg);
+		nf_engine_info(e1, &info);
+		cr_expect_eq(info.plan_budget, budgets[0]);
+		cr_expect_eq(info.n_ctx, p->entries[0].n_ctx);
+		cr_expect_eq(info.read_gap, p->entries[0].read_gap);
+		cr_expect(info.budget == so.budget);
+		nf_engine_close(e1);
+	}
 	nf_store_plan_free(p);
 
 	/* a planned CLI run with the budget alone stays within it */

@@ -161,6 +161,9 @@ done:
 /* Open the engine and every slot from e->opts. Returns an exit code. */
 static int open_all(struct serve_engine *e)
 {
+	/* the plan made for the user's budget, whatever the slots take of it */
+	if (!e->opts.plan_for)
+		e->opts.plan_for = e->opts.budget;
 	if (e->opts.budget && e->n_slots > 1 && !e->engine_budget) {
 		int ret = split_budget(e);
 		if (ret != NF_EXIT_OK)

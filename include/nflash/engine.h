@@ -76,6 +76,12 @@ struct nf_engine_opts {
 	/* Follow the store's plan for this budget (docs/PLAN.md; default true):
 	 * every setting left unset above takes the plan's value. */
 	bool use_plan;
+	/* The budget whose plan to follow (0: budget). A front end that keeps
+	 * part of its budget for itself (the server's further slots' KV
+	 * caches) passes the whole budget here and the rest in budget: the
+	 * plan made for the user's figure is followed, and the cache takes
+	 * what is left (its cold segment shrinks by itself). */
+	uint64_t plan_for;
 	/* Decide and size everything, open nothing beyond the model and the
 	 * context: nf_engine_info tells what a real open would take (the
 	 * planner's dry run). The engine cannot evaluate. */
