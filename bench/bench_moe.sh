@@ -210,7 +210,10 @@ run_llama() {
 	drop
 	if in_cg "$1" "$LLAMA_CLI" -m "$LGGUF" -p "The quick brown fox jumps over the" -n "$MN" $MMOPTS --temp 0 \
 		-no-cnv --no-warmup --ignore-eos >"$TMP/lout" 2>"$TMP/lerr" </dev/null; then
-		v=$(sed -n 's/.* eval time.*, *\([0-9.]*\) tokens per second.*/\1/p' "$TMP/lerr" | grep -v '^$' | tail -1)
+		# from "ms per token" (two decimals of milliseconds): the "tokens
+		# per second" beside it has two decimals, 0.08 for 0.075-0.085
+		v=$(sed -n 's/.* eval time.*( *\([0-9.]*\) ms per token.*/\1/p' "$TMP/lerr" | grep -v '^$' | tail -1 |
+			awk '$1 > 0 { printf "%.4g\n", 1000 / $1 }')
 		echo "${v:--}"
 	else
 		say "llama.cpp under $1 GiB failed: $(tail -1 "$TMP/lerr")"

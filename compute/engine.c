@@ -44,6 +44,7 @@ void nf_engine_opts_default(struct nf_engine_opts *o)
 	o->read_gap = -1;
 	o->cold_slots = -1;
 	o->replan_moves = -1;
+	o->route_prefetch = -1;
 	o->profile_sig_tokens = 512;
 }
 
@@ -229,7 +230,7 @@ static void fit_plan(const struct nf_engine *e, struct nf_store *store, const st
 	memset(f, 0, sizeof(*f));
 	f->dense = nf_model_weight_bytes(e->model) - ffn_weight_bytes(e->model);
 	f->attn = nf_model_attn_in_memory(e->model) ? 0 : nf_model_attn_bytes(e->model);
-	f->engine = nf_sparse_bytes_for(e->ctx, g);
+	f->engine = nf_sparse_bytes_for(e->ctx, g) + (o->gate_first > 0 ? nf_sparse_gate_first_bytes(e->ctx, g) : 0);
 	if (o->profile)
 		f->rec = store_ffn_neurons(store) * ((o->profile_sig_tokens + 63) / 64) * 8;
 	struct nf_stream_opts so;
@@ -500,6 +501,9 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 		sp.hot_after = cl.hot_from_profile ? 0 : 4;
 		/* then follow the text (a calibration run only counts) */
 		sp.replan_moves = o->profile ? 0 : o->replan_moves < 0 ? 1024u : (uint32_t)o->replan_moves;
+		/* a calibration run counts only what the text asks for */
+		sp.route_prefetch = o->profile ? 0 : o->route_prefetch;
+		sp.gate_first = o->gate_first > 0;
 		if (cl.profile_error)
 			say(e, "warning: %s: the store's profile is not used (%s); the hot set is learned online",
 			    e->store_path, nf_strerror(cl.profile_error));

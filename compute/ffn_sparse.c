@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nflash/store.h"
 #include "sparse_impl.h"
 
 /* ---- names ------------------------------------------------------------------ */
@@ -144,11 +145,9 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	}
 	s->act_stride = (size_t)s->E * sizeof(int32_t) + 256;
 	s->xq_size = (xq + 63) & ~(size_t)63;
-	/* a mixture of experts gathers each expert's tokens of a batch in
-	 * sub-batches of at most NF_SP_MOE_BATCH */
+	/* a mixture of experts gathers each expert's tokens of a forward step
+	 * (n_batch x n_expert_used x n_embd floats of per-slot outputs) */
 	s->n_batch = s->cache ? nf_ctx_n_batch(ctx) : 0;
-	if (s->n_expert && s->n_batch > NF_SP_MOE_BATCH)
-		s->n_batch = NF_SP_MOE_BATCH;
 	/* every chunk but the last holds CHUNK_NEURONS active neurons or more */
 	s->max_chunks = s->F / CHUNK_NEURONS + 1;
 	if (!(s->xq = zalloc(s, xq)) || !(s->hq = zalloc(s, hq + 64)) ||
@@ -352,6 +351,9 @@ static int check_mode(struct nf_sparse *s, const struct nf_sparse_params *p, str
 	s->hot_after = p->hot_after;
 	s->next_hot = p->hot_after;
 	s->replan_moves = p->replan_moves;
+	/* the measured default: whole experts' reads gain from going out a
+	 * layer early, predicted neurons' scattered ones did not */
+	s->route_prefetch = p->cache && (p->route_prefetch < 0 ? s->mode != NF_SPARSE_PREDICTOR : p->route_prefetch > 0);
 	if (s->mode == NF_SPARSE_OFF)
 		return 0;
 	s->n_expert = hp->n_expert;
@@ -492,6 +494,58 @@ static int build_tab(struct nf_sparse *s, uint32_t il, uint32_t e, struct nf_dia
 	return tab_down_regular(s, t, &d);
 }
 
+/* Gate-first buffers: one per routed expert (1 for a dense FFN), each the
+ * largest gate-rows object rounded to the I/O alignment. */
+static uint64_t gate_buf_bytes(const struct nf_sparse *s, uint64_t stride)
+{
+	return (uint64_t)(s->n_expert_used ? s->n_expert_used : 1) * stride;
+}
+
+uint64_t nf_sparse_gate_first_bytes(const struct nf_ctx *ctx, const struct nf_cache_geom *g)
+{
+	struct nf_sparse s = { 0 };
+	init_state(&s, (struct nf_ctx *)ctx, NULL);
+	s.n_expert_used = nf_model_hparams(s.m)->n_expert_used;
+	uint64_t len = (uint64_t)g->n_neurons * g->row_bytes;
+	return gate_buf_bytes(&s, (len + 4095) / 4096 * 4096) + s.n_layer * s.nx * sizeof(void *);
+}
+
+/* Gate-first exact mode: every FFN's gate-rows object in the cache's store
+ * and the buffers they are read into. */
+static int gate_first_setup(struct nf_sparse *s, struct nf_diag *diag)
+{
+	if (!s->cache || s->mode != NF_SPARSE_EXACT || !s->has_gate)
+		return nf_diag_fail(diag, NF_EUSAGE, "--gate-first: needs exact mode (a ReLU/dReLU model without a "
+				    "predictor) from a store");
+	struct nf_store *st = nf_cache_store(s->cache);
+	uint32_t align = nf_cache_align(s->cache);
+	uint64_t len = 0;
+	if (!(s->gobj = zalloc(s, (size_t)s->n_layer * s->nx * sizeof(*s->gobj))))
+		return -ENOMEM;
+	for (uint32_t il = 0; il < s->n_layer; il++)
+		for (uint32_t e = 0; e < s->nx; e++) {
+			const struct nf_store_object *f = nf_store_ffn_find(st, il, e);
+			const struct nf_store_object *g = f ? nf_store_ffn_gate_rows(st, f) : NULL;
+			if (!g)
+				return nf_diag_fail(diag, NF_EUSAGE, "--gate-first: the store has no gate rows for layer %u "
+						    "expert %u (import it with --gate-objects)", il, e);
+			s->gobj[(size_t)il * s->nx + e] = g;
+			uint64_t b = nf_store_object_buf_size(g, align);
+			len = b > len ? b : len;
+		}
+	s->gbuf_stride = (size_t)((len + 4095) / 4096 * 4096);
+	uint64_t n = gate_buf_bytes(s, s->gbuf_stride);
+	if (!(s->gbuf = nf_io_buf_alloc((size_t)n, align > 4096 ? align : 4096)) ||
+	    !(s->gdone = zalloc(s, (size_t)(s->n_expert_used ? s->n_expert_used : 1) * sizeof(atomic_int))) ||
+	    !(s->gheld = zalloc(s, (size_t)(s->n_expert_used ? s->n_expert_used : 1) * sizeof(uint32_t))))
+		return -ENOMEM;
+	memset(s->gheld, 0xff, (size_t)(s->n_expert_used ? s->n_expert_used : 1) * sizeof(uint32_t));
+	s->bytes += n;
+	s->gate_first = true;
+	s->route_prefetch = false; /* it would read the guessed experts' every bundle */
+	return 0;
+}
+
 int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct nf_sparse **out,
 		   struct nf_diag *diag)
 {
@@ -523,6 +577,8 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 			if ((rc = build_tab(s, il, e, diag)) < 0)
 				goto fail;
 	if ((rc = scratch(s, ctx)) < 0)
+		goto fail;
+	if (p->gate_first && (rc = gate_first_setup(s, diag)) < 0)
 		goto fail;
 	for (uint32_t il = 0; il < s->n_layer; il++)
 		nf_ctx_set_ffn(ctx, il, &s->ops, s);
@@ -600,6 +656,10 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->bx);
 	free(s->beout);
 	free(s->bslot);
+	free(s->gobj);
+	nf_io_buf_free(s->gbuf);
+	free((void *)s->gdone);
+	free(s->gheld);
 	free(s);
 }
 

@@ -116,7 +116,8 @@ int nf_model_store_open(struct nf_model *m, const char *path, bool defer_attn,
 	size_t k = 1;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct nf_store_object *o = nf_store_object_get(s, i);
-		if (o->kind != NF_STORE_KIND_DENSE)
+		/* gate rows (--gate-objects) are the sparse engine's, read per use */
+		if (o->kind != NF_STORE_KIND_DENSE || nf_store_is_gate_rows_name(o->name))
 			continue;
 		if (defer_attn && nf_model_is_attn_name(o->name))
 			m->attn_deferred = true;

@@ -55,9 +55,10 @@
  *     being computed counts down xpend[k] only, and rank k's chunks start
  *     from what is still pending when it is computed (no thread reaps
  *     while cur_k changes), so the sums are those of invariant 2. A batch
- *     from a cache runs per expert: its tokens gathered (NF_SP_MOE_BATCH at
- *     a time) as one batch of that expert (invariant 5), outputs combined
- *     per token in rank order.
+ *     from a cache runs per expert: all its tokens of the forward step (at
+ *     most the context's n_batch) gathered as one batch of that expert
+ *     (invariant 5: its union read once per step), outputs combined per
+ *     token in rank order.
  *  7. K-quant down matrices (QCOL of Q2_K..Q6_K, types may differ per
  *     layer): chunks compute gate, up and the activations only, into the
  *     token's activation vector; chunks close only at 256-neuron
@@ -223,6 +224,20 @@ struct nf_sparse {
 	uint64_t *xactive;           /* n_expert_used: active neurons */
 	int32_t *guess;              /* n_expert_used: experts guessed for layer guess_layer */
 	uint32_t guess_layer;        /* UINT32_MAX: no guess */
+	bool route_prefetch;         /* read the guessed experts' neurons ahead (nf_cache_prefetch) */
+	/* gate-first exact mode (a store with gate-rows objects): a token's
+	 * routed FFNs' gate rows read whole first (gbuf, one per rank), the
+	 * gate of every neuron computed from them (the bits gemv_list gives in
+	 * a chunk), then only the positive ones' bundles requested; chunks are
+	 * cut as in exact mode (every neuron counted), so the output is exact
+	 * mode's, bit for bit */
+	bool gate_first;
+	const struct nf_store_object **gobj; /* n_layer x nx: gate-rows objects */
+	char *gbuf;                  /* max(1, n_expert_used) x gbuf_stride, I/O aligned */
+	size_t gbuf_stride;
+	atomic_int *gdone;           /* per buffer: 1 in flight, 0 landed, < 0 failed */
+	uint32_t *gheld;             /* per buffer: the FFN (layer * nx + expert) it holds, or UINT32_MAX */
+	const char *cur_gate;        /* nf_sp_token_masks: gate rows of the FFN masked (NULL: none) */
 	/* from a cache, a batch: each expert's tokens gathered (x, resid, out:
 	 * n_batch x E each), run as one batch of that expert (its union read
 	 * once), their outputs by slot (n_batch x n_expert_used x E) */
@@ -260,9 +275,6 @@ struct kdown_job {
  * reads land. Same results, bit for bit, as the tokens one at a time.
  */
 #define BATCH_TOO_BIG 1
-/* Most tokens a mixture of experts gathers per expert at once (prefill):
- * bounds the per-slot outputs (n_batch x n_expert_used x n_embd floats). */
-#define NF_SP_MOE_BATCH 64u
 
 static inline double nf_sp_now(void)
 {
@@ -299,6 +311,12 @@ void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *
 /* FFN (layer, s->cur_expert)'s masks for token x into s->gmask (x prepared
  * into s->xq); returns the active neurons. */
 uint64_t nf_sp_token_masks(struct nf_sparse *s, uint32_t layer, const float *x, const float *resid);
+/* Gate-first: the gate rows of FFNs (layer, experts[k]) into gate buffers
+ * k < n, read together; returns 0 or the first failed read's error. */
+int nf_sp_gate_fetch(struct nf_sparse *s, uint32_t layer, const int32_t *experts, uint32_t n);
+/* Gate-first: the gate rows of FFN (layer, s->cur_expert), from a buffer
+ * that holds them or read into buffer 0; NULL if that read failed. */
+const char *nf_sp_gate_rows(struct nf_sparse *s, uint32_t layer);
 uint32_t nf_sp_group_mask(const struct nf_sparse *s, uint32_t gi);
 void nf_sp_measure_recall(struct nf_sparse *s);
 int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t layer,

@@ -31,9 +31,14 @@ static int request_together(struct nf_sparse *s, uint32_t layer, const int32_t *
 	uint32_t U = s->n_expert_used, n = 0, cold = 0, base[64 + 1];
 	if (U > 64)
 		return 1;
+	/* gate-first: every routed expert's gate rows read together first (a
+	 * failed read: that token's experts computed whole, the same bits) */
+	bool gf = s->gate_first && nf_sp_gate_fetch(s, layer, sel, U) == 0;
 	for (uint32_t k = 0; k < U; k++) {
 		s->cur_expert = (uint32_t)sel[k];
+		s->cur_gate = gf ? s->gbuf + k * s->gbuf_stride : NULL;
 		s->xactive[k] = nf_sp_token_masks(s, layer, x, resid);
+		s->cur_gate = NULL;
 		uint32_t *xm = s->xmask + (size_t)k * s->n_groups;
 		memcpy(xm, s->gmask, s->n_groups * sizeof(uint32_t));
 		base[k] = n;
@@ -136,18 +141,10 @@ static int moe_batch(struct nf_sparse *s, const struct nf_ffn_env *env, const st
 }
 
 /*
- * Each token: the router (the built-in FFN's, nf_ctx_moe_route), then each
- * routed expert in rank order as the FFN (layer, expert) (from a cache:
- * the experts' requests together when they fit, else one request each),
- * then out = sum over ranks of w * expert(x), summed as the built-in FFN
- * does. A batch from a cache: per expert, its tokens as one batch.
- */
-/*
- * Route-ahead, measured only: a decode token's guess for layer+1's experts
- * from the router of layer+1 applied to this layer's FFN input, checked
- * when layer+1 routes (colibri and PowerInfer-2 prefetch from such a
- * guess). Runs after this layer's experts: the router's scratch is the
- * context's.
+ * Route-ahead: a decode token's guess for layer+1's experts from the router
+ * of layer+1 applied to this layer's FFN input, checked when layer+1 routes
+ * (colibri and PowerInfer-2 prefetch from such a guess). The router's
+ * scratch is the context's: the caller keeps this layer's routing first.
  */
 static void route_guess_check(struct nf_sparse *s, const struct nf_ffn_io *io, const int32_t *sel)
 {
@@ -175,6 +172,40 @@ static void route_guess_make(struct nf_sparse *s, const struct nf_ffn_io *io)
 	s->guess_layer = g.layer;
 }
 
+/*
+ * Route-ahead prefetch: the neurons each guessed expert of layer+1 would
+ * compute for this layer's FFN input (its predictor on this layer's
+ * residual; exact and dense: all of them), read ahead through the cache
+ * (nf_cache_prefetch: ordinary reads that layer+1's requests find), issued
+ * right after this layer's own reads, so that they land during this
+ * layer's compute and layer+1's attention. Only the cache's contents
+ * change, never what a request hands out: the output is the same bits.
+ */
+static void route_prefetch(struct nf_sparse *s, const struct nf_ffn_io *io)
+{
+	if (!s->route_prefetch || s->guess_layer == UINT32_MAX)
+		return;
+	for (uint32_t k = 0; k < s->n_expert_used; k++) {
+		s->cur_expert = (uint32_t)s->guess[k];
+		nf_sp_token_masks(s, s->guess_layer, io->x, io->resid);
+		uint32_t n = 0;
+		for (uint32_t gi = 0; gi < s->n_groups; gi++)
+			for (uint32_t m = s->gmask[gi]; m; m &= m - 1)
+				s->req[n++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
+		if (nf_cache_prefetch(s->cache, s->guess_layer, s->cur_expert, s->req, n) >= 0)
+			s->st.route_prefetches++;
+	}
+	s->cur_expert = 0;
+}
+
+/*
+ * Each token: the router (the built-in FFN's, nf_ctx_moe_route), then each
+ * routed expert in rank order as the FFN (layer, expert) (from a cache:
+ * the experts' requests together when they fit, else one request each),
+ * then out = sum over ranks of w * expert(x), summed as the built-in FFN
+ * does. A batch from a cache: per expert, its tokens as one batch. In
+ * decode, the next layer's experts are guessed (and read ahead).
+ */
 int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const struct nf_ffn_io *io)
 {
 	const int32_t *sel;
@@ -183,6 +214,18 @@ int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const s
 	size_t E = s->E, U = s->n_expert_used;
 	if (rc == 0)
 		route_guess_check(s, io, sel);
+	/* with route-ahead prefetch (decode), layer+1 is guessed and read
+	 * ahead as soon as this layer's reads are out: its router overwrites
+	 * the context's routing scratch, so this layer's routing is kept */
+	int32_t lsel[64];
+	float lw[64];
+	bool early = rc == 0 && s->route_prefetch && io->nb == 1 && U <= 64, guessed = false;
+	if (early) {
+		memcpy(lsel, sel, U * sizeof(int32_t));
+		memcpy(lw, w, U * sizeof(float));
+		sel = lsel;
+		w = lw;
+	}
 	if (rc == 0 && s->bx && io->nb > 1) {
 		s->guess_layer = UINT32_MAX;
 		for (size_t b0 = 0; b0 < io->nb && rc == 0; b0 += s->n_batch) {
@@ -197,6 +240,15 @@ int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const s
 		int tg = s->cache ? request_together(s, io->layer, sel + b * U, x, resid) : 1;
 		if (tg < 0)
 			return tg;
+		if (early && tg == 0) {
+			/* this layer's reads are all out (and pinned); the masks
+			 * reuse scratch that its compute sets again (gmask from
+			 * xmask, xq from the same x). Experts requested one by
+			 * one would evict what it reads: then after the layer. */
+			route_guess_make(s, io);
+			route_prefetch(s, io);
+			guessed = true;
+		}
 		for (size_t k = 0; k < U && rc == 0; k++) {
 			s->cur_expert = (uint32_t)sel[b * U + k];
 			s->cur_k = tg == 0 ? (uint32_t)k : UINT32_MAX;
@@ -208,7 +260,10 @@ int nf_sp_moe_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const s
 			combine(s, s->eout, w + b * U, io->out + b * E);
 	}
 	s->cur_expert = 0;
-	if (rc == 0)
+	if (rc == 0 && !guessed) {
 		route_guess_make(s, io);
+		if (early)
+			route_prefetch(s, io);
+	}
 	return rc;
 }

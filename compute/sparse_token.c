@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nflash/store.h"
 #include "sparse_impl.h"
 
 /* ---- one token ------------------------------------------------------------------- */
@@ -59,6 +60,47 @@ void nf_sp_measure_recall(struct nf_sparse *s)
 		}
 }
 
+static void gate_done(void *cookie, int result)
+{
+	atomic_store((atomic_int *)cookie, result < 0 ? result : 0);
+}
+
+int nf_sp_gate_fetch(struct nf_sparse *s, uint32_t layer, const int32_t *experts, uint32_t n)
+{
+	int rc = 0;
+	double t0 = nf_sp_now();
+	for (uint32_t k = 0; k < n; k++) {
+		const struct nf_store_object *g = s->gobj[(size_t)layer * s->nx + (uint32_t)experts[k]];
+		s->gheld[k] = UINT32_MAX;
+		atomic_store(&s->gdone[k], 1);
+		int r = nf_cache_read_async(s->cache, g, s->gbuf + k * s->gbuf_stride, gate_done, &s->gdone[k]);
+		if (r < 0)
+			atomic_store(&s->gdone[k], r);
+		s->st.gate_reads++;
+		s->st.gate_bytes += g->length;
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		while (atomic_load(&s->gdone[k]) == 1)
+			nf_cache_wait_io(s->cache); /* an error fails the reads it concerns */
+		int r = atomic_load(&s->gdone[k]);
+		if (r == 0)
+			s->gheld[k] = layer * s->nx + (uint32_t)experts[k];
+		rc = rc < 0 ? rc : r;
+	}
+	s->st.t_wait += nf_sp_now() - t0;
+	return rc;
+}
+
+const char *nf_sp_gate_rows(struct nf_sparse *s, uint32_t layer)
+{
+	uint32_t id = layer * s->nx + s->cur_expert, nb = s->n_expert_used ? s->n_expert_used : 1;
+	for (uint32_t k = 0; k < nb; k++)
+		if (s->gheld[k] == id)
+			return s->gbuf + k * s->gbuf_stride;
+	int32_t e = (int32_t)s->cur_expert;
+	return nf_sp_gate_fetch(s, layer, &e, 1) == 0 ? s->gbuf : NULL;
+}
+
 uint64_t nf_sp_token_masks(struct nf_sparse *s, uint32_t layer, const float *x, const float *resid)
 {
 	const struct layer_tab *t = nf_sp_tab(s, layer, s->cur_expert);
@@ -67,9 +109,17 @@ uint64_t nf_sp_token_masks(struct nf_sparse *s, uint32_t layer, const float *x, 
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
 	if (s->mode == NF_SPARSE_PREDICTOR)
 		nf_sp_predict(s, t, resid);
+	/* gate-first: every gate from the gate rows read whole (each the bits
+	 * a chunk's gemv_list gives), and only the positive ones computed */
+	const char *gate = s->gate_first ? s->cur_gate : NULL;
+	if (gate)
+		s->k->gemv[s->kt_gu](s->E, s->F, gate, nf_dtype_row_size(s->dt_gu, s->E), s->xq, s->score);
 	uint64_t active = 0;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 		uint32_t m = nf_sp_group_mask(s, gi);
+		for (uint32_t i = 0; gate && i < GROUP; i++)
+			if (!(s->score[gi * GROUP + i] > 0.0f))
+				m &= ~(1u << i);
 		s->gmask[gi] = m;
 		active += (uint64_t)__builtin_popcount(m);
 	}
@@ -107,7 +157,11 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 		s->cur_tab = t;
 		s->cur_ptrs = s->xptrs + (size_t)k * s->F;
 	} else {
+		/* gate-first: a failed gate read leaves every neuron to compute
+		 * (exact mode's masks and chunks: the same bits) */
+		s->cur_gate = s->gate_first ? nf_sp_gate_rows(s, layer) : NULL;
 		active = nf_sp_token_masks(s, layer, x, resid);
+		s->cur_gate = NULL;
 		s->cur_ptrs = s->ptrs;
 	}
 	s->cur_scales = t->scales;
@@ -128,7 +182,9 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 	uint32_t nc = 0, in_chunk = 0, waits = 0;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 		uint32_t m = s->gmask[gi];
-		if (!m)
+		/* gate-first cuts as exact mode does: every neuron counts */
+		uint32_t cut = s->gate_first ? nf_sp_group_mask(s, gi) : m;
+		if (!cut)
 			continue;
 		uint32_t pc = (uint32_t)__builtin_popcount(m);
 		struct chunk_state *c = &s->chunks[nc];
@@ -140,7 +196,7 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 		c->g1 = gi + 1;
 		c->n_groups++;
 		s->groups[gi].chunk = nc;
-		in_chunk += pc;
+		in_chunk += (uint32_t)__builtin_popcount(cut);
 		waits += pend ? atomic_load(&pend[gi]) : pc;
 		if (in_chunk >= CHUNK_NEURONS && (gi + 1) % s->kgroups == 0) {
 			atomic_store(&c->pending, waits + 1u);

@@ -380,6 +380,17 @@ static void scales_name(const struct ffn *f, char *buf, size_t n)
 	snprintf(buf, n, "%s.down_scales", f->name);
 }
 
+static void gate_rows_name(const struct ffn *f, char *buf, size_t n)
+{
+	snprintf(buf, n, "%s" NF_STORE_GATE_ROWS_SUFFIX, f->name);
+}
+
+/* The FFNs whose gate rows get their own object (--gate-objects). */
+static bool has_gate_rows(const struct import *im, const struct ffn *f)
+{
+	return im->o->gate_objects && f->src.gate && f->L.has_gate;
+}
+
 static int declare(struct import *im, struct nf_store_writer *w)
 {
 	struct nf_diag *d = im->d;
@@ -417,6 +428,17 @@ static int declare(struct import *im, struct nf_store_writer *w)
 			return rc;
 		im->rep.n_scales++;
 		im->rep.dense_bytes += shape[0] * shape[1] * 2;
+	}
+	for (uint32_t i = 0; i < im->n_ffn; i++) {
+		const struct ffn *f = &im->ffns[i];
+		if (!has_gate_rows(im, f))
+			continue;
+		char nm[80];
+		uint64_t shape[2] = { f->L.dim, f->L.n_neurons };
+		gate_rows_name(f, nm, sizeof(nm));
+		if ((rc = nf_store_writer_add_dense(w, nm, f->L.dtype, 2, shape, d)) < 0)
+			return rc;
+		im->rep.dense_bytes += (uint64_t)f->L.n_neurons * f->L.row_bytes;
 	}
 	for (uint32_t i = 0; i < im->n_ffn; i++) {
 		const struct ffn *f = &im->ffns[i];
@@ -506,6 +528,13 @@ static int write_all(struct import *im, struct nf_store_writer *w)
 		rc = write_bytes(im, w, scales, n * sizeof(*scales), nm);
 	}
 	free(scales);
+	for (uint32_t i = 0; rc == 0 && i < im->n_ffn; i++) {
+		const struct ffn *f = &im->ffns[i];
+		char nm[80];
+		gate_rows_name(f, nm, sizeof(nm));
+		if (has_gate_rows(im, f))
+			rc = write_bytes(im, w, f->src.gate, (uint64_t)f->L.n_neurons * f->L.row_bytes, nm);
+	}
 	for (uint32_t i = 0; rc == 0 && i < im->n_ffn; i++) {
 		const struct ffn *f = &im->ffns[i];
 		uint32_t per = CHUNK_BYTES / f->L.stride ? CHUNK_BYTES / f->L.stride : 1;

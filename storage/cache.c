@@ -24,6 +24,13 @@
  *     load reads each layer's chosen neurons sorted by store slot, one
  *     request per run of adjacent slots (split at max_coalesce by the I/O
  *     context), so a hot-first store's hot set is a few large reads.
+ *  8. A route-ahead read (nf_cache_prefetch) fills unpinned cold slots
+ *     marked inflight; only the requesting thread changes slot state (the
+ *     completion sets its record's state and queues the events of the
+ *     neurons requests asked for meanwhile, under ev_lock; pf_settle
+ *     applies the state). An inflight slot is never evicted or moved; a
+ *     lookup that finds one pins it and its neuron is reported when the
+ *     read lands, so compute sees only landed, checked bytes.
  */
 #include <errno.h>
 #include <numa.h>
@@ -47,6 +54,9 @@ struct slot_meta {
 	uint32_t neuron;
 	uint8_t ref;       /* CLOCK second chance */
 	uint8_t pinned;
+	uint8_t inflight;  /* a route-ahead read (nf_cache_prefetch) is filling it */
+	uint8_t prefetched; /* filled by a route-ahead read, not yet asked for */
+	uint32_t pf;       /* while inflight: that read's record (index into pf) */
 };
 
 struct ffn_ent {
@@ -71,12 +81,25 @@ struct read_rec {
 	uint32_t *neurons;     /* into run_neurons */
 	uint32_t *store_slots; /* into run_slots */
 	void *tag;             /* the request's tag: reap hands it to fn instead of its user */
+	struct read_rec *next_waiter; /* a request's neuron waiting on the same route-ahead read */
 	int result;
 	bool queued;
 };
 
 struct event {
 	struct read_rec *r;
+};
+
+/* A route-ahead read (nf_cache_prefetch): cold slots [first_slot, +n_slots)
+ * filling, reported to no one. Its completion only sets state; the
+ * requesting thread settles it (pf_settle). n_slots 0: settled. */
+struct pf_rec {
+	struct nf_cache *c;
+	uint32_t first_slot, n_slots;
+	atomic_int state;      /* 1 in flight, 0 landed, < 0 failed (set under ev_lock) */
+	/* neurons a request asked for while the read was in flight: one
+	 * record each (n 1), queued as events when it lands (under ev_lock) */
+	struct read_rec *waiters;
 };
 
 struct nf_cache {
@@ -112,6 +135,10 @@ struct nf_cache {
 	uint32_t n_pinned_list;
 	atomic_uint outstanding;       /* reads not yet reaped */
 	int layer_err;
+	/* route-ahead reads in flight across releases: a ring of pf_cap
+	 * records [pf_head, pf_tail), pf_slots cold slots filling */
+	struct pf_rec *pf;
+	uint32_t pf_cap, pf_head, pf_tail, pf_slots;
 
 	/* events */
 	pthread_mutex_t ev_lock;
@@ -263,7 +290,7 @@ static uint64_t meta_bytes_for(const struct nf_cache_geom *g, uint32_t n_ffn_pre
 	       4 * N * sizeof(uint32_t) + (N > n_hot + n_cold ? N : n_hot + n_cold) * sizeof(uint32_t) +
 	       (N + 2) * sizeof(struct event) + n_ffn * 3 * N * sizeof(uint32_t) +
 	       (uint64_t)n_ffn_present * N * sig_words * sizeof(uint64_t) +
-	       (n_hot + n_cold + 2) * sizeof(uint64_t) + g->stride;
+	       (n_hot + n_cold + 2) * sizeof(uint64_t) + g->stride + (N + 1) * sizeof(struct pf_rec);
 }
 
 static uint32_t ffns_present(struct nf_store *s)
@@ -285,6 +312,7 @@ uint64_t nf_cache_meta_bytes_for(struct nf_store *s, uint64_t arena_bytes, uint3
 
 static int hot_from_profile(struct nf_cache *c);
 static void ffn_teardown(struct nf_cache *c);
+static void pf_drain(struct nf_cache *c);
 
 static void *meta(struct nf_cache *c, size_t n)
 {
@@ -324,6 +352,8 @@ int nf_cache_reopen_io(struct nf_cache *c, const struct nf_io_opts *o, struct nf
 	int rc = nf_io_ctx_open(c->store, o, &io, d);
 	if (rc < 0)
 		return rc;
+	if (c->pf)
+		pf_drain(c); /* route-ahead reads land in the old context */
 	nf_io_ctx_close(c->io);
 	c->io = io;
 	c->io_opts = *o;
@@ -389,9 +419,11 @@ static int ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct n
 	    /* every cold slot may be pinned at once (several requests of a
 	     * release: a token's routed experts) */
 	    !(c->pinned_list = meta(c, (N > c->n_cold ? N : c->n_cold) * sizeof(uint32_t))) ||
-	    !(c->ev = meta(c, (N + 2) * sizeof(struct event))))
+	    !(c->ev = meta(c, (N + 2) * sizeof(struct event))) ||
+	    !(c->pf = meta(c, (N + 1) * sizeof(struct pf_rec))))
 		return nf_diag_fail(d, -ENOMEM, "cache: out of memory");
 	c->ev_cap = N + 2;
+	c->pf_cap = N + 1;
 	for (uint32_t i = 0; i < c->n_hot; i++)
 		c->hot_meta[i].ffn = NO_SLOT;
 	for (uint32_t i = 0; i < c->n_cold; i++)
@@ -478,6 +510,9 @@ static void ffn_teardown(struct nf_cache *c)
 	free(c->sortbuf);
 	free(c->pinned_list);
 	free(c->ev);
+	free(c->pf);
+	c->pf = NULL;
+	c->pf_cap = c->pf_head = c->pf_tail = c->pf_slots = 0;
 	if (c->arena)
 		munmap(c->arena, c->arena_bytes);
 	c->ffns = NULL;
@@ -516,6 +551,7 @@ void nf_cache_geometry(const struct nf_cache *c, struct nf_cache_geom *g)
 
 static void evict(struct nf_cache *c, struct slot_meta *m)
 {
+	m->prefetched = 0;
 	if (m->ffn != NO_SLOT) {
 		c->ffns[m->ffn].loc[m->neuron] = NO_SLOT;
 		m->ffn = NO_SLOT;
@@ -546,8 +582,9 @@ static uint32_t clock_alloc(struct nf_cache *c, uint32_t k)
 			uint32_t bad = NO_SLOT;
 			for (uint32_t i = 0; i < k; i++) {
 				struct slot_meta *m = &c->cold_meta[h + i];
-				if (m->pinned || (pass == 0 && m->ref)) {
-					if (!m->pinned)
+				bool busy = m->pinned || m->inflight;
+				if (busy || (pass == 0 && m->ref)) {
+					if (!busy)
 						m->ref = 0;
 					bad = i;
 					break;
@@ -566,11 +603,16 @@ static uint32_t clock_alloc(struct nf_cache *c, uint32_t k)
 
 /* ---- events ------------------------------------------------------------------------ */
 
+static void ev_push_locked(struct nf_cache *c, struct read_rec *r)
+{
+	c->ev[c->ev_tail].r = r;
+	c->ev_tail = (c->ev_tail + 1) % c->ev_cap;
+}
+
 static void ev_push(struct nf_cache *c, struct read_rec *r)
 {
 	pthread_mutex_lock(&c->ev_lock);
-	c->ev[c->ev_tail].r = r;
-	c->ev_tail = (c->ev_tail + 1) % c->ev_cap;
+	ev_push_locked(c, r);
 	pthread_mutex_unlock(&c->ev_lock);
 }
 
@@ -591,6 +633,105 @@ static void read_done(void *cookie, int result)
 	struct read_rec *r = cookie;
 	r->result = result;
 	ev_push(r->c, r);
+}
+
+/* ---- route-ahead reads (nf_cache_prefetch) ---------------------------------------------- */
+
+static void pf_settle(struct nf_cache *c);
+
+/* A route-ahead read landed: its state, and the neurons requests are
+ * waiting for reported (as the read's own events would be). */
+static void pf_done(void *cookie, int result)
+{
+	struct pf_rec *r = cookie;
+	struct nf_cache *c = r->c;
+	pthread_mutex_lock(&c->ev_lock);
+	atomic_store_explicit(&r->state, result < 0 ? result : 0, memory_order_release);
+	for (struct read_rec *w = r->waiters; w; w = w->next_waiter) {
+		w->result = result;
+		ev_push_locked(c, w);
+	}
+	r->waiters = NULL;
+	pthread_mutex_unlock(&c->ev_lock);
+}
+
+/* Neuron j of FFN fi, in cold slot l that a route-ahead read is filling:
+ * if that read is still in flight, j is handed out now (ptrs, pinned) and
+ * reported through reap when it lands; returns true. Else (landed, or
+ * failed: then j is a miss) false, the read settled. */
+static bool pf_wait_for(struct nf_cache *c, uint32_t fi, uint32_t j, uint32_t l, const void **ptrs)
+{
+	struct slot_meta *m = &c->cold_meta[l];
+	struct pf_rec *r = &c->pf[m->pf];
+	pthread_mutex_lock(&c->ev_lock);
+	bool flying = atomic_load(&r->state) == 1;
+	if (flying) {
+		struct read_rec *w = &c->reads[c->n_reads++];
+		*w = (struct read_rec){ .c = c, .ffn = fi, .first_slot = NO_SLOT, .n = 1, .neurons = &m->neuron,
+					.tag = c->cur_tag, .next_waiter = r->waiters };
+		r->waiters = w;
+		atomic_fetch_add(&c->outstanding, 1);
+	}
+	pthread_mutex_unlock(&c->ev_lock);
+	if (!flying) {
+		pf_settle(c);
+		return false;
+	}
+	ptrs[j] = c->cold + (uint64_t)l * c->g.stride;
+	m->ref = 1;
+	if (!m->pinned) {
+		m->pinned = 1;
+		c->pinned_list[c->n_pinned_list++] = l;
+	}
+	c->st.hits_cold++;
+	c->st.prefetch_hits += m->prefetched;
+	c->st.prefetch_waits++;
+	m->prefetched = 0;
+	return true;
+}
+
+/* The route-ahead reads that completed: their slots stop filling; a failed
+ * one's are freed (invariant 6) and counted as errors. Requesting thread. */
+static void pf_settle(struct nf_cache *c)
+{
+	for (uint32_t i = c->pf_head; i != c->pf_tail; i = (i + 1) % c->pf_cap) {
+		struct pf_rec *r = &c->pf[i];
+		int st = r->n_slots ? atomic_load_explicit(&r->state, memory_order_acquire) : 1;
+		if (st > 0)
+			continue;
+		for (uint32_t k = 0; k < r->n_slots; k++) {
+			struct slot_meta *m = &c->cold_meta[r->first_slot + k];
+			m->inflight = 0;
+			if (st < 0) {
+				if (m->ffn != NO_SLOT)
+					c->ffns[m->ffn].loc[m->neuron] = NO_SLOT;
+				m->ffn = NO_SLOT;
+				m->prefetched = 0;
+			}
+		}
+		c->st.errors += st < 0;
+		c->pf_slots -= r->n_slots;
+		r->n_slots = 0;
+	}
+	while (c->pf_head != c->pf_tail && !c->pf[c->pf_head].n_slots)
+		c->pf_head = (c->pf_head + 1) % c->pf_cap;
+}
+
+/* Wait until no route-ahead read is in flight. */
+static void pf_drain(struct nf_cache *c)
+{
+	for (;;) {
+		pf_settle(c);
+		if (c->pf_head == c->pf_tail)
+			return;
+		pthread_mutex_lock(&c->wait_lock);
+		bool pending = nf_io_ctx_pending(c->io);
+		if (pending)
+			nf_io_ctx_wait(c->io, 1, -1); /* an error fails the reads it concerns */
+		pthread_mutex_unlock(&c->wait_lock);
+		if (!pending)
+			sched_yield(); /* a completion thread is running the callback */
+	}
 }
 
 /* ---- requests ------------------------------------------------------------------------- */
@@ -671,6 +812,13 @@ static int lookup(struct nf_cache *c, struct ffn_ent *f, const uint32_t *neurons
 		f->count[j]++;
 		c->st.lookups++;
 		uint32_t l = f->loc[j];
+		if (l != NO_SLOT && !(l & HOT_BIT) && c->cold_meta[l].inflight) {
+			/* a route-ahead read is bringing it: reported when it
+			 * lands, like a miss (if it already failed, a miss) */
+			if (pf_wait_for(c, (uint32_t)(f - c->ffns), j, l, ptrs))
+				continue;
+			l = f->loc[j];
+		}
 		if (l == NO_SLOT) {
 			c->order[n_miss++] = j;
 			continue;
@@ -682,6 +830,8 @@ static int lookup(struct nf_cache *c, struct ffn_ent *f, const uint32_t *neurons
 			struct slot_meta *m = &c->cold_meta[l];
 			ptrs[j] = c->cold + (uint64_t)l * stride;
 			m->ref = 1;
+			c->st.prefetch_hits += m->prefetched;
+			m->prefetched = 0;
 			if (!m->pinned) {
 				m->pinned = 1;
 				c->pinned_list[c->n_pinned_list++] = l;
@@ -770,10 +920,11 @@ static uint32_t plan_read(struct nf_cache *c, struct ffn_ent *f, uint32_t k, uin
 }
 
 /* Give the slots [at, at + span) to the store slots the read at miss k
- * brings, and queue the read. Returns 0 or the queueing error (then the
- * read is reported failed through reap). */
-static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t take, uint32_t span, uint32_t at,
-		       const void **ptrs)
+ * brings (ptrs: pinned for the current requests, their addresses in ptrs;
+ * NULL: filling for a route-ahead read, unpinned) and queue the read with
+ * done(cookie). Returns 0 or the queueing error (done will not run). */
+static int queue_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t span, uint32_t at, const void **ptrs,
+		      nf_io_done_fn done, void *cookie)
 {
 	struct ffn_ent *f = &c->ffns[fi];
 	uint32_t stride = c->g.stride, s0 = c->run_slots[k];
@@ -784,34 +935,51 @@ static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t tak
 		m->ffn = fi;
 		m->neuron = f->inv[s0 + i];
 		m->ref = 1;
+		f->loc[m->neuron] = at + i;
+		c->span_slots[i] = s0 + i;
+		if (!ptrs) {
+			m->inflight = 1;
+			m->prefetched = 1;
+			continue;
+		}
 		m->pinned = 1;
 		c->pinned_list[c->n_pinned_list++] = at + i;
-		f->loc[m->neuron] = at + i;
 		ptrs[m->neuron] = c->cold + (uint64_t)(at + i) * stride;
-		c->span_slots[i] = s0 + i;
 	}
-	struct read_rec *r = &c->reads[c->n_reads++];
-	*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take, .n_slots = span,
-				.neurons = c->run_neurons + k, .store_slots = c->run_slots + k, .tag = c->cur_tag };
-	atomic_fetch_add(&c->outstanding, 1);
 	/* the I/O context holds a bounded number of requests: when it is full,
 	 * let some complete (their events wait in the queue) */
 	while ((rc = nf_io_ctx_read_bundles(c->io, f->obj, c->span_slots, span, c->cold + (uint64_t)at * stride,
-					    read_done, r)) == -EAGAIN) {
+					    done, cookie)) == -EAGAIN) {
 		int w = nf_io_ctx_wait(c->io, 1, -1);
 		if (w < 0 && w != -ETIMEDOUT) {
 			rc = w;
 			break;
 		}
 	}
+	if (rc == 0) {
+		c->st.requests++;
+		c->st.bytes_read += (uint64_t)span * c->g.stride;
+	}
+	return rc;
+}
+
+/* The read at miss k for the current requests: queued (queue_read), its
+ * record reported through reap. Returns 0 or the queueing error (then the
+ * read is reported failed through reap). */
+static int submit_read(struct nf_cache *c, uint32_t fi, uint32_t k, uint32_t take, uint32_t span, uint32_t at,
+		       const void **ptrs)
+{
+	struct read_rec *r = &c->reads[c->n_reads++];
+	*r = (struct read_rec){ .c = c, .ffn = fi, .first_slot = at, .n = take, .n_slots = span,
+				.neurons = c->run_neurons + k, .store_slots = c->run_slots + k, .tag = c->cur_tag };
+	atomic_fetch_add(&c->outstanding, 1);
+	int rc = queue_read(c, fi, k, span, at, ptrs, read_done, r);
 	if (rc < 0) {
 		/* not queued: its callback will not run; report it through reap */
 		r->result = rc;
 		ev_push(c, r);
 		return rc;
 	}
-	c->st.requests++;
-	c->st.bytes_read += (uint64_t)span * stride;
 	c->st.gap_bundles += span - take;
 	return 0;
 }
@@ -832,6 +1000,10 @@ static int request_at(struct nf_cache *c, uint32_t fi, const uint32_t *neurons, 
 	c->st.misses += n_miss;
 	if (!n_miss)
 		return 0;
+	/* slots a route-ahead read is filling cannot be given out: when the
+	 * misses might need them, those reads land first */
+	if (c->pf_slots && (uint64_t)n_miss + c->n_pinned_list + c->pf_slots > c->n_cold)
+		pf_drain(c);
 	sort_misses(c, f->obj, n_miss);
 	int rc = 0;
 	uint32_t k = 0;
@@ -883,6 +1055,60 @@ static int request_any(struct nf_cache *c, uint32_t layer, uint32_t expert, cons
 	c->run_neurons -= base;
 	c->run_slots -= base;
 	return rc;
+}
+
+int nf_cache_prefetch(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons, uint32_t n)
+{
+	if (!c->has_ffn || layer >= c->g.n_layer || expert >= c->g.n_expert)
+		return NF_EUSAGE;
+	uint32_t fi = layer * c->g.n_expert + expert, N = c->g.n_neurons;
+	struct ffn_ent *f = &c->ffns[fi];
+	if (!f->obj)
+		return NF_EUSAGE;
+	pf_settle(c);
+	/* at most the cold slots neither pinned nor filling; laid out after
+	 * the current requests' misses (still in flight), not kept */
+	uint32_t busy = c->n_pinned_list + c->pf_slots, base = c->run_base;
+	uint32_t room = busy < c->n_cold ? c->n_cold - busy : 0, n_miss = 0;
+	if (room > N - base)
+		room = N - base;
+	for (uint32_t k = 0; k < n; k++) {
+		if (neurons[k] >= N)
+			return NF_EUSAGE;
+		if (f->loc[neurons[k]] == NO_SLOT && n_miss < room)
+			c->order[n_miss++] = neurons[k];
+	}
+	c->run_neurons += base;
+	c->run_slots += base;
+	sort_misses(c, f->obj, n_miss);
+	int reads = 0;
+	uint32_t k = 0;
+	while (k < n_miss && (c->pf_tail + 1) % c->pf_cap != c->pf_head) {
+		uint32_t take, span, at = plan_read(c, f, k, n_miss, &take, &span);
+		if (at == NO_SLOT)
+			break;
+		struct pf_rec *r = &c->pf[c->pf_tail];
+		*r = (struct pf_rec){ .c = c, .first_slot = at, .n_slots = span };
+		atomic_store(&r->state, 1);
+		for (uint32_t i = 0; i < span; i++)
+			c->cold_meta[at + i].pf = c->pf_tail;
+		c->pf_tail = (c->pf_tail + 1) % c->pf_cap;
+		c->pf_slots += span;
+		if (queue_read(c, fi, k, span, at, NULL, pf_done, r) < 0) {
+			atomic_store(&r->state, -EIO); /* not queued: its slots are freed */
+			break;
+		}
+		c->st.gap_bundles += span - take;
+		c->st.prefetch_requests++;
+		c->st.prefetch_bytes += (uint64_t)span * c->g.stride;
+		c->st.prefetch_neurons += take;
+		k += take;
+		reads++;
+	}
+	c->run_neurons -= base;
+	c->run_slots -= base;
+	pf_settle(c);
+	return reads;
 }
 
 int nf_cache_request(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,
@@ -1015,7 +1241,7 @@ static uint32_t slots_of_ffn(const struct nf_cache *c, const struct slot_meta *m
 {
 	uint32_t k = 0;
 	for (uint32_t i = 0; i < n; i++)
-		if (meta[i].ffn == fi)
+		if (meta[i].ffn == fi && !meta[i].inflight)
 			out[k++] = (uint64_t)c->ffns[fi].count[meta[i].neuron] << 32 | i;
 	return k;
 }
@@ -1181,6 +1407,7 @@ int nf_cache_hot_load(struct nf_cache *c)
 	uint32_t N = c->g.n_neurons, stride = c->g.stride;
 	if (!c->n_hot)
 		return 0;
+	pf_drain(c); /* no route-ahead read may land in a slot it moves */
 	/* forget the previous hot set */
 	for (uint32_t i = 0; i < c->n_hot; i++) {
 		struct slot_meta *m = &c->hot_meta[i];

@@ -751,6 +751,26 @@ void nf_store_ffn_layout(const struct nf_store_object *obj, struct nf_bundle_lay
 	out->stride = obj->stride;
 }
 
+const struct nf_store_object *nf_store_ffn_gate_rows(const struct nf_store *s, const struct nf_store_object *obj)
+{
+	char name[NF_STORE_NAME_MAX + 16];
+	if (obj->kind != NF_STORE_KIND_FFN || !obj->has_gate)
+		return NULL;
+	snprintf(name, sizeof(name), "%s" NF_STORE_GATE_ROWS_SUFFIX, obj->name);
+	const struct nf_store_object *g = nf_store_object_find(s, name);
+	if (!g || g->kind != NF_STORE_KIND_DENSE || g->dtype != obj->dtype || g->n_dims != 2 ||
+	    g->shape[0] != obj->dim || g->shape[1] != obj->n_bundles ||
+	    g->length != (uint64_t)obj->row_bytes * obj->n_bundles)
+		return NULL;
+	return g;
+}
+
+bool nf_store_is_gate_rows_name(const char *name)
+{
+	size_t n = strlen(name), k = strlen(NF_STORE_GATE_ROWS_SUFFIX);
+	return n > k && !strcmp(name + n - k, NF_STORE_GATE_ROWS_SUFFIX);
+}
+
 const struct nf_store_object *nf_store_ffn_scales(const struct nf_store *s,
 						  const struct nf_store_object *obj)
 {

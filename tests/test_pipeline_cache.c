@@ -558,3 +558,81 @@ Test(pipeline, cache_signatures_sample_the_whole_run)
 	nf_cache_close(c);
 	fx_close(&f);
 }
+
+/* The cache's cold hits, misses and prefetched bundles found since the reset. */
+static void expect_found(struct nf_cache *c, uint64_t hits_cold, uint64_t misses, uint64_t prefetch_hits)
+{
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect(st.hits_cold == hits_cold && st.misses == misses && st.prefetch_hits == prefetch_hits,
+		  "cold hits %llu (expected %llu), misses %llu (%llu), prefetched found %llu (%llu)",
+		  (unsigned long long)st.hits_cold, (unsigned long long)hits_cold, (unsigned long long)st.misses,
+		  (unsigned long long)misses, (unsigned long long)st.prefetch_hits, (unsigned long long)prefetch_hits);
+}
+
+/* Route-ahead reads (nf_cache_prefetch): a later request finds their
+ * bundles (waiting for those still in flight), reads only the rest, and
+ * gets the store's bytes; slots still filling are never handed out, even
+ * when a request needs every cold slot; a failed one caches nothing. */
+Test(pipeline, cache_prefetch_is_found_by_later_requests)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	uint32_t N = nf_store_ffn_find(f.store, 0, 0)->n_bundles;
+	struct nf_cache *c = cache_open(&f, min, 0.0, NULL);
+	uint32_t *ids = malloc(N * sizeof(uint32_t));
+	for (uint32_t j = 0; j < N; j++)
+		ids[j] = j;
+	/* 100 adjacent bundles: one read, reported to no one */
+	cr_assert_eq(nf_cache_prefetch(c, 1, 0, ids, 100), 1);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect(st.prefetch_requests == 1 && st.prefetch_neurons == 100 && st.requests == 1 && st.lookups == 0,
+		  "prefetch: %llu reads of %llu bundles, %llu requests, %llu lookups",
+		  (unsigned long long)st.prefetch_requests, (unsigned long long)st.prefetch_neurons,
+		  (unsigned long long)st.requests, (unsigned long long)st.lookups);
+	/* half of them asked for at once (the read may still be in flight:
+	 * they are reported when it lands) */
+	fetch(&f, c, 1, ids + 50, 100);
+	check_bytes(&f, 1, ids + 50, 100);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_eq(f.results[i], 0);
+	cr_assert_eq(nf_cache_release(c), 0);
+	expect_found(c, 50, 50, 50);
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.requests, 2);
+	/* every cold slot filling for layer 0, then layer 1 asks for all of
+	 * them: it waits for the reads, then evicts what they brought */
+	nf_cache_stats_reset(c);
+	cr_assert_gt(nf_cache_prefetch(c, 0, 0, ids, N), 0);
+	fetch(&f, c, 1, ids, N);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_eq(f.results[i], 0);
+	check_bytes(&f, 1, ids, N);
+	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.errors, 0);
+	cr_expect_eq(st.prefetch_hits, 0);
+	nf_cache_close(c);
+
+	/* a failed route-ahead read: a request waiting for it gets the error
+	 * (never bytes that did not arrive), and its bundles are misses
+	 * afterwards */
+	struct nf_io_fault_rule rule = { .kind = NF_IO_FAULT_EIO, .nth = 0 };
+	c = cache_open(&f, 2 * min, 0.0, &rule);
+	cr_assert_eq(nf_cache_prefetch(c, 0, 0, ids, 8), 1);
+	fetch(&f, c, 0, ids, 8);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_lt(f.results[i], 0, "neuron %u: result %d after a failed prefetch", f.got[i], f.results[i]);
+	cr_expect_lt(nf_cache_release(c), 0);
+	nf_cache_stats_get(c, &st);
+	cr_expect_geq(st.errors, 1);
+	nf_cache_stats_reset(c);
+	fetch(&f, c, 0, ids, 8);
+	nf_cache_release(c);
+	expect_found(c, 0, 8, 0);
+	nf_cache_close(c);
+	free(ids);
+	fx_close(&f);
+}

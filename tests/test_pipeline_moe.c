@@ -38,13 +38,19 @@ struct from_store {
 	struct nf_cache *cache;
 };
 
-static void store_open(struct from_store *f, const char *gguf, const struct nf_io_fault_rule *fault)
+static void store_open_with(struct from_store *f, const char *gguf, const struct nf_io_fault_rule *fault,
+			    bool gate_objects)
 {
-	pl_import(gguf, f->sp, sizeof(f->sp));
+	pl_import_with(gguf, f->sp, sizeof(f->sp), gate_objects);
 	f->m = pl_load(f->sp, false, false);
 	cr_assert(!nf_model_ffn_in_memory(f->m));
 	uint64_t min = nf_cache_min_bytes(nf_model_store(f->m));
 	f->cache = pl_open_cache(f->sp, &f->store, min, fault, 0);
+}
+
+static void store_open(struct from_store *f, const char *gguf, const struct nf_io_fault_rule *fault)
+{
+	store_open_with(f, gguf, fault, false);
 }
 
 static void store_close(struct from_store *f)
@@ -317,7 +323,7 @@ Test(pipeline_moe, stats_report_experts)
 	pl_tmp_path(p, sizeof(p), "moe-stats");
 	cr_assert_eq(pl_synth_tiny_moe(p, "relu", NF_DTYPE_Q8_0, true, N_EXPERT), 0);
 	pl_import(p, sp, sizeof(sp));
-	snprintf(cmd, sizeof(cmd), "generate -m %s -p Hello -n 3 --seed 1 --json --stats", sp);
+	snprintf(cmd, sizeof(cmd), "generate -m %s -p Hello -n 3 --seed 1 --json --stats --route-prefetch on", sp);
 	int rc = pl_run_cli(cmd, out, sizeof(out), err, sizeof(err));
 	cr_assert_eq(rc, 0, "%s\n%s", out, err);
 	cr_expect(strstr(err, "layer 0 experts (tokens routed, cache hit rate): e0 ") &&
@@ -351,7 +357,188 @@ Test(pipeline_moe, stats_report_experts)
 	cr_expect_eq(guesses, 2 * pl_json_u64(out, "gen_evals"));
 	cr_expect(pl_json_u64(out, "route_guess_hits") <= guesses);
 	cr_expect(strstr(err, "route-ahead guess"), "--stats: no route-ahead line:\n%s", err);
+	/* route-ahead prefetch on (predictor mode's default is off): every
+	 * guess read ahead */
+	cr_expect_eq(pl_json_u64(out, "route_prefetches"), guesses);
+	cr_expect(pl_json_u64(out, "route_prefetch_reads") > 0 &&
+			  pl_json_u64(out, "route_prefetch_hits") <= pl_json_u64(out, "route_prefetch_neurons"),
+		  "--json: route-ahead prefetch counters:\n%s", out);
+	cr_expect(strstr(err, "route-ahead prefetch: "), "--stats: no prefetch line:\n%s", err);
+	/* a value that is neither on nor off is refused, naming the flag */
+	snprintf(cmd, sizeof(cmd), "generate -m %s -p Hello -n 1 --route-prefetch maybe", sp);
+	rc = pl_run_cli(cmd, out, sizeof(out), err, sizeof(err));
+	cr_expect(rc != 0 && strstr(err, "--route-prefetch: 'maybe' is neither on nor off"), "%d %s", rc, err);
 	unlink(sp);
+	unlink(p);
+}
+
+/* ---- route-ahead prefetch and gate-first reads ------------------------------------- */
+
+/* An engine on c reading from cache; returns its open result (s set on success). */
+static int engine_with(struct nf_ctx *c, struct nf_cache *cache, enum nf_sparse_mode mode, bool route_prefetch,
+		       bool gate_first, struct nf_sparse **s, char *msg, size_t len)
+{
+	struct nf_sparse_params sp;
+	nf_sparse_params_init(&sp);
+	sp.mode = mode;
+	sp.cache = cache;
+	sp.route_prefetch = route_prefetch;
+	sp.gate_first = gate_first;
+	struct nf_diag d = { 0 };
+	int rc = nf_sparse_open(c, &sp, s, &d);
+	snprintf(msg, len, "%s", d.msg);
+	return rc;
+}
+
+/* The prompt and 5 greedy tokens (6 ids) from a fresh import of gguf under
+ * a one-FFN cache (every routed FFN read again at every token). */
+struct store_run {
+	float *lg;
+	int32_t ids[6];
+	struct nf_cache_stats cs;
+	struct nf_sparse_stats st;
+	struct nf_model_hparams hp;
+	enum nf_sparse_mode mode;
+};
+
+static void run_from_store(const char *gguf, bool gate_objects, bool route_prefetch, bool gate_first,
+			   struct store_run *r)
+{
+	char msg[512];
+	struct from_store f;
+	store_open_with(&f, gguf, NULL, gate_objects);
+	r->hp = *nf_model_hparams(f.m);
+	r->lg = malloc(r->hp.n_vocab * sizeof(float));
+	struct nf_ctx *c = pl_open_ctx(f.m, 2);
+	struct nf_sparse *s = NULL;
+	cr_assert_eq(engine_with(c, f.cache, NF_SPARSE_AUTO, route_prefetch, gate_first, &s, msg, sizeof(msg)), 0,
+		     "%s", msg);
+	r->mode = nf_sparse_mode_of(s);
+	pl_run(c, pl_prompt, 8, r->lg, r->ids, 6);
+	nf_cache_stats_get(f.cache, &r->cs);
+	nf_sparse_stats_get(s, &r->st);
+	cr_expect_eq(r->cs.errors, 0);
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+	store_close(&f);
+}
+
+/* Runs a and b gave the same bits. */
+static void expect_same_run(const struct store_run *a, const struct store_run *b, const char *what)
+{
+	uint32_t nv = a->hp.n_vocab;
+	cr_expect(!memcmp(a->lg, b->lg, nv * sizeof(float)), "%s: logits differ (%.3g)", what,
+		  pl_max_diff(a->lg, b->lg, nv));
+	cr_expect_arr_eq(a->ids, b->ids, sizeof(a->ids), "%s: greedy ids differ", what);
+}
+
+/*
+ * With and without reading layer L+1's guessed experts ahead: the same
+ * bits (a wrong guess costs reads only), and with it the prefetched reads
+ * counted and found by the next layer's requests.
+ */
+static void check_prefetch(bool predictor, uint32_t dtype)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "moe-pf");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", dtype, predictor, N_EXPERT), 0);
+	const char *what = predictor ? "predictor, route-ahead prefetch" : "exact, route-ahead prefetch";
+	struct store_run r[2];
+	for (int k = 0; k < 2; k++) {
+		run_from_store(p, false, k == 1, false, &r[k]);
+		cr_assert_eq(r[k].mode, predictor ? NF_SPARSE_PREDICTOR : NF_SPARSE_EXACT);
+		cr_assert_gt(r[k].st.route_guesses, 0);
+	}
+	const struct nf_cache_stats *cs = &r[1].cs;
+	cr_expect(r[0].cs.prefetch_requests == 0 && r[0].st.route_prefetches == 0, "%s: prefetched while off", what);
+	/* every guess (each decode token, layers 1..) read ahead */
+	cr_expect_eq(r[1].st.route_prefetches, r[1].st.route_guesses, "%s: %llu experts prefetched, %llu guessed", what,
+		     (unsigned long long)r[1].st.route_prefetches, (unsigned long long)r[1].st.route_guesses);
+	cr_expect(cs->prefetch_requests > 0 && cs->prefetch_hits > 0 && cs->prefetch_hits <= cs->prefetch_neurons &&
+			  cs->prefetch_bytes <= cs->bytes_read,
+		  "%s: %llu prefetch reads of %llu bundles, %llu found", what, (unsigned long long)cs->prefetch_requests,
+		  (unsigned long long)cs->prefetch_neurons, (unsigned long long)cs->prefetch_hits);
+	cr_log_info("%s: %llu/%llu guessed, %llu of %llu prefetched bundles found", what,
+		    (unsigned long long)r[1].st.route_guess_hits, (unsigned long long)r[1].st.route_guesses,
+		    (unsigned long long)cs->prefetch_hits, (unsigned long long)cs->prefetch_neurons);
+	expect_same_run(&r[0], &r[1], what);
+	free(r[0].lg);
+	free(r[1].lg);
+	unlink(p);
+}
+
+Test(pipeline_moe, route_prefetch_keeps_the_bits_and_is_counted)
+{
+	check_prefetch(true, NF_DTYPE_Q8_0);
+	check_prefetch(false, NF_DTYPE_F32);
+}
+
+/*
+ * Exact mode from a store imported with --gate-objects, with and without
+ * gate-first reads: the same bits (the chunks are cut as exact mode cuts
+ * them and each gate is the bits a chunk computes), the gate rows read
+ * once per routed FFN of each generated token, fewer bundle bytes. A
+ * mixture (a token's experts together) or a dense model (one FFN a layer).
+ */
+static void check_gate_first(bool moe, const char *act, uint32_t dtype)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "moe-gf");
+	cr_assert_eq(moe ? pl_synth_tiny_moe(p, act, dtype, false, N_EXPERT) : pl_synth_tiny(p, act, dtype, false), 0);
+	char what[64];
+	snprintf(what, sizeof(what), "%s %s %s, gate-first", moe ? "moe" : "dense", act, nf_dtype_name(dtype));
+	struct store_run r[2];
+	for (int k = 0; k < 2; k++) {
+		run_from_store(p, true, false, k == 1, &r[k]);
+		cr_assert_eq(r[k].mode, NF_SPARSE_EXACT);
+	}
+	const struct nf_model_hparams *hp = &r[0].hp;
+	/* each of the 5 generated tokens reads each layer's routed FFNs' gate
+	 * rows once; the prompt runs as a batch (whole bundles), but an expert
+	 * routed only one prompt token runs it as a token (gate rows read) */
+	uint64_t decode = 5ull * hp->n_layer * (moe ? hp->n_expert_used : 1);
+	uint64_t most = decode + (moe ? (uint64_t)hp->n_layer * N_EXPERT : 0), reads = r[1].st.gate_reads;
+	cr_expect(r[0].st.gate_reads == 0 && reads >= decode && reads <= most,
+		  "%s: %llu gate reads, %llu for the generated tokens", what, (unsigned long long)reads,
+		  (unsigned long long)decode);
+	uint64_t b0 = r[0].cs.bytes_read - r[0].cs.hot_bytes, b1 = r[1].cs.bytes_read - r[1].cs.hot_bytes;
+	cr_expect_lt(b1, b0, "%s: read %llu B of bundles, exact mode %llu B", what, (unsigned long long)b1,
+		     (unsigned long long)b0);
+	cr_log_info("%s: %llu B of bundles and %llu B of gate rows, exact mode %llu B", what, (unsigned long long)b1,
+		    (unsigned long long)r[1].st.gate_bytes, (unsigned long long)b0);
+	expect_same_run(&r[0], &r[1], what);
+	free(r[0].lg);
+	free(r[1].lg);
+	unlink(p);
+}
+
+Test(pipeline_moe, gate_first_keeps_exact_bits_and_reads_fewer_bundles)
+{
+	check_gate_first(true, "relu", NF_DTYPE_F32);
+	check_gate_first(true, "drelu", NF_DTYPE_F16);
+	check_gate_first(true, "relu", NF_DTYPE_Q8_0);
+	check_gate_first(false, "relu", NF_DTYPE_Q8_0);
+}
+
+/* Gate-first needs exact mode and a store with gate rows: anything else is
+ * refused, naming the flag and what to do. */
+Test(pipeline_moe, gate_first_refuses_what_it_cannot_do)
+{
+	char p[256], msg[512];
+	pl_tmp_path(p, sizeof(p), "moe-gfno");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", NF_DTYPE_Q8_0, true, N_EXPERT), 0);
+	struct from_store f;
+	store_open(&f, p, NULL);
+	struct nf_ctx *c = pl_open_ctx(f.m, 2);
+	struct nf_sparse *s = NULL;
+	/* predictor mode (the default with predictors) */
+	cr_expect_eq(engine_with(c, f.cache, NF_SPARSE_AUTO, false, true, &s, msg, sizeof(msg)), NF_EUSAGE);
+	cr_expect(strstr(msg, "--gate-first") && strstr(msg, "exact"), "%s", msg);
+	/* exact, but no gate rows in the store */
+	cr_expect_eq(engine_with(c, f.cache, NF_SPARSE_EXACT, false, true, &s, msg, sizeof(msg)), NF_EUSAGE);
+	cr_expect(strstr(msg, "--gate-objects"), "%s", msg);
+	nf_ctx_close(c);
+	store_close(&f);
 	unlink(p);
 }
 
@@ -429,6 +616,42 @@ Test(pipeline_moe, read_error_fails_that_request)
 
 /* ---- a batch reads each expert's union once ------------------------------------------ */
 
+/* The prompt ids[0..n) from a fresh import of gguf under a one-FFN cache,
+ * in steps of n_batch tokens: the requests and bytes it read. */
+static void prompt_reads(const char *gguf, enum nf_sparse_mode mode, const int32_t *ids, uint32_t n, uint32_t n_ctx,
+			 uint32_t n_batch, uint64_t *reqs, uint64_t *bytes)
+{
+	struct from_store f;
+	store_open(&f, gguf, NULL);
+	struct nf_ctx_params cp = nf_ctx_defaults();
+	cp.n_threads = 2;
+	cp.n_ctx = n_ctx;
+	cp.n_batch = n_batch;
+	struct nf_ctx *c = NULL;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_ctx_open(f.m, &cp, &c, &d), 0, "%s", d.msg);
+	struct nf_sparse *s = pl_engine(c, mode, f.cache);
+	cr_assert_eq(nf_ctx_eval(c, ids, n), 0);
+	struct nf_cache_stats cs;
+	nf_cache_stats_get(f.cache, &cs);
+	cr_expect_eq(cs.errors, 0);
+	*reqs = cs.requests;
+	*bytes = cs.bytes_read;
+	nf_sparse_close(s);
+	nf_ctx_close(c);
+	store_close(&f);
+}
+
+/* Way 0 read fewer requests and bytes than way 1. */
+static void expect_fewer_reads(const char *what, const uint64_t *reqs, const uint64_t *bytes)
+{
+	cr_expect(reqs[0] < reqs[1] && bytes[0] < bytes[1], "%s: %llu B in %llu requests against %llu B in %llu", what,
+		  (unsigned long long)bytes[0], (unsigned long long)reqs[0], (unsigned long long)bytes[1],
+		  (unsigned long long)reqs[1]);
+	cr_log_info("%s: %llu B in %llu requests against %llu B in %llu", what, (unsigned long long)bytes[0],
+		    (unsigned long long)reqs[0], (unsigned long long)bytes[1], (unsigned long long)reqs[1]);
+}
+
 /* The prompt as one batch through a one-FFN cache: per expert its tokens'
  * union in one request, fewer reads and bytes than the same prompt token
  * by token (n_batch 1; its attention sums differ, so only reads are
@@ -439,32 +662,27 @@ Test(pipeline_moe, batch_reads_each_experts_union_once)
 	pl_tmp_path(p, sizeof(p), "moe-batch");
 	cr_assert_eq(pl_synth_tiny_moe(p, "relu", NF_DTYPE_F32, false, N_EXPERT), 0);
 	uint64_t reqs[2], bytes[2];
-	for (int k = 0; k < 2; k++) {
-		struct from_store f;
-		store_open(&f, p, NULL);
-		struct nf_ctx_params cp = nf_ctx_defaults();
-		cp.n_threads = 2;
-		cp.n_ctx = 64;
-		cp.n_batch = k ? 1 : 512;
-		struct nf_ctx *c = NULL;
-		struct nf_diag d = { 0 };
-		cr_assert_eq(nf_ctx_open(f.m, &cp, &c, &d), 0, "%s", d.msg);
-		struct nf_sparse *s = pl_engine(c, NF_SPARSE_EXACT, f.cache);
-		cr_assert_eq(nf_ctx_eval(c, pl_prompt, 8), 0);
-		struct nf_cache_stats cs;
-		nf_cache_stats_get(f.cache, &cs);
-		cr_expect_eq(cs.errors, 0);
-		reqs[k] = cs.requests;
-		bytes[k] = cs.bytes_read;
-		nf_sparse_close(s);
-		nf_ctx_close(c);
-		store_close(&f);
-	}
-	cr_expect(reqs[0] < reqs[1] && bytes[0] < bytes[1],
-		  "batch read %llu B in %llu requests, token by token %llu B in %llu", (unsigned long long)bytes[0],
-		  (unsigned long long)reqs[0], (unsigned long long)bytes[1], (unsigned long long)reqs[1]);
-	cr_log_info("MoE prompt of 8: batch %llu B in %llu requests, token by token %llu B in %llu",
-		    (unsigned long long)bytes[0], (unsigned long long)reqs[0], (unsigned long long)bytes[1],
-		    (unsigned long long)reqs[1]);
+	for (int k = 0; k < 2; k++)
+		prompt_reads(p, NF_SPARSE_EXACT, pl_prompt, 8, 64, k ? 1 : 512, &reqs[k], &bytes[k]);
+	expect_fewer_reads("MoE prompt of 8, a batch against token by token", reqs, bytes);
+	unlink(p);
+}
+
+/* A forward step of 96 prompt tokens gathers each expert's tokens of the
+ * whole step (its union read once), so it reads in fewer requests and
+ * bytes than the same prompt as two steps of 48 (each reading each
+ * expert's union; their attention sums differ, so only reads compare). */
+Test(pipeline_moe, a_step_reads_each_experts_union_once)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "moe-step");
+	cr_assert_eq(pl_synth_tiny_moe(p, "relu", NF_DTYPE_Q8_0, true, N_EXPERT), 0);
+	int32_t ids[96];
+	for (int i = 0; i < 96; i++)
+		ids[i] = pl_prompt[i % 8] + i / 8;
+	uint64_t reqs[2], bytes[2];
+	for (int k = 0; k < 2; k++)
+		prompt_reads(p, NF_SPARSE_PREDICTOR, ids, 96, 128, k ? 48 : 512, &reqs[k], &bytes[k]);
+	expect_fewer_reads("MoE prompt of 96, one step against two of 48", reqs, bytes);
 	unlink(p);
 }

@@ -258,11 +258,17 @@ void pl_run(struct nf_ctx *c, const int32_t *ids, size_t n_ids, float *lg, int32
 
 void pl_import(const char *gguf, char *out, size_t len)
 {
+	pl_import_with(gguf, out, len, false);
+}
+
+void pl_import_with(const char *gguf, char *out, size_t len, bool gate_objects)
+{
 	pl_tmp_path(out, len, "import");
 	struct nf_import_opts o;
 	nf_import_opts_default(&o);
 	o.block_size = 512;
 	o.extent_bundles = 8;
+	o.gate_objects = gate_objects;
 	struct nf_import_report r;
 	struct nf_diag d = { 0 };
 	int rc = nf_import(gguf, out, &o, &r, &d);

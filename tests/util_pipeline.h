@@ -52,6 +52,8 @@ void pl_run(struct nf_ctx *c, const int32_t *ids, size_t n_ids, float *lg, int32
 /* nflash import gguf (bundles aligned to 512, extents of 8) to a fresh
  * path under /tmp, written to out. */
 void pl_import(const char *gguf, char *out, size_t len);
+/* The same, with each FFN's gate rows as an object too (--gate-objects). */
+void pl_import_with(const char *gguf, char *out, size_t len, bool gate_objects);
 
 /* A ReLU model with predictors whose FFNs (4 layers x 8192 neurons of dim
  * 256, F32: about 100 MB) do not fit small budgets, training context

@@ -20,7 +20,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: nflash import MODEL.gguf OUT.nfl [--extent-bundles K] [--bundle-align B]\n"
-		"                     [--force] [--no-verify] [--json]\n"
+		"                     [--force] [--no-verify] [--gate-objects] [--json]\n"
 		"\n"
 		"Builds a store from a GGUF file (llama.cpp's, or PowerInfer's with\n"
 		"ffn_down_t and predictors): the metadata, one dense object per non-FFN\n"
@@ -32,6 +32,9 @@ static void usage(FILE *f)
 		"                       to 1M (default 4096; K/M suffixes)\n"
 		"  --force              replace OUT if it exists\n"
 		"  --no-verify          skip the read-back\n"
+		"  --gate-objects       also store each FFN's gate rows as one object, so that\n"
+		"                       exact mode can read gates first (--gate-first; +1/3 of\n"
+		"                       the FFN bytes on disk)\n"
 		"  --json               print a report as one JSON object\n"
 		"  -h, --help           this text\n"
 		"\n"
@@ -92,6 +95,8 @@ int nf_cmd_import(int argc, char **argv)
 			o.overwrite = true;
 		} else if (!strcmp(a, "--no-verify")) {
 			o.no_verify = true;
+		} else if (!strcmp(a, "--gate-objects")) {
+			o.gate_objects = true;
 		} else if (!strcmp(a, "--json")) {
 			json = true;
 		} else if (a[0] == '-' && a[1]) {

@@ -22,6 +22,8 @@ void nf_model_cli_init(struct nf_model_cli *mc)
 	memset(mc, 0, sizeof(*mc));
 	mc->kv_type = -1;
 	mc->replan_moves = -1;
+	mc->route_prefetch = -1;
+	mc->gate_first = -1;
 	mc->sparse_mode = -1;
 	mc->read_gap = -1;
 	mc->cold_slots = -1;
@@ -108,6 +110,14 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 	} else if (!strcmp(f, "--replan-moves")) {
 		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 1 << 20, &mc->replan_moves) < 0)
 			return NF_EUSAGE;
+	} else if (!strcmp(f, "--route-prefetch") || !strcmp(f, "--gate-first")) {
+		if (!(v = nf_cli_value(argc, argv, i)))
+			return NF_EUSAGE;
+		if (strcmp(v, "on") && strcmp(v, "off")) {
+			nf_cli_err("%s: '%s' is neither on nor off", f, v);
+			return NF_EUSAGE;
+		}
+		*(!strcmp(f, "--gate-first") ? &mc->gate_first : &mc->route_prefetch) = !strcmp(v, "on");
 	} else if (!strcmp(f, "--read-gap")) {
 		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 64, &mc->read_gap) < 0)
 			return NF_EUSAGE;
@@ -155,6 +165,13 @@ void nf_model_cli_help(FILE *f)
 		"                        parts (same output, slower prefill; default: one layer, or a\n"
 		"                        quarter layer in predictor mode when a whole one would\n"
 		"                        leave no room to pin attention)\n"
+		"  --route-prefetch on|off  mixture of experts from a store, decode: read the experts\n"
+		"                        that layer L+1's router guesses from layer L's FFN input\n"
+		"                        ahead, while layer L computes (default: on for exact and\n"
+		"                        dense experts, off in predictor mode)\n"
+		"  --gate-first on|off   exact mode from a store imported with --gate-objects: read\n"
+		"                        each FFN's gate rows first, then only the bundles of\n"
+		"                        neurons whose gate is positive (default off)\n"
 		"  --replan-moves N      online re-planning: every 16 tokens, move up to N neurons\n"
 		"                        that now fire clearly more than hot ones of their layer\n"
 		"                        from the cold segment into the hot one (memcpy, no I/O;\n"
@@ -300,9 +317,23 @@ static void experts_lines(const struct nf_model_cli *mc, FILE *f)
 		nf_sparse_stats_get(mc->sparse, &st);
 	if (xs && st.route_guesses)
 		fprintf(f, "nflash: route-ahead guess (layer L+1's router on layer L's FFN input, decode): %.1f%% of "
-			"%llu routed experts (measured, not prefetched)\n",
+			"%llu routed experts\n",
 			100.0 * (double)st.route_guess_hits / (double)st.route_guesses,
 			(unsigned long long)st.route_guesses);
+	if (xs && mc->cache) {
+		struct nf_cache_stats c;
+		nf_cache_stats_get(mc->cache, &c);
+		if (st.route_prefetches)
+			fprintf(f, "nflash: route-ahead prefetch: %llu experts, %.1f MiB in %llu reads (%llu bundles), "
+				"%llu of them hit later (%.1f%%), %llu lookups waited for one in flight\n",
+				(unsigned long long)st.route_prefetches, (double)c.prefetch_bytes / 1048576.0,
+				(unsigned long long)c.prefetch_requests, (unsigned long long)c.prefetch_neurons,
+				(unsigned long long)c.prefetch_hits,
+				c.prefetch_neurons ? 100.0 * (double)c.prefetch_hits / (double)c.prefetch_neurons : 0.0,
+				(unsigned long long)c.prefetch_waits);
+		else
+			fprintf(f, "nflash: route-ahead prefetch: off\n");
+	}
 	for (uint32_t il = 0; xs && il < nl; il++) {
 		fprintf(f, "nflash: layer %u experts (tokens routed, cache hit rate):", il);
 		for (uint32_t e = 0; e < nx; e++) {
@@ -330,6 +361,9 @@ void nf_model_cli_stats_total(struct nf_model_cli *mc, FILE *f, double t_total)
 	bool attn = nf_ctx_attn_stats(mc->ctx, &a);
 	stats_line(f, "total", &now, mc->cache ? &c : NULL, attn ? &a : NULL, t_total);
 	experts_lines(mc, f);
+	if (now.gate_reads)
+		fprintf(f, "nflash: gate-first: %llu gate-rows reads, %.1f MiB (besides the bundles' %.1f MiB)\n",
+			(unsigned long long)now.gate_reads, mib(now.gate_bytes), mib(c.bytes_read));
 	if (mc->cache) {
 		struct nf_cache_layout cl;
 		nf_cache_layout_get(mc->cache, &cl);
@@ -395,6 +429,8 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_dbl(j, "overlap_pct", st.t_io > 0 ? fmax(0.0, 100.0 * (1.0 - st.t_wait / st.t_io)) : 100.0);
 	nf_json_u64(j, "neurons_total", st.neurons_total);
 	nf_json_u64(j, "neurons_active", st.neurons_active);
+	nf_json_u64(j, "gate_reads", st.gate_reads);
+	nf_json_u64(j, "gate_bytes_read", st.gate_bytes);
 	if (st.recall_fired)
 		nf_json_dbl(j, "predictor_recall", (double)st.recall_hit / (double)st.recall_fired);
 	struct nf_stream_stats a = { 0 };
@@ -411,6 +447,12 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 		nf_json_u64(j, "moe_together", st.moe_together);
 		nf_json_u64(j, "route_guesses", st.route_guesses);
 		nf_json_u64(j, "route_guess_hits", st.route_guess_hits);
+		nf_json_u64(j, "route_prefetches", st.route_prefetches);
+		nf_json_u64(j, "route_prefetch_reads", c.prefetch_requests);
+		nf_json_u64(j, "route_prefetch_bytes", c.prefetch_bytes);
+		nf_json_u64(j, "route_prefetch_neurons", c.prefetch_neurons);
+		nf_json_u64(j, "route_prefetch_hits", c.prefetch_hits);
+		nf_json_u64(j, "route_prefetch_waits", c.prefetch_waits);
 		/* per expert: tokens routed, neurons computed, cache hit rate */
 		nf_json_arr_begin(j, "experts");
 		for (uint32_t il = 0; il < nl; il++)
@@ -464,6 +506,8 @@ void nf_model_cli_engine_opts(const struct nf_model_cli *mc, struct nf_engine_op
 	o->attn_pin = (uint32_t)mc->attn_pin;
 	o->cold_slots = (int)mc->cold_slots;
 	o->replan_moves = (int)mc->replan_moves;
+	o->route_prefetch = mc->route_prefetch;
+	o->gate_first = mc->gate_first;
 	o->profile = mc->profile;
 	o->profile_sig_tokens = NF_PROFILE_SIG_TOKENS;
 	o->measure_recall = mc->stats;

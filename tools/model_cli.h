@@ -39,6 +39,8 @@ struct nf_model_cli {
 	bool profile;           /* --profile: count active neurons, store them in the store */
 	long cold_slots;        /* --cold-slots: smallest cold segment (0: one layer; -1: auto) */
 	long replan_moves;      /* --replan-moves: online re-planning (-1: default; 0: off) */
+	int route_prefetch;     /* --route-prefetch on|off (-1: default) */
+	int gate_first;         /* --gate-first on|off (-1: default) */
 	uint64_t profile_rec;   /* of which the co-activation record (in reserved) */
 	/* filled by nf_model_cli_open (the engine owns them) */
 	struct nf_engine *engine;

@@ -127,6 +127,12 @@ struct nf_cache_stats {
 	uint64_t promotions;       /* neurons moved from the cold segment to the hot (rebalance) */
 	uint64_t verify_ns;        /* CPU time of crc32c checks in the completion path */
 	uint64_t verified;         /* bytes those checks covered */
+	/* route-ahead reads (nf_cache_prefetch), also counted in requests,
+	 * bytes_read and gap_bundles; a failed one in errors */
+	uint64_t prefetch_requests, prefetch_bytes;
+	uint64_t prefetch_neurons;  /* bundles asked for that they read */
+	uint64_t prefetch_hits;     /* bundles they read that a request then found (cold hits) */
+	uint64_t prefetch_waits;    /* of those, found while still in flight (reported when it landed) */
 };
 
 struct nf_cache;
@@ -229,6 +235,23 @@ int nf_cache_request_tagged(struct nf_cache *c, uint32_t layer, uint32_t expert,
 			    uint32_t n, const void **ptrs, nf_cache_ready_fn fn, void *tag);
 
 /*
+ * nf_cache_prefetch - start reading the misses among neurons[0..n) of FFN
+ * (layer, expert) into cold slots, reported to no one: a route-ahead read
+ * of what a later request will probably ask for. Its reads go through the
+ * same I/O context and may stay in flight across nf_cache_release; a later
+ * request that asks for one of their bundles gets it reported when the
+ * read lands (through nf_cache_reap, as its own misses; with the read's
+ * error if it fails), or as a miss if it failed before, so what a request
+ * hands out is what a request without the prefetch would have. Slots still filling
+ * are never evicted nor given to a request (a request whose misses might
+ * need them waits for them first); the misses taken are at most the cold
+ * slots neither pinned nor filling. Requesting thread only. Returns the reads submitted (0: all
+ * present, or no room) or NF_EUSAGE (no such FFN, a neuron out of range).
+ * A read that cannot be queued is dropped (its slots freed).
+ */
+int nf_cache_prefetch(struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons, uint32_t n);
+
+/*
  * nf_cache_reap - hand queued completion events to fn; if none is queued
  * and reads are in flight, wait for at least one (one thread waits; the
  * others return at once to try again). Returns the number of events
@@ -236,8 +259,8 @@ int nf_cache_request_tagged(struct nf_cache *c, uint32_t layer, uint32_t expert,
  */
 int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user);
 
-/* End of a layer: waits for its reads, unpins its slots. Returns 0 or the
- * first read error seen since the last release. */
+/* End of a layer: waits for its reads (not route-ahead ones), unpins its
+ * slots. Returns 0 or the first read error seen since the last release. */
 int nf_cache_release(struct nf_cache *c);
 
 /*

@@ -55,6 +55,10 @@ struct nf_import_opts {
 	uint32_t block_size;         /* bundle alignment B, power of two in [512, 1 MiB]; 0: 4096 */
 	bool overwrite;              /* replace an existing output (else NF_EUSAGE) */
 	bool no_verify;              /* skip the read-back */
+	/* Also write each FFN's gate rows as a dense object (neuron order,
+	 * NF_STORE_GATE_ROWS_SUFFIX) for gate-first exact mode: +1/3 of the
+	 * FFN bytes (gate and up of equal size and a down of the same width). */
+	bool gate_objects;
 	const struct nf_io_sys *sys; /* NULL: nf_io_sys_default (tests inject faults) */
 	/* Polled between chunks; when it becomes nonzero the import stops with
 	 * -EINTR and leaves nothing under the output name. May be NULL. */

@@ -87,6 +87,22 @@ struct nf_sparse_params {
 	 * no I/O), and halve the counts every NF_SPARSE_DECAY_TOKENS tokens,
 	 * so the hot set follows the text (online re-planning; 0: off). */
 	uint32_t replan_moves;
+	/* With a cache, a mixture of experts in decode: as soon as layer L's
+	 * reads are out, read ahead (nf_cache_prefetch) the neurons layer
+	 * L+1's guessed experts would compute (layer L+1's router and those
+	 * experts' predictors applied to layer L's FFN input; exact and dense
+	 * experts: all their neurons), so that their reads overlap layer L's
+	 * compute and layer L+1's attention. A wrong guess costs reads, never
+	 * output bits. 1 on, 0 off (nf_sparse_params_init), -1 the measured
+	 * default: on for exact and dense experts, off in predictor mode
+	 * (docs/PIPELINE.md). */
+	int route_prefetch;
+	/* Exact mode from a cache whose store has every FFN's gate rows as an
+	 * object (`nflash import --gate-objects`): per token and FFN read the
+	 * gate rows whole, then only the bundles of neurons whose gate is
+	 * positive (same output bits as exact mode; route_prefetch is then
+	 * off). NF_EUSAGE when the mode is not exact or an object is missing. */
+	bool gate_first;
 };
 
 /* Tokens between two re-planning steps, and between two halvings of the
@@ -120,8 +136,11 @@ struct nf_sparse_stats {
 	/* mixture of experts, decode: the next layer's router applied to this
 	 * layer's FFN input guesses its experts (what a route-ahead prefetch
 	 * would read); of route_guesses routed experts, route_guess_hits were
-	 * guessed (a measurement only: nothing is prefetched) */
-	uint64_t route_guesses, route_guess_hits;
+	 * guessed; with route_prefetch, route_prefetches guessed experts
+	 * were read ahead (the cache's stats count their reads and hits) */
+	uint64_t route_guesses, route_guess_hits, route_prefetches;
+	/* gate-first: gate-rows objects read, their bytes */
+	uint64_t gate_reads, gate_bytes;
 };
 
 /* One expert (layer, expert) of a mixture of experts. */
@@ -167,6 +186,9 @@ uint64_t nf_sparse_bytes_for(const struct nf_ctx *ctx, const struct nf_cache_geo
  * one chunk of whole 256-neuron super-blocks (319) for K-quant QCOL downs,
  * else 1. Sizing code must not give a cache fewer. */
 uint32_t nf_sparse_min_cold_slots(const struct nf_cache_geom *g);
+/* The bytes gate-first exact mode adds (its gate-rows buffers) for ctx's
+ * model over bundles of geometry g. */
+uint64_t nf_sparse_gate_first_bytes(const struct nf_ctx *ctx, const struct nf_cache_geom *g);
 
 /* The FFN ops the engine installed and their self, for callers that wrap
  * them (tests comparing against a reference, tracing). */

@@ -170,6 +170,17 @@ void nf_store_ffn_layout(const struct nf_store_object *obj, struct nf_bundle_lay
  * when obj is not QCOL or the object is absent. */
 const struct nf_store_object *nf_store_ffn_scales(const struct nf_store *s,
 						  const struct nf_store_object *obj);
+/* Suffix of the dense object holding an FFN's gate rows in neuron-id order
+ * (`nflash import --gate-objects`): "<ffn name>.gate_rows", the gate's
+ * dtype, shape {dim, n_neurons}. Gate-first exact mode reads it whole, then
+ * only the bundles of neurons whose gate is positive; a model's load never
+ * pins it. */
+#define NF_STORE_GATE_ROWS_SUFFIX ".gate_rows"
+/* FFN object obj's gate-rows object, or NULL (none, no gate, or a shape,
+ * dtype or length that does not match obj). */
+const struct nf_store_object *nf_store_ffn_gate_rows(const struct nf_store *s, const struct nf_store_object *obj);
+/* Whether name is a gate-rows object's (ends with the suffix). */
+bool nf_store_is_gate_rows_name(const char *name);
 
 /* Bytes a buffer needs to read the whole object (length rounded up to the block size). */
 uint64_t nf_store_object_buf_size(const struct nf_store_object *obj, uint32_t block_size);
