@@ -306,9 +306,10 @@ int main(int argc, char **argv)
 		size_t nmat = (SET_BYTES + mat - 1) / mat;
 		char *w = alloc_huge(nmat * mat), *wp = NULL;
 		fill_weights(kt, type_dtypes[ti], w, nmat * N_ROWS, rb, 7 + ti);
-		/* Q4_0 and Q8_0 also in 8-row groups (the form nf_model_repack
-		 * gives matrices in memory), for the tables that have kernels */
-		if (kt == NF_KT_Q4_0 || kt == NF_KT_Q8_0) {
+		/* Q4_0, Q8_0, Q4_K, Q5_K and Q6_K also in 8-row groups (the form
+		 * nf_model_repack gives matrices in memory), for the tables that
+		 * have kernels */
+		if (nf_x8_supported(kt)) {
 			wp = alloc_huge(nmat * mat);
 			nf_repack_x8(kt, wp, w, N_COLS, nmat * N_ROWS);
 		}

@@ -173,34 +173,93 @@ void nf_rope(float *x, size_t n_head, size_t head_dim, int64_t pos, float freq_b
 	}
 }
 
-/* ---- Q4_0 and Q8_0 in 8-row groups (kernels.h) ----------------------------- */
+/* ---- matrices in 8-row groups (kernels.h) ------------------------------------ */
 
-/* One group: 8 plain rows <-> nb grouped blocks; bs the plain block's size
- * (the fp16 scale, then bs - 2 quant bytes). */
-static void x8_group(unsigned char *plain, unsigned char *grp, size_t nb, size_t bs, size_t row_bytes,
-		     int pack)
+/*
+ * Where each byte of a plain block goes in its group's block: a type's
+ * block is a list of fields, each moved as a whole by one rule, for row r
+ * and byte b of the field:
+ *   X8_FP16   (one fp16 per row)  grp + 2r + b
+ *   X8_CHUNK4 (quants)            grp + 32 (b / 4) + 4r + b % 4
+ *   X8_BYTES  (scale bytes)       grp + 32 (b / 4) + 16 (r / 4) + 4 (b % 4) + r % 4
+ * CHUNK4 puts 4 consecutive bytes of each of the 8 rows in one 32-byte
+ * load; BYTES puts byte b of rows 0-3 in the load's low 128-bit lane and of
+ * rows 4-7 in its high lane, where one pshufb per lane reaches them.
+ */
+enum { X8_FP16, X8_CHUNK4, X8_BYTES };
+struct x8_field {
+	uint16_t plain, grp, len; /* offsets in the plain and group blocks, bytes per row */
+	uint8_t kind;
+};
+struct x8_form {
+	size_t bs, qk, nf; /* plain block bytes, values per block, fields */
+	struct x8_field f[5];
+};
+
+static const struct x8_form *x8_form(enum nf_ktype kt)
 {
-	size_t q = bs - 2;
-	for (size_t i = 0; i < nb; i++) {
-		unsigned char *g = grp + i * 8 * bs;
-		for (int r = 0; r < 8; r++) {
-			unsigned char *b = plain + (size_t)r * row_bytes + i * bs;
-			memcpy(pack ? g + 2 * r : b, pack ? b : g + 2 * r, 2);
-			for (size_t m = 0; m < q / 4; m++) {
-				unsigned char *gq = g + 16 + 32 * m + 4 * (size_t)r, *bq = b + 2 + 4 * m;
-				memcpy(pack ? gq : bq, pack ? bq : gq, 4);
-			}
+	static const struct x8_form q4_0 = { 18, NF_QK, 2, { { 0, 0, 2, X8_FP16 }, { 2, 16, 16, X8_CHUNK4 } } };
+	static const struct x8_form q8_0 = { 34, NF_QK, 2, { { 0, 0, 2, X8_FP16 }, { 2, 16, 32, X8_CHUNK4 } } };
+	static const struct x8_form q4_K = { 144, NF_QK_K, 4,
+					     { { 0, 0, 2, X8_FP16 }, { 2, 16, 2, X8_FP16 },
+					       { 4, 32, 12, X8_BYTES }, { 16, 128, 128, X8_CHUNK4 } } };
+	static const struct x8_form q5_K = { 176, NF_QK_K, 5,
+					     { { 0, 0, 2, X8_FP16 }, { 2, 16, 2, X8_FP16 },
+					       { 4, 32, 12, X8_BYTES }, { 16, 128, 32, X8_CHUNK4 },
+					       { 48, 384, 128, X8_CHUNK4 } } };
+	static const struct x8_form q6_K = { 210, NF_QK_K, 4,
+					     { { 208, 0, 2, X8_FP16 }, { 192, 16, 16, X8_BYTES },
+					       { 0, 144, 128, X8_CHUNK4 }, { 128, 1168, 64, X8_CHUNK4 } } };
+	switch (kt) {
+	case NF_KT_Q4_0: return &q4_0;
+	case NF_KT_Q8_0: return &q8_0;
+	case NF_KT_Q4_K: return &q4_K;
+	case NF_KT_Q5_K: return &q5_K;
+	case NF_KT_Q6_K: return &q6_K;
+	default: return NULL;
+	}
+}
+
+bool nf_x8_supported(enum nf_ktype kt)
+{
+	return x8_form(kt) != NULL;
+}
+
+/* One row's plain block <-> its place in a group block. */
+static void x8_row(const struct x8_field *f, size_t nf, unsigned char *plain, unsigned char *grp, size_t r,
+		   int pack)
+{
+	for (size_t i = 0; i < nf; i++) {
+		unsigned char *p = plain + f[i].plain;
+		for (size_t b = 0; b < f[i].len; b += f[i].kind == X8_BYTES ? 1 : f[i].kind == X8_FP16 ? 2 : 4) {
+			size_t o = f[i].kind == X8_FP16    ? 2 * r
+				   : f[i].kind == X8_CHUNK4 ? 32 * (b / 4) + 4 * r
+							     : 32 * (b / 4) + 16 * (r / 4) + 4 * (b % 4) + r % 4;
+			size_t len = f[i].kind == X8_BYTES ? 1 : f[i].kind == X8_FP16 ? 2 : 4;
+			unsigned char *g = grp + f[i].grp + o;
+			memcpy(pack ? g : p + b, pack ? p + b : g, len);
 		}
 	}
+}
+
+void nf_x8_block_row(enum nf_ktype kt, const void *grp, size_t r, void *plain)
+{
+	const struct x8_form *fm = x8_form(kt);
+	x8_row(fm->f, fm->nf, plain, (unsigned char *)grp, r, 0);
 }
 
 static void x8_convert(enum nf_ktype kt, unsigned char *plain, unsigned char *grp, size_t n, size_t nrows,
 		       int pack)
 {
-	size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
-	size_t nb = n / NF_QK, row_bytes = nb * bs;
+	const struct x8_form *fm = x8_form(kt);
+	if (!fm)
+		return;
+	size_t nb = n / fm->qk, row_bytes = nb * fm->bs;
 	for (size_t g = 0; g < nrows / 8; g++)
-		x8_group(plain + g * 8 * row_bytes, grp + g * 8 * row_bytes, nb, bs, row_bytes, pack);
+		for (size_t i = 0; i < nb; i++)
+			for (size_t r = 0; r < 8; r++)
+				x8_row(fm->f, fm->nf, plain + (g * 8 + r) * row_bytes + i * fm->bs,
+				       grp + g * 8 * row_bytes + i * 8 * fm->bs, r, pack);
 }
 
 void nf_repack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows)

@@ -998,6 +998,6 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 	.drelu_mul = nf_kref_drelu_mul,
 	.dot_f32 = nf_kavx2_dot_f32v,
 	.axpy_f32 = nf_kavx2_axpy_f32v,
-	.gemv_x8 = { [NF_KT_Q4_0] = gemv_q4_0x8, [NF_KT_Q8_0] = gemv_q8_0x8 },
-	.gemm_x8 = { [NF_KT_Q4_0] = gemm_q4_0x8, [NF_KT_Q8_0] = gemm_q8_0x8 },
+	.gemv_x8 = { [NF_KT_Q4_0] = gemv_q4_0x8, [NF_KT_Q8_0] = gemv_q8_0x8, NF_KAVX2_X8(gemv) },
+	.gemm_x8 = { [NF_KT_Q4_0] = gemm_q4_0x8, [NF_KT_Q8_0] = gemm_q8_0x8, NF_KAVX2_X8(gemm) },
 };

@@ -18,6 +18,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels_impl.h"
@@ -371,3 +372,448 @@ void nf_kavx2_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n
 {
 	NF_KCOL_BY_BITS(kcol_madd_b, bits, off, col, n, sc, xq, acc);
 }
+
+/* ---- 8-row groups ---------------------------------------------------------------- */
+
+/*
+ * Q4_K, Q5_K and Q6_K matrices in 8-row groups (kernels.h). Register e of
+ * lane m holds element r = row r's int32 lane m (bytes 4m..4m+3 of each
+ * 32-value group): one 32-byte load of quants serves 8 rows, the 4
+ * activation bytes are one broadcast, and the sub-block scale of the 8
+ * rows is one vector (pshufb of the group's scale bytes, rows 0-3 in the
+ * low lane and 4-7 in the high one), applied by madd to maddubs' pair
+ * sums: exactly the reference's integer lanes. Per super-block and lane
+ * acc_m[r] = fma(d_w[r] * d_x, lane_m[r], acc_m[r]), the mins as the
+ * reference adds them (Q4_K: 4 chains, Q5_K: one), and the end is hsum8
+ * element by element: the plain reference's bits for every row.
+ */
+#define KX8_CHUNK 64 /* super-blocks per activation table (16384 values) */
+
+struct kx8_tab {
+	float d;
+	int32_t mp[4];       /* Q4_K/Q5_K: the sums of 32 as int16 pairs (s0, s1), k = 0..3 */
+	int32_t corr[8][8];  /* Q6_K: 32 * (x pair sums) of lane m of group g, as int16 pairs */
+};
+
+static void kx8_table(int q6, const struct nf_block_q8_K *x, size_t nsb, struct kx8_tab *t)
+{
+	const __m256i m32 = _mm256_set1_epi8(32);
+	for (size_t i = 0; i < nsb; i++) {
+		t[i].d = x[i].d;
+		if (q6) {
+			for (int g = 0; g < 8; g++)
+				_mm256_storeu_si256((__m256i *)t[i].corr[g],
+						    _mm256_maddubs_epi16(m32, _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * g))));
+			continue;
+		}
+		for (int k = 0; k < 4; k++) {
+			int32_t s0 = x[i].bsums[4 * k] + x[i].bsums[4 * k + 1];
+			int32_t s1 = x[i].bsums[4 * k + 2] + x[i].bsums[4 * k + 3];
+			t[i].mp[k] = (int32_t)((uint32_t)(uint16_t)s0 | (uint32_t)s1 << 16);
+		}
+	}
+}
+
+static inline __m256i bcast32(const int8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, sizeof(v));
+	return _mm256_set1_epi32(v);
+}
+
+/* pshufb indexes (the same in both 128-bit lanes): element r gets, from
+ * the scale bytes' lane, rows 0-3 (low lane) or 4-7 (high lane):
+ * KX8_SC + p: byte 4p + r % 4 as int16, twice (a sub-block's scale of 8 rows);
+ * KX8_MN + k: bytes 8k + r % 4 and 8k + 4 + r % 4 as int16 (two mins);
+ * KX8_S6 + p: byte 4p + r % 4 in the high byte of each int16 (for srai). */
+enum { KX8_SC = 0, KX8_MN = 4, KX8_S6 = 6 };
+static const uint8_t kx8_ix[10][32] __attribute__((aligned(32))) = {
+#define KX8_L(...) { __VA_ARGS__, __VA_ARGS__ }
+	KX8_L(0x00, 0x80, 0x00, 0x80, 0x01, 0x80, 0x01, 0x80, 0x02, 0x80, 0x02, 0x80, 0x03, 0x80, 0x03, 0x80),
+	KX8_L(0x04, 0x80, 0x04, 0x80, 0x05, 0x80, 0x05, 0x80, 0x06, 0x80, 0x06, 0x80, 0x07, 0x80, 0x07, 0x80),
+	KX8_L(0x08, 0x80, 0x08, 0x80, 0x09, 0x80, 0x09, 0x80, 0x0a, 0x80, 0x0a, 0x80, 0x0b, 0x80, 0x0b, 0x80),
+	KX8_L(0x0c, 0x80, 0x0c, 0x80, 0x0d, 0x80, 0x0d, 0x80, 0x0e, 0x80, 0x0e, 0x80, 0x0f, 0x80, 0x0f, 0x80),
+	KX8_L(0x00, 0x80, 0x04, 0x80, 0x01, 0x80, 0x05, 0x80, 0x02, 0x80, 0x06, 0x80, 0x03, 0x80, 0x07, 0x80),
+	KX8_L(0x08, 0x80, 0x0c, 0x80, 0x09, 0x80, 0x0d, 0x80, 0x0a, 0x80, 0x0e, 0x80, 0x0b, 0x80, 0x0f, 0x80),
+	KX8_L(0x80, 0x00, 0x80, 0x00, 0x80, 0x01, 0x80, 0x01, 0x80, 0x02, 0x80, 0x02, 0x80, 0x03, 0x80, 0x03),
+	KX8_L(0x80, 0x04, 0x80, 0x04, 0x80, 0x05, 0x80, 0x05, 0x80, 0x06, 0x80, 0x06, 0x80, 0x07, 0x80, 0x07),
+	KX8_L(0x80, 0x08, 0x80, 0x08, 0x80, 0x09, 0x80, 0x09, 0x80, 0x0a, 0x80, 0x0a, 0x80, 0x0b, 0x80, 0x0b),
+	KX8_L(0x80, 0x0c, 0x80, 0x0c, 0x80, 0x0d, 0x80, 0x0d, 0x80, 0x0e, 0x80, 0x0e, 0x80, 0x0f, 0x80, 0x0f),
+#undef KX8_L
+};
+
+static inline __m256i kx8_shuf(__m256i v, int which)
+{
+	return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)kx8_ix[which]));
+}
+
+/* bit p (0..7) of each byte of h, moved to 0x10 */
+static inline __m256i kx8_bit4(__m256i h, int p)
+{
+	const __m256i b4 = _mm256_set1_epi8(0x10);
+	if (p < 4)
+		return _mm256_and_si256(_mm256_slli_epi16(h, 4 - p), b4);
+	if (p > 4)
+		return _mm256_and_si256(_mm256_srli_epi16(h, p - 4), b4);
+	return _mm256_and_si256(h, b4);
+}
+
+/* hsum8 of the 8 lane chains, element by element, plus the min sums (ty 4:
+ * Q4_K's (0+2) + (1+3), 5: Q5_K's one chain; none for Q6_K, where adding
+ * 0 would turn -0 into +0) */
+static inline void kx8_out(int ty, const __m256 a[8], const __m256 m[4], float *y)
+{
+	__m256 t0 = _mm256_add_ps(a[0], a[4]), t1 = _mm256_add_ps(a[1], a[5]);
+	__m256 t2 = _mm256_add_ps(a[2], a[6]), t3 = _mm256_add_ps(a[3], a[7]);
+	__m256 s = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
+	if (ty == 4)
+		s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(m[0], m[2]), _mm256_add_ps(m[1], m[3])));
+	else if (ty == 5)
+		s = _mm256_add_ps(s, m[0]);
+	_mm256_storeu_ps(y, s);
+}
+
+/* Q4_K/Q5_K: the 8 sub-blocks' scale vectors and the 4 min-pair vectors
+ * (mins 2k, 2k+1 as int16) of one group block. */
+static inline __attribute__((always_inline)) void kx8_k4_scales(const unsigned char *b, __m256i sv[8], __m256i mnp[4])
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f), m63 = _mm256_set1_epi8(63), m30 = _mm256_set1_epi8(0x30);
+	const __m256i A = _mm256_loadu_si256((const __m256i *)(b + 32));
+	const __m256i B = _mm256_loadu_si256((const __m256i *)(b + 64));
+	const __m256i C = _mm256_loadu_si256((const __m256i *)(b + 96));
+	__m256i sc[2], mn[2];
+	sc[0] = _mm256_and_si256(A, m63);
+	sc[1] = _mm256_or_si256(_mm256_and_si256(C, m4), _mm256_and_si256(_mm256_srli_epi16(A, 2), m30));
+	mn[0] = _mm256_and_si256(B, m63);
+	mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(C, 4), m4), _mm256_and_si256(_mm256_srli_epi16(B, 2), m30));
+	for (int j = 0; j < 8; j++)
+		sv[j] = kx8_shuf(sc[j / 4], KX8_SC + j % 4);
+	for (int k = 0; k < 4; k++)
+		mnp[k] = kx8_shuf(mn[k / 2], KX8_MN + k % 2);
+}
+
+/* The min terms of one super-block as the reference adds them: Q4_K four
+ * chains accm[k], Q5_K one (accm[0]); dm = -d_x * dmin_w per row. */
+static inline __attribute__((always_inline)) void kx8_k4_mins(int q5, const __m256i mnp[4], const struct kx8_tab *t,
+							       __m256 dm, __m256 accm[4])
+{
+	if (q5) {
+		__m256i tot = _mm256_setzero_si256();
+		for (int k = 0; k < 4; k++)
+			tot = _mm256_add_epi32(tot, _mm256_madd_epi16(mnp[k], _mm256_set1_epi32(t->mp[k])));
+		accm[0] = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(tot), accm[0]);
+		return;
+	}
+	for (int k = 0; k < 4; k++)
+		accm[k] = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(_mm256_madd_epi16(mnp[k], _mm256_set1_epi32(t->mp[k]))),
+					  accm[k]);
+}
+
+/* Q4_K/Q5_K: the values of run j, lane m of the 8 rows (lo: sub-block 2j,
+ * hi: 2j + 1), unsigned bytes. */
+static inline __attribute__((always_inline)) void kx8_k4_quants(int q5, const unsigned char *b, int j, int m,
+								 __m256i *lo, __m256i *hi)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	const size_t qso = q5 ? offsetof(struct nf_block_q5_Kx8, qs) : offsetof(struct nf_block_q4_Kx8, qs);
+	__m256i q = _mm256_loadu_si256((const __m256i *)(b + qso + 32 * (8 * j + m)));
+	__asm__("" : "+x"(q)); /* one load, not one per use */
+	*lo = _mm256_and_si256(q, m4);
+	*hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+	if (q5) {
+		const __m256i h = _mm256_loadu_si256((const __m256i *)(b + offsetof(struct nf_block_q5_Kx8, qh) + 32 * m));
+		*lo = _mm256_or_si256(*lo, kx8_bit4(h, 2 * j));
+		*hi = _mm256_or_si256(*hi, kx8_bit4(h, 2 * j + 1));
+	}
+}
+
+/* lane m's integer sum of run j: both sub-blocks times their scales */
+static inline __m256i kx8_k4_dot(__m256i lo, __m256i hi, const int8_t *xq, int j, int m, __m256i s0, __m256i s1)
+{
+	__m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, bcast32(xq + 64 * j + 4 * m)), s0);
+	__m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bcast32(xq + 64 * j + 32 + 4 * m)), s1);
+	return _mm256_add_epi32(p0, p1);
+}
+
+/* the fp16 scales of the 8 rows at p, times s */
+static inline __m256 kx8_d(const unsigned char *p, float s)
+{
+	return _mm256_mul_ps(_mm256_set1_ps(s), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* Q4_K (q5 = 0) or Q5_K: super-blocks [0, nsb) of one group into acc,
+ * accm (Q4_K's min chains) or accm[0] (Q5_K's). */
+static inline __attribute__((always_inline)) void kx8_k4(int q5, const unsigned char *b,
+							  const struct nf_block_q8_K *x, const struct kx8_tab *t,
+							  size_t nsb, __m256 acc[8], __m256 accm[4])
+{
+	const size_t bs = q5 ? sizeof(struct nf_block_q5_Kx8) : sizeof(struct nf_block_q4_Kx8);
+	for (size_t i = 0; i < nsb; i++, b += bs) {
+		__m256i sv[8], mnp[4];
+		kx8_k4_scales(b, sv, mnp);
+		kx8_k4_mins(q5, mnp, &t[i], kx8_d(b + 16, -t[i].d), accm);
+		/* lanes m = 0..7 in registers while the 4 runs of 64 values pass */
+		const int8_t *xq = x[i].qs;
+		__m256i sumi[8];
+		for (int m = 0; m < 8; m++)
+			sumi[m] = _mm256_setzero_si256();
+		_Pragma("GCC unroll 1") for (int j = 0; j < 4; j++) {
+			const __m256i s0 = sv[2 * j], s1 = sv[2 * j + 1];
+			_Pragma("GCC unroll 8") for (int m = 0; m < 8; m++) {
+				__m256i lo, hi;
+				kx8_k4_quants(q5, b, j, m, &lo, &hi);
+				sumi[m] = _mm256_add_epi32(sumi[m], kx8_k4_dot(lo, hi, xq, j, m, s0, s1));
+			}
+		}
+		const __m256 dv = kx8_d(b, t[i].d);
+		for (int m = 0; m < 8; m++)
+			acc[m] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(sumi[m]), acc[m]);
+	}
+}
+
+/* Q6_K: the 16 sub-blocks' scale vectors (sign-extended int16 pairs). */
+static inline __attribute__((always_inline)) void kx8_k6_scales(const unsigned char *b, __m256i sv[16])
+{
+	for (int sb = 0; sb < 16; sb++)
+		sv[sb] = _mm256_srai_epi16(kx8_shuf(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (sb / 4))),
+						    KX8_S6 + sb % 4), 8);
+}
+
+/* Q6_K: the 6-bit values of lane m in groups 4h..4h+3 of the 8 rows. */
+static inline __attribute__((always_inline)) void kx8_k6_quants(const unsigned char *b, int h, int m, __m256i v[4])
+{
+	const size_t qlo = offsetof(struct nf_block_q6_Kx8, ql), qho = offsetof(struct nf_block_q6_Kx8, qh);
+	const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+	const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + qlo + 32 * (16 * h + m)));
+	const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + qlo + 32 * (16 * h + 8 + m)));
+	const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + qho + 32 * (8 * h + m)));
+	v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+	v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+	v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+	v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+			       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+}
+
+/* Q6_K: (v - 32) * x of lane m in group g times the sub-block scale s */
+static inline __m256i kx8_k6_dot(__m256i v, const int8_t *xq, const struct kx8_tab *t, int g, int m, __m256i s)
+{
+	__m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(v, bcast32(xq + 32 * g + 4 * m)), _mm256_set1_epi32(t->corr[g][m]));
+	return _mm256_madd_epi16(p, s);
+}
+
+/* Q6_K: super-blocks [0, nsb) of one group into acc. */
+static inline __attribute__((always_inline)) void kx8_k6(const unsigned char *b, const struct nf_block_q8_K *x,
+							  const struct kx8_tab *t, size_t nsb, __m256 acc[8])
+{
+	const size_t bs = sizeof(struct nf_block_q6_Kx8);
+	for (size_t i = 0; i < nsb; i++, b += bs) {
+		const __m256 dv = kx8_d(b, t[i].d);
+		const int8_t *xq = x[i].qs;
+		for (int mh = 0; mh < 8; mh += 4) {
+			__m256i sumi[4] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+					    _mm256_setzero_si256() };
+			for (int h = 0; h < 2; h++) {
+				__m256i s[4];
+				_Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+					const int sb = 2 * (4 * h + k) + mh / 4; /* sub-block of 16 */
+					const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (sb / 4)));
+					s[k] = _mm256_srai_epi16(kx8_shuf(v, KX8_S6 + sb % 4), 8);
+				}
+				_Pragma("GCC unroll 4") for (int m = mh; m < mh + 4; m++) {
+					__m256i v[4];
+					kx8_k6_quants(b, h, m, v);
+					_Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+						sumi[m - mh] = _mm256_add_epi32(sumi[m - mh], kx8_k6_dot(v[k], xq, &t[i], 4 * h + k, m, s[k]));
+				}
+			}
+			for (int m = mh; m < mh + 4; m++)
+				acc[m] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(sumi[m - mh]), acc[m]);
+		}
+	}
+}
+
+static inline size_t kx8_bs(int ty)
+{
+	return ty == 4 ? sizeof(struct nf_block_q4_Kx8) : ty == 5 ? sizeof(struct nf_block_q5_Kx8) : sizeof(struct nf_block_q6_Kx8);
+}
+
+static inline void kx8_zero(__m256 acc[8], __m256 accm[4])
+{
+	for (int j = 0; j < 8; j++)
+		acc[j] = _mm256_setzero_ps();
+	for (int j = 0; j < 4; j++)
+		accm[j] = _mm256_setzero_ps();
+}
+
+/* Type 4 (Q4_K), 5 (Q5_K), 6 (Q6_K): y[8g..8g+7] for groups [0, ng) of
+ * w against activation row x; the table is made once when the row fits
+ * KX8_CHUNK super-blocks, else per group and chunk. */
+static inline __attribute__((always_inline)) void kx8_groups(int ty, size_t nsb, const unsigned char *w, size_t ng,
+							      const struct nf_block_q8_K *x, float *y)
+{
+	const size_t bs = kx8_bs(ty);
+	struct kx8_tab t[KX8_CHUNK];
+	if (nsb <= KX8_CHUNK)
+		kx8_table(ty == 6, x, nsb, t);
+	for (size_t g = 0; g < ng; g++) {
+		__m256 acc[8], accm[4];
+		kx8_zero(acc, accm);
+		for (size_t c = 0; c < nsb; c += KX8_CHUNK) {
+			size_t cn = nsb - c < KX8_CHUNK ? nsb - c : KX8_CHUNK;
+			if (nsb > KX8_CHUNK)
+				kx8_table(ty == 6, x + c, cn, t);
+			const unsigned char *b = w + (g * nsb + c) * bs;
+			if (ty == 6)
+				kx8_k6(b, x + c, t, cn, acc);
+			else
+				kx8_k4(ty == 5, b, x + c, t, cn, acc, accm);
+		}
+		kx8_out(ty, acc, accm, y + 8 * g);
+	}
+}
+
+/*
+ * gemm: a group's super-block is unpacked once (quant vectors, scale
+ * vectors: 2.5 KB on the stack) and used for a tile of KX8_TOK activation
+ * rows, whose lane sums stay in registers over the super-block and whose
+ * f32 chains live on the stack: per token the unpacking's ops (Q4_K: 3 of
+ * 11 per 32 bytes, Q6_K: 17 of 41 per 96) are gone. KX8_GRP groups (at
+ * most 4 x 72 KB at 11008 values) stay in L2 while the tiles pass; the
+ * activation tables are made per tile and KX8_GCHUNK super-blocks. Each
+ * accumulator still follows its row's chain super-block by super-block.
+ */
+#define KX8_GRP 4
+#define KX8_TOK 8
+#define KX8_GCHUNK 16
+
+struct kx8_unp {
+	__m256i q[64];  /* Q4_K/Q5_K: [2 (8j + m)] lo, [+ 1] hi; Q6_K: [4 (8h + m) + k] */
+	__m256i sv[16]; /* scale vectors */
+	__m256i mnp[4]; /* Q4_K/Q5_K min pairs */
+};
+
+static inline __attribute__((always_inline)) void kx8_unpack(int ty, const unsigned char *b, struct kx8_unp *u)
+{
+	if (ty == 6) {
+		kx8_k6_scales(b, u->sv);
+		for (int h = 0; h < 2; h++)
+			for (int m = 0; m < 8; m++)
+				kx8_k6_quants(b, h, m, &u->q[4 * (8 * h + m)]);
+		return;
+	}
+	kx8_k4_scales(b, u->sv, u->mnp);
+	for (int j = 0; j < 4; j++)
+		for (int m = 0; m < 8; m++)
+			kx8_k4_quants(ty == 5, b, j, m, &u->q[2 * (8 * j + m)], &u->q[2 * (8 * j + m) + 1]);
+}
+
+/* one unpacked super-block (group block b) against the blocks x[0..nx-1]
+ * (nx = 1 or 2) of one or two tokens: each quant vector loaded once for
+ * both, lanes in halves of 4 so that both tokens' sums stay in registers */
+static inline __attribute__((always_inline)) void kx8_tok(int ty, int nx, const unsigned char *b,
+							   const struct kx8_unp *u, const struct nf_block_q8_K *const x[2],
+							   const struct kx8_tab *const t[2], __m256 *const acc[2],
+							   __m256 *const accm[2])
+{
+	for (int e = 0; e < nx && ty != 6; e++)
+		kx8_k4_mins(ty == 5, u->mnp, t[e], kx8_d(b + 16, -t[e]->d), accm[e]);
+	_Pragma("GCC unroll 1") for (int mh = 0; mh < 8; mh += 4) {
+		__m256i sumi[2][4];
+		for (int e = 0; e < 2; e++)
+			for (int mm = 0; mm < 4; mm++)
+				sumi[e][mm] = _mm256_setzero_si256();
+		if (ty == 6) {
+			_Pragma("GCC unroll 1") for (int h = 0; h < 2; h++)
+				_Pragma("GCC unroll 4") for (int mm = 0; mm < 4; mm++)
+					_Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+						const int m = mh + mm, g = 4 * h + k;
+						const __m256i v = u->q[4 * (8 * h + m) + k], sc = u->sv[2 * g + mh / 4];
+						for (int e = 0; e < nx; e++)
+							sumi[e][mm] = _mm256_add_epi32(sumi[e][mm], kx8_k6_dot(v, x[e]->qs, t[e], g, m, sc));
+					}
+		} else {
+			_Pragma("GCC unroll 1") for (int j = 0; j < 4; j++) {
+				const __m256i s0 = u->sv[2 * j], s1 = u->sv[2 * j + 1];
+				_Pragma("GCC unroll 4") for (int mm = 0; mm < 4; mm++) {
+					const int m = mh + mm;
+					const __m256i lo = u->q[2 * (8 * j + m)], hi = u->q[2 * (8 * j + m) + 1];
+					for (int e = 0; e < nx; e++)
+						sumi[e][mm] = _mm256_add_epi32(sumi[e][mm], kx8_k4_dot(lo, hi, x[e]->qs, j, m, s0, s1));
+				}
+			}
+		}
+		for (int e = 0; e < nx; e++) {
+			const __m256 dv = kx8_d(b, t[e]->d);
+			for (int mm = 0; mm < 4; mm++)
+				acc[e][mh + mm] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(sumi[e][mm]), acc[e][mh + mm]);
+		}
+	}
+}
+
+static inline __attribute__((always_inline)) void kx8_gemm_tile(int ty, size_t nsb, const unsigned char *w, size_t g0,
+								 size_t g1, const char *xq, size_t xq_stride, size_t nt,
+								 float *y, size_t ldy)
+{
+	const size_t bs = kx8_bs(ty);
+	__m256 acc[KX8_GRP][KX8_TOK][8], accm[KX8_GRP][KX8_TOK][4];
+	struct kx8_tab tab[KX8_TOK][KX8_GCHUNK];
+	struct kx8_unp u;
+	for (size_t g = g0; g < g1; g++)
+		for (size_t t = 0; t < nt; t++)
+			kx8_zero(acc[g - g0][t], accm[g - g0][t]);
+	for (size_t c = 0; c < nsb; c += KX8_GCHUNK) {
+		size_t cn = nsb - c < KX8_GCHUNK ? nsb - c : KX8_GCHUNK;
+		for (size_t t = 0; t < nt; t++)
+			kx8_table(ty == 6, (const struct nf_block_q8_K *)(xq + t * xq_stride) + c, cn, tab[t]);
+		for (size_t g = g0; g < g1; g++) {
+			const unsigned char *b = w + (g * nsb + c) * bs;
+			for (size_t i = 0; i < cn; i++, b += bs) {
+				kx8_unpack(ty, b, &u);
+				for (size_t t = 0; t < nt; t += 2) {
+					size_t t1 = t + 1 < nt ? t + 1 : t;
+					const struct nf_block_q8_K *x2[2] = {
+						(const struct nf_block_q8_K *)(xq + t * xq_stride) + c + i,
+						(const struct nf_block_q8_K *)(xq + t1 * xq_stride) + c + i,
+					};
+					const struct kx8_tab *t2[2] = { &tab[t][i], &tab[t1][i] };
+					__m256 *a2[2] = { acc[g - g0][t], acc[g - g0][t1] };
+					__m256 *m2[2] = { accm[g - g0][t], accm[g - g0][t1] };
+					if (t1 > t)
+						kx8_tok(ty, 2, b, &u, x2, t2, a2, m2);
+					else
+						kx8_tok(ty, 1, b, &u, x2, t2, a2, m2);
+				}
+			}
+		}
+	}
+	for (size_t g = g0; g < g1; g++)
+		for (size_t t = 0; t < nt; t++)
+			kx8_out(ty, acc[g - g0][t], accm[g - g0][t], y + t * ldy + 8 * g);
+}
+
+static inline __attribute__((always_inline)) void kx8_gemm(int ty, size_t n, size_t nrows, const void *w, size_t nbat,
+							    const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	size_t ng = nrows / 8;
+	for (size_t g0 = 0; g0 < ng; g0 += KX8_GRP) {
+		size_t g1 = g0 + KX8_GRP < ng ? g0 + KX8_GRP : ng;
+		for (size_t b = 0; b < nbat; b += KX8_TOK)
+			kx8_gemm_tile(ty, n / NF_QK_K, w, g0, g1, (const char *)xq + b * xq_stride, xq_stride,
+				      nbat - b < KX8_TOK ? nbat - b : KX8_TOK, y + b * ldy, ldy);
+	}
+}
+
+#define KX8_ENTRIES(T, TY)                                                                                  \
+	void nf_kavx2_gemv_x8_##T(size_t n, size_t nrows, const void *w, const void *xq, float *y)          \
+	{                                                                                                   \
+		kx8_groups(TY, n / NF_QK_K, w, nrows / 8, xq, y);                                           \
+	}                                                                                                   \
+	void nf_kavx2_gemm_x8_##T(size_t n, size_t nrows, const void *w, size_t nb, const void *xq,         \
+				  size_t xq_stride, float *y, size_t ldy)                                   \
+	{                                                                                                   \
+		kx8_gemm(TY, n, nrows, w, nb, xq, xq_stride, y, ldy);                                       \
+	}
+
+KX8_ENTRIES(Q4_K, 4)
+KX8_ENTRIES(Q5_K, 5)
+KX8_ENTRIES(Q6_K, 6)

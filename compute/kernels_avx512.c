@@ -1187,6 +1187,10 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		NF_KREF_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,
+	/* K-quants in 8-row groups: the AVX2 kernels (Q4_0/Q8_0 have their own
+	 * plain-row kernels here, so no group form) */
+	.gemv_x8 = { NF_KAVX2_X8(gemv) },
+	.gemm_x8 = { NF_KAVX2_X8(gemm) },
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kavx2_softmax,
 	.silu_mul = nf_kavx2_silu_mul,

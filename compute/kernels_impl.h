@@ -95,6 +95,29 @@ NF_KREF_KQUANT_DECL(q6_K)
 	[NF_KT_Q4_K] = nf_kref_prepare_q8_K, [NF_KT_Q5_K] = nf_kref_prepare_q8_K,              \
 	[NF_KT_Q6_K] = nf_kref_prepare_q8_K
 
+/* Matrices in 8-row groups (kernels.h): row r's plain block read back
+ * from a group block (kernels.c). */
+void nf_x8_block_row(enum nf_ktype kt, const void *grp, size_t r, void *plain);
+/* The reference's K-quant products on 8-row groups (kernels_ref.c); every
+ * table without its own points its Q4_K..Q6_K gemv_x8/gemm_x8 here or
+ * leaves them NULL (rows stay plain). */
+#define NF_KX8_DECL(P, T)                                                                          \
+	void P##_gemv_x8_##T(size_t n, size_t nrows, const void *w, const void *xq, float *y);    \
+	void P##_gemm_x8_##T(size_t n, size_t nrows, const void *w, size_t nb, const void *xq,    \
+			     size_t xq_stride, float *y, size_t ldy);
+NF_KX8_DECL(nf_kref, Q4_K)
+NF_KX8_DECL(nf_kref, Q5_K)
+NF_KX8_DECL(nf_kref, Q6_K)
+NF_KX8_DECL(nf_kavx2, Q4_K)
+NF_KX8_DECL(nf_kavx2, Q5_K)
+NF_KX8_DECL(nf_kavx2, Q6_K)
+#define NF_KREF_X8(op)                                                                             \
+	[NF_KT_Q4_K] = nf_kref_##op##_x8_Q4_K, [NF_KT_Q5_K] = nf_kref_##op##_x8_Q5_K,                  \
+	[NF_KT_Q6_K] = nf_kref_##op##_x8_Q6_K
+#define NF_KAVX2_X8(op)                                                                            \
+	[NF_KT_Q4_K] = nf_kavx2_##op##_x8_Q4_K, [NF_KT_Q5_K] = nf_kavx2_##op##_x8_Q5_K,                \
+	[NF_KT_Q6_K] = nf_kavx2_##op##_x8_Q6_K
+
 /* Q4_K/Q5_K: the 8 six-bit scales and mins of a super-block, one per 32
  * values (ggml's get_scale_min_k4), from its 12 scale bytes. */
 static inline void nf_kq_scales_k4(const uint8_t *s, uint8_t sc[8], uint8_t mn[8])

@@ -204,49 +204,89 @@ static float dot_q4_0(size_t n, const void *w, const void *x)
  *   (0+2) + (1+3); Q5_K one scalar fma(dmin, sum of m * s, summs).
  * The result is hsum_float_8(acc) (reduce8) plus those extra sums.
  */
+struct kq_acc {
+	float acc[8], accm[4], summs;
+};
+
+/* One super-block w of type t against y into the row's sums a. */
+static void kq_step(uint32_t t, const void *w, const struct nf_block_q8_K *y, struct kq_acc *a)
+{
+	struct nf_kblock kb;
+	nf_kblock_unpack(t, w, &kb);
+	const float d = y->d * kb.d, dmin = -y->d * kb.dmin;
+	const int16_t *bsum = y->bsums;
+	if (t == NF_DTYPE_Q2_K) {
+		for (int m = 0; m < 8; m++) {
+			int32_t p = kb.mn[2 * m] * bsum[2 * m] + kb.mn[2 * m + 1] * bsum[2 * m + 1];
+			a->acc[m] = fmaf(dmin, (float)p, a->acc[m]);
+		}
+	} else if (t == NF_DTYPE_Q4_K || t == NF_DTYPE_Q5_K) {
+		int32_t p[4], tot = 0;
+		for (int k = 0; k < 4; k++) {
+			int32_t s0 = bsum[4 * k] + bsum[4 * k + 1], s1 = bsum[4 * k + 2] + bsum[4 * k + 3];
+			p[k] = kb.mn[4 * k] * s0 + kb.mn[4 * k + 2] * s1;
+			tot += p[k];
+			if (t == NF_DTYPE_Q4_K)
+				a->accm[k] = fmaf(dmin, (float)p[k], a->accm[k]);
+		}
+		if (t == NF_DTYPE_Q5_K)
+			a->summs = fmaf(dmin, (float)tot, a->summs);
+	}
+	int32_t lane[8] = { 0 };
+	for (int g = 0; g < NF_QK_K / 32; g++)
+		for (int m = 0; m < 8; m++)
+			for (int k = 0; k < 4; k++) {
+				int idx = 32 * g + 4 * m + k;
+				lane[m] += kb.sc[idx / 16] * (kb.q[idx] * y->qs[idx]);
+			}
+	for (int m = 0; m < 8; m++)
+		a->acc[m] = fmaf(d, (float)lane[m], a->acc[m]);
+}
+
+static float kq_finish(uint32_t t, const struct kq_acc *a)
+{
+	float r = reduce8(a->acc);
+	if (t == NF_DTYPE_Q4_K)
+		r += (a->accm[0] + a->accm[2]) + (a->accm[1] + a->accm[3]);
+	else if (t == NF_DTYPE_Q5_K)
+		r += a->summs;
+	return r;
+}
+
 static float dot_kquant(uint32_t t, size_t n, const void *w, const void *x)
 {
 	const struct nf_block_q8_K *y = x;
 	size_t bs = nf_dtype_block_size(t);
-	float acc[8] = { 0 }, accm[4] = { 0 }, summs = 0.0f;
-	struct nf_kblock kb;
-	for (size_t i = 0; i < n / NF_QK_K; i++) {
-		nf_kblock_unpack(t, (const char *)w + i * bs, &kb);
-		const float d = y[i].d * kb.d, dmin = -y[i].d * kb.dmin;
-		const int16_t *bsum = y[i].bsums;
-		if (t == NF_DTYPE_Q2_K) {
-			for (int m = 0; m < 8; m++) {
-				int32_t p = kb.mn[2 * m] * bsum[2 * m] + kb.mn[2 * m + 1] * bsum[2 * m + 1];
-				acc[m] = fmaf(dmin, (float)p, acc[m]);
-			}
-		} else if (t == NF_DTYPE_Q4_K || t == NF_DTYPE_Q5_K) {
-			int32_t p[4], tot = 0;
-			for (int k = 0; k < 4; k++) {
-				int32_t s0 = bsum[4 * k] + bsum[4 * k + 1], s1 = bsum[4 * k + 2] + bsum[4 * k + 3];
-				p[k] = kb.mn[4 * k] * s0 + kb.mn[4 * k + 2] * s1;
-				tot += p[k];
-				if (t == NF_DTYPE_Q4_K)
-					accm[k] = fmaf(dmin, (float)p[k], accm[k]);
-			}
-			if (t == NF_DTYPE_Q5_K)
-				summs = fmaf(dmin, (float)tot, summs);
-		}
-		int32_t lane[8] = { 0 };
-		for (int g = 0; g < NF_QK_K / 32; g++)
-			for (int m = 0; m < 8; m++)
-				for (int k = 0; k < 4; k++) {
-					int idx = 32 * g + 4 * m + k;
-					lane[m] += kb.sc[idx / 16] * (kb.q[idx] * y[i].qs[idx]);
+	struct kq_acc a = { { 0 }, { 0 }, 0.0f };
+	for (size_t i = 0; i < n / NF_QK_K; i++)
+		kq_step(t, (const char *)w + i * bs, &y[i], &a);
+	return kq_finish(t, &a);
+}
+
+/*
+ * The same products on matrices in 8-row groups (kernels.h): each row's
+ * block is read back from its group block (nf_x8_block_row) and goes
+ * through kq_step as a plain row's would, so the definition is the plain
+ * one by construction.
+ */
+static void gemm_x8_kquant(uint32_t t, enum nf_ktype kt, size_t n, size_t nrows, const void *w, size_t nb,
+			   const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	size_t bs = nf_dtype_block_size(t), nsb = n / NF_QK_K;
+	unsigned char blk[256];
+	for (size_t g = 0; g < nrows / 8; g++)
+		for (size_t b = 0; b < nb; b++) {
+			const struct nf_block_q8_K *x = (const void *)((const char *)xq + b * xq_stride);
+			struct kq_acc a[8];
+			memset(a, 0, sizeof(a));
+			for (size_t i = 0; i < nsb; i++)
+				for (size_t r = 0; r < 8; r++) {
+					nf_x8_block_row(kt, (const char *)w + (g * nsb + i) * 8 * bs, r, blk);
+					kq_step(t, blk, &x[i], &a[r]);
 				}
-		for (int m = 0; m < 8; m++)
-			acc[m] = fmaf(d, (float)lane[m], acc[m]);
-	}
-	float r = reduce8(acc);
-	if (t == NF_DTYPE_Q4_K)
-		r += (accm[0] + accm[2]) + (accm[1] + accm[3]);
-	else if (t == NF_DTYPE_Q5_K)
-		r += summs;
-	return r;
+			for (size_t r = 0; r < 8; r++)
+				y[b * ldy + 8 * g + r] = kq_finish(t, &a[r]);
+		}
 }
 
 /* y[k] = fma(a, w[k], y[k]) with w[k] ggml's dequantized value */
@@ -423,6 +463,21 @@ KREF(q4_K, NF_DTYPE_Q4_K)
 KREF(q5_K, NF_DTYPE_Q5_K)
 KREF(q6_K, NF_DTYPE_Q6_K)
 
+#define KREF_X8(T, DT)                                                                       \
+	void nf_kref_gemv_x8_##T(size_t n, size_t nrows, const void *w, const void *xq, float *y) \
+	{                                                                                    \
+		gemm_x8_kquant(DT, NF_KT_##T, n, nrows, w, 1, xq, 0, y, 0);                  \
+	}                                                                                    \
+	void nf_kref_gemm_x8_##T(size_t n, size_t nrows, const void *w, size_t nb, const void *xq, \
+				 size_t xq_stride, float *y, size_t ldy)                     \
+	{                                                                                    \
+		gemm_x8_kquant(DT, NF_KT_##T, n, nrows, w, nb, xq, xq_stride, y, ldy);       \
+	}
+
+KREF_X8(Q4_K, NF_DTYPE_Q4_K)
+KREF_X8(Q5_K, NF_DTYPE_Q5_K)
+KREF_X8(Q6_K, NF_DTYPE_Q6_K)
+
 /* ---- K-quant down columns ---------------------------------------------------- */
 
 /* the SIMD kcol_madd tables (kernels_impl.h) */
@@ -562,6 +617,8 @@ const struct nf_kernels nf_kernels_table_ref = {
 		NF_KREF_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kref_kcol_madd,
+	.gemv_x8 = { NF_KREF_X8(gemv) },
+	.gemm_x8 = { NF_KREF_X8(gemm) },
 	.rmsnorm = nf_kref_rmsnorm,
 	.softmax = nf_kref_softmax,
 	.silu_mul = nf_kref_silu_mul,

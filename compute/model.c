@@ -486,11 +486,10 @@ fail:
 /* A matrix nf_model_repack can put into 8-row groups for table k. */
 static bool repackable(const struct nf_weight *w, const struct nf_kernels *k)
 {
-	if (!w->data || w->packed || (w->kt != NF_KT_Q4_0 && w->kt != NF_KT_Q8_0) || !k->gemv_x8[w->kt] ||
+	if (!w->data || w->packed || !nf_x8_supported((enum nf_ktype)w->kt) || !k->gemv_x8[w->kt] ||
 	    !k->gemm_x8[w->kt])
 		return false;
-	size_t bs = w->kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
-	return w->n_expert == 1 && w->nrows % 8 == 0 && w->row_bytes == (size_t)w->n / NF_QK * bs;
+	return w->n_expert == 1 && w->nrows % 8 == 0 && w->row_bytes == nf_dtype_row_size(w->dtype, w->n);
 }
 
 struct repack_item {

@@ -699,6 +699,20 @@ static void kquant_random_block(struct rng *r, enum nf_ktype kt, unsigned char *
 		memcpy(blk + dof + 2, &dmin, 2);
 }
 
+/* A Q8_K block of random bytes (down to -128) with consistent sums. */
+static void q8_K_random_block(struct rng *r, struct nf_block_q8_K *raw)
+{
+	raw->d = 0.01f;
+	for (int j = 0; j < NF_QK_K / 16; j++) {
+		int s = 0;
+		for (int i = 0; i < 16; i++) {
+			raw->qs[16 * j + i] = (int8_t)(int)floorf(rnd(r) * 128);
+			s += raw->qs[16 * j + i];
+		}
+		raw->bsums[j] = (int16_t)s;
+	}
+}
+
 Test(kernels, kquant_any_bits_match_ref, .timeout = 120)
 {
 	const struct nf_kernels *ref = nf_kernels_ref();
@@ -723,16 +737,7 @@ Test(kernels, kquant_any_bits_match_ref, .timeout = 120)
 				fill(&r, xf, N);
 				ref->act_prepare[kt](xf, x[b], N);
 			}
-			struct nf_block_q8_K *raw = &x[NB - 1][2];
-			raw->d = 0.01f;
-			for (int j = 0; j < NF_QK_K / 16; j++) {
-				int s = 0;
-				for (int i = 0; i < 16; i++) {
-					raw->qs[16 * j + i] = (int8_t)(int)floorf(rnd(&r) * 128);
-					s += raw->qs[16 * j + i];
-				}
-				raw->bsums[j] = (int16_t)s;
-			}
+			q8_K_random_block(&r, &x[NB - 1][2]);
 			const void *rows[ROWS];
 			for (size_t i = 0; i < ROWS; i++)
 				rows[i] = w + (ROWS - 1 - i) * rb;
@@ -831,17 +836,22 @@ Test(kernels, arm64_picks_by_hwcap)
 }
 
 /*
- * Q4_0 and Q8_0 in 8-row groups: repack and unpack are inverses; every
- * table that has gemv_x8/gemm_x8 for a type gives the reference's bits on
- * the plain rows (its gemv/gemm), on rows of 1 to over 512 blocks (the
- * kernels' table chunking), for 8 to 40 rows and 1 to 9 activation rows,
- * never writing outside y.
+ * Matrices in 8-row groups (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K): repack and
+ * unpack are inverses; every table that has gemv_x8/gemm_x8 for a type
+ * (the reference's own group kernels included) gives the reference's bits
+ * on the plain rows (its gemv/gemm), on rows of 1 to over 512 blocks (Q4_0,
+ * Q8_0) or 1 to 66 super-blocks (K-quants; the kernels' table chunking),
+ * for 8 to 40 rows and 1 to 17 activation rows, never writing outside y.
+ * K-quant rows alternate between the encoder's blocks and blocks of random
+ * bytes (every scale, min and quant pattern the formats hold).
  */
 static void check_x8(enum nf_ktype kt, int *tables)
 {
 	const struct nf_kernels *ref = nf_kernels_ref();
 	struct rng r = { 13 };
-	const size_t ns[] = { 32, 96, 4096 + 32, 16384 + 64 };
+	const bool kq = nf_dtype_block_len(kt_dtype[kt]) == NF_QK_K;
+	const size_t ns_q[] = { 32, 96, 4096 + 32, 16384 + 64 }, ns_k[] = { 256, 768, 4096 + 256, 16384 + 512 };
+	const size_t *ns = kq ? ns_k : ns_q;
 	const size_t row_counts[] = { 8, 16, 24, 40 }, nbs[] = { 1, 2, 5, 9, 17 };
 	for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
 		const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
@@ -849,7 +859,7 @@ static void check_x8(enum nf_ktype kt, int *tables)
 			continue;
 		cr_assert_not_null(k->gemm_x8[kt]);
 		(*tables)++;
-		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+		for (size_t ni = 0; ni < 4; ni++) {
 			size_t n = ns[ni], rb = nf_dtype_row_size(kt_dtype[kt], n), rows_max = 40, nb_max = 17;
 			size_t as = nf_act_size(kt, n);
 			float *xf = xmalloc(n * sizeof(float));
@@ -858,11 +868,16 @@ static void check_x8(enum nf_ktype kt, int *tables)
 			for (size_t i = 0; i < rows_max; i++) {
 				fill(&r, xf, n);
 				quant_row(kt, xf, w + i * rb, n);
+				size_t bs = nf_dtype_block_size(kt_dtype[kt]);
+				for (size_t j = 0; kq && i % 2 && j < n / NF_QK_K; j++)
+					kquant_random_block(&r, kt, (unsigned char *)w + i * rb + j * bs);
 			}
 			for (size_t b = 0; b < nb_max; b++) {
 				fill(&r, xf, n);
 				ref->act_prepare[kt](xf, xq + b * as, n);
 			}
+			if (kq) /* token 1's first Q8_K block: random bytes down to -128 */
+				q8_K_random_block(&r, (struct nf_block_q8_K *)(xq + as));
 			nf_repack_x8(kt, wp, w, n, rows_max);
 			cr_assert(memcmp(wp, w, rows_max * rb), "repack changed nothing");
 			nf_unpack_x8(kt, back, wp, n, rows_max);
@@ -903,11 +918,14 @@ static void check_x8(enum nf_ktype kt, int *tables)
 	}
 }
 
-Test(kernels, x8_matches_ref, .timeout = 60)
+Test(kernels, x8_matches_ref, .timeout = 180)
 {
 	int tables = 0;
 	check_x8(NF_KT_Q4_0, &tables);
 	check_x8(NF_KT_Q8_0, &tables);
+	check_x8(NF_KT_Q4_K, &tables);
+	check_x8(NF_KT_Q5_K, &tables);
+	check_x8(NF_KT_Q6_K, &tables);
 	if (!tables)
 		cr_skip_test("no kernel table with 8-row group kernels on this CPU");
 }

@@ -26,6 +26,7 @@
 #ifndef NFLASH_KERNELS_H
 #define NFLASH_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -102,25 +103,32 @@ struct nf_kernels {
 	float (*dot_f32)(const float *a, const float *b, size_t n);
 	void (*axpy_f32)(size_t n, float a, const float *x, float *y);
 
-	/* Q4_0 and Q8_0 matrices repacked into 8-row groups (struct
-	 * nf_block_q4_0x8 / nf_block_q8_0x8, nf_repack_x8), indexed by the
-	 * plain type; NULL where the table has no kernel for that form
-	 * (callers then keep the plain rows). nrows is a multiple of 8, w the
-	 * first group; x as for gemv/gemm of the plain type. Each y value has
-	 * exactly the bits gemv[kt] / gemm[kt] give on the plain row. */
+	/* Matrices repacked into 8-row groups (nf_repack_x8: Q4_0, Q8_0,
+	 * Q4_K, Q5_K, Q6_K), indexed by the plain type; NULL where the table
+	 * has no kernel for that form (callers then keep the plain rows).
+	 * nrows is a multiple of 8, w the first group; x as for gemv/gemm of
+	 * the plain type. Each y value has exactly the bits gemv[kt] /
+	 * gemm[kt] give on the plain row. */
 	void (*gemv_x8[NF_KT_COUNT])(size_t n, size_t nrows, const void *w, const void *xq, float *y);
 	void (*gemm_x8[NF_KT_COUNT])(size_t n, size_t nrows, const void *w, size_t nb, const void *xq,
 				     size_t xq_stride, float *y, size_t ldy);
 };
 
 /*
- * Q4_0 and Q8_0 in groups of 8 rows: block i of a group holds block i of
- * rows 8g..8g+7, the same bytes as the 8 plain blocks, reordered so that
- * one 32-byte load holds 4 consecutive quant bytes of each of the 8 rows:
- * d[r] is row r's scale and qs[32 * m + 4 * r + k] row r's qs[4 * m + k]
- * (Q4_0: low nibble value 4m+k, high nibble value 16+4m+k; Q8_0: value
- * 4m+k). A group's blocks are consecutive, so a matrix keeps its size and
- * group g starts at byte g * 8 * row_bytes. See docs/KERNELS.md.
+ * Matrices in groups of 8 rows: block i of a group holds block i of rows
+ * 8g..8g+7, the same bytes as the 8 plain blocks, reordered so that one
+ * 32-byte load holds 4 consecutive quant bytes of each of the 8 rows
+ * (qs[32 * m + 4 * r + k] is row r's qs[4 * m + k]) and the fp16 scales
+ * of the 8 rows are one 16-byte load. A group's blocks are consecutive, so
+ * a matrix keeps its size and group g starts at byte g * 8 * row_bytes.
+ * Q4_0: low nibble value 4m+k, high nibble value 16+4m+k; Q8_0: value
+ * 4m+k. The K-quants keep their fields in this order (ggml's field names):
+ *   Q4_K  d[8] dmin[8] scales[96] qs[1024]          (1152 bytes)
+ *   Q5_K  d[8] dmin[8] scales[96] qh[256] qs[1024]  (1408 bytes)
+ *   Q6_K  d[8] scales[128] ql[1024] qh[512]         (1680 bytes)
+ * where scale byte b of row r sits at 32 (b / 4) + 16 (r / 4) + 4 (b % 4)
+ * + r % 4 (rows 0-3 in a load's low 128-bit lane, 4-7 in its high one).
+ * See docs/KERNELS.md.
  */
 struct nf_block_q4_0x8 {
 	uint16_t d[8];
@@ -132,12 +140,33 @@ struct nf_block_q8_0x8 {
 	int8_t qs[256];
 };
 _Static_assert(sizeof(struct nf_block_q8_0x8) == 8 * sizeof(struct nf_block_q8_0), "q8_0x8 block");
+struct nf_block_q4_Kx8 {
+	uint16_t d[8], dmin[8];
+	uint8_t scales[96];
+	uint8_t qs[1024];
+};
+_Static_assert(sizeof(struct nf_block_q4_Kx8) == 8 * sizeof(struct nf_block_q4_K), "q4_Kx8 block");
+struct nf_block_q5_Kx8 {
+	uint16_t d[8], dmin[8];
+	uint8_t scales[96];
+	uint8_t qh[256];
+	uint8_t qs[1024];
+};
+_Static_assert(sizeof(struct nf_block_q5_Kx8) == 8 * sizeof(struct nf_block_q5_K), "q5_Kx8 block");
+struct nf_block_q6_Kx8 {
+	uint16_t d[8];
+	uint8_t scales[128];
+	uint8_t ql[1024];
+	uint8_t qh[512];
+};
+_Static_assert(sizeof(struct nf_block_q6_Kx8) == 8 * sizeof(struct nf_block_q6_K), "q6_Kx8 block");
 
-/* Repack nrows (a multiple of 8) plain rows of type kt (NF_KT_Q4_0 or
- * NF_KT_Q8_0) of n values (row_bytes = nf_dtype_row_size apart) from src
- * into 8-row groups at dst; nf_unpack_x8 is the inverse. dst and src do
- * not overlap. Thread-safe on disjoint groups (row ranges that are
- * multiples of 8). */
+/* Whether type kt has an 8-row group form (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K). */
+bool nf_x8_supported(enum nf_ktype kt);
+/* Repack nrows (a multiple of 8) plain rows of type kt (nf_x8_supported)
+ * of n values (row_bytes = nf_dtype_row_size apart) from src into 8-row
+ * groups at dst; nf_unpack_x8 is the inverse. dst and src do not overlap.
+ * Thread-safe on disjoint groups (row ranges that are multiples of 8). */
 void nf_repack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows);
 void nf_unpack_x8(enum nf_ktype kt, void *dst, const void *src, size_t n, size_t nrows);
 

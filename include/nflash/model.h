@@ -94,9 +94,9 @@ struct nf_weight {
 	size_t row_bytes;
 	uint32_t n_expert;     /* 1 for 2-D tensors */
 	size_t expert_bytes;
-	/* 1: Q4_0/Q8_0 rows repacked into 8-row groups (struct
-	 * nf_block_q4_0x8 / nf_block_q8_0x8, nf_model_repack); read only
-	 * through the kernels' gemv_x8/gemm_x8. */
+	/* 1: rows repacked into 8-row groups (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K:
+	 * struct nf_block_q4_0x8 etc., nf_model_repack); read only through
+	 * the kernels' gemv_x8/gemm_x8. */
 	uint32_t packed;
 };
 
@@ -165,8 +165,9 @@ enum {
 };
 
 /*
- * nf_model_repack - copy the Q4_0 and Q8_0 matrices named by what (a mask
- * of NF_REPACK_*) into 8-row groups (struct nf_block_q4_0x8 / q8_0x8) in
+ * nf_model_repack - copy the Q4_0, Q8_0, Q4_K, Q5_K and Q6_K matrices
+ * named by what (a mask of NF_REPACK_*) into 8-row groups (struct
+ * nf_block_q4_0x8 etc.) in
  * anonymous memory the model owns, for the best kernel table's gemv_x8 and
  * gemm_x8 (docs/KERNELS.md), which give the same bits as the plain
  * rows, faster. The weights' data then point there and the file's pages
@@ -174,10 +175,11 @@ enum {
  * size (nf_model_weight_bytes is unchanged). Only for a GGUF held in
  * memory. Matrices whose rows are read other than by nf_ctx's products
  * (the sparse FFN's row gathers) must not be named: pass NF_REPACK_FFN
- * only when the built-in dense FFN runs. A no-op (returns 0) where the
- * table has no such kernel (NFLASH_ISA=scalar, AVX-512), for a
- * store-backed model, and for matrices that are not Q4_0/Q8_0 with a
- * multiple of 8 rows or are packed already. Uses one thread per CPU. Call before
+ * only when the built-in dense FFN runs. A no-op (returns 0) for the
+ * types where the table has no such kernel (the arm64 tables, AVX-512's
+ * Q4_0/Q8_0), for a
+ * store-backed model, and for matrices of other types, without a
+ * multiple of 8 rows or packed already. Uses one thread per CPU. Call before
  * the first evaluation; not thread-safe. Returns the number of matrices
  * repacked, -ENOMEM, -ENOSPC (more than 4 calls that repacked), or
  * another -errno from mmap.
