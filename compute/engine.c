@@ -514,13 +514,16 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 	}
 	if ((rc = nf_sparse_open(e->ctx, &sp, &e->sparse, d)) < 0)
 		return nf_diag_prefix(d, rc, "%s", o->path);
-	/* A GGUF held in memory: the Q4_0/Q8_0 matrices only dense products read
-	 * go into the kernels' 8-row groups (same bits, faster; a no-op where
-	 * the kernels have none), the FFN's too when the built-in FFN runs it
-	 * (the sparse FFN gathers plain rows). */
-	if (!streamed && !o->io_mmap && !nf_model_store(e->model)) {
+	/* The matrices only dense products read go into the kernels' 8-row
+	 * groups (same bits, faster; a no-op where the kernels have none): a
+	 * GGUF held in memory into memory of the model's, its FFN's too when
+	 * the built-in FFN runs it (the sparse FFN gathers plain rows); a
+	 * store's pinned attention and output where they lie (streamed
+	 * attention layers stay the store's plain rows). */
+	bool from_store = nf_model_store(e->model) != NULL;
+	if (!o->no_repack && (from_store || (!streamed && !o->io_mmap))) {
 		unsigned what = NF_REPACK_ATTN | NF_REPACK_OUTPUT;
-		if (nf_sparse_mode_of(e->sparse) == NF_SPARSE_OFF)
+		if (!from_store && nf_sparse_mode_of(e->sparse) == NF_SPARSE_OFF)
 			what |= NF_REPACK_FFN;
 		if ((rc = nf_model_repack(e->model, what)) < 0)
 			return nf_diag_fail(d, rc, "%s: repacking Q4_0/Q8_0 matrices: %s", o->path, nf_strerror(rc));

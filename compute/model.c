@@ -502,6 +502,7 @@ struct repack_job {
 	size_t n;
 	int nth;
 	int ith;
+	unsigned char *scratch;   /* in place: one group's rows, else NULL */
 };
 
 /* Thread ith of nth: its share of every matrix's groups. */
@@ -512,16 +513,58 @@ static void *repack_worker(void *arg)
 		const struct nf_weight *w = j->it[i].w;
 		size_t g = w->nrows / 8, g0 = g * (size_t)j->ith / (size_t)j->nth;
 		size_t g1 = g * (size_t)(j->ith + 1) / (size_t)j->nth, off = g0 * 8 * w->row_bytes;
-		nf_repack_x8((enum nf_ktype)w->kt, j->it[i].dst + off, (const unsigned char *)w->data + off, w->n,
-			     (g1 - g0) * 8);
+		if (!j->scratch) {
+			nf_repack_x8((enum nf_ktype)w->kt, j->it[i].dst + off, (const unsigned char *)w->data + off,
+				     w->n, (g1 - g0) * 8);
+			continue;
+		}
+		/* a group's 8-row form takes the bytes of its 8 rows: each
+		 * group through the scratch, back where it was */
+		size_t gb = 8 * w->row_bytes;
+		for (size_t q = g0; q < g1; q++) {
+			nf_repack_x8((enum nf_ktype)w->kt, j->scratch, j->it[i].dst + q * gb, w->n, 8);
+			memcpy(j->it[i].dst + q * gb, j->scratch, gb);
+		}
 	}
 	return NULL;
+}
+
+/* The items' groups over one thread per CPU (at most 8); in place each
+ * thread has a scratch of one group of the widest matrix. */
+static int repack_run(struct repack_item *it, size_t n, bool in_place)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int nth = ncpu < 1 ? 1 : ncpu > 8 ? 8 : (int)ncpu;
+	pthread_t th[8];
+	struct repack_job jobs[8];
+	unsigned char *scratch = NULL;
+	size_t gb = 0;
+	for (size_t i = 0; in_place && i < n; i++)
+		gb = 8 * it[i].w->row_bytes > gb ? 8 * it[i].w->row_bytes : gb;
+	if (in_place && !(scratch = malloc(gb * (size_t)nth)))
+		return -ENOMEM;
+	int started = 1;
+	for (int t = 0; t < nth; t++)
+		jobs[t] = (struct repack_job){ .it = it, .n = n, .nth = nth, .ith = t,
+					       .scratch = scratch ? scratch + gb * (size_t)t : NULL };
+	for (int t = 1; t < nth && pthread_create(&th[t], NULL, repack_worker, &jobs[t]) == 0; t++)
+		started = t + 1;
+	for (int t = started; t < nth; t++) /* threads that did not start: done here */
+		repack_worker(&jobs[t]);
+	repack_worker(&jobs[0]);
+	for (int t = 1; t < started; t++)
+		pthread_join(th[t], NULL);
+	free(scratch);
+	return 0;
 }
 
 int nf_model_repack(struct nf_model *m, unsigned what)
 {
 	const struct nf_kernels *k = nf_kernels_get();
-	if (m->store || !m->g)
+	/* a store's pinned matrices are the model's own buffers: repacked
+	 * where they lie, no memory added */
+	bool in_place = m->store != NULL;
+	if (!in_place && !m->g)
 		return 0;
 	/* the matrices, in a list, and the bytes they take */
 	size_t cap = (size_t)m->hp.n_layer * 7 + 1, n = 0, bytes = 0;
@@ -540,6 +583,15 @@ int nf_model_repack(struct nf_model *m, unsigned what)
 	int rc = 0;
 	if (!n)
 		goto done;
+	if (in_place) {
+		for (size_t i = 0; i < n; i++)
+			it[i].dst = (unsigned char *)(uintptr_t)it[i].w->data;
+		rc = repack_run(it, n, true);
+		for (size_t i = 0; rc == 0 && i < n; i++)
+			it[i].w->packed = 1;
+		rc = rc < 0 ? rc : (int)n;
+		goto done;
+	}
 	if (m->n_packed_maps == NF_REPACK_MAPS) {
 		rc = -ENOSPC;
 		goto done;
@@ -560,20 +612,7 @@ int nf_model_repack(struct nf_model *m, unsigned what)
 		it[i].dst = p;
 		p += (it[i].w->row_bytes * it[i].w->nrows + 63) & ~(size_t)63;
 	}
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	int nth = ncpu < 1 ? 1 : ncpu > 8 ? 8 : (int)ncpu;
-	pthread_t th[8];
-	struct repack_job jobs[8];
-	int started = 1;
-	for (int t = 0; t < nth; t++)
-		jobs[t] = (struct repack_job){ .it = it, .n = n, .nth = nth, .ith = t };
-	for (int t = 1; t < nth && pthread_create(&th[t], NULL, repack_worker, &jobs[t]) == 0; t++)
-		started = t + 1;
-	for (int t = started; t < nth; t++) /* threads that did not start: done here */
-		repack_worker(&jobs[t]);
-	repack_worker(&jobs[0]);
-	for (int t = 1; t < started; t++)
-		pthread_join(th[t], NULL);
+	(void)repack_run(it, n, false);
 	/* the file's pages are no longer read: drop them from this process
 	 * (they stay in the page cache, reclaimable) */
 	size_t pg = (size_t)sysconf(_SC_PAGESIZE);

@@ -14,6 +14,8 @@
 #include "nflash/coact.h"
 #include "nflash/dtype.h"
 #include "nflash/engine.h"
+#include "nflash/kernels.h"
+#include "nflash/model.h"
 #include "nflash/sampler.h"
 #include "nflash/store.h"
 #include "nflash/stream.h"
@@ -585,4 +587,69 @@ Test(engine, weights_count_every_pinned_dense_object, .timeout = 60 * NF_TEST_SL
 	nf_engine_close(e);
 	unlink(g);
 	unlink(st);
+}
+
+/* A store's pinned attention and output go into the kernels' 8-row groups
+ * where they lie (nf_model_repack in place): the same bits as the plain
+ * rows (--repack off), batched and token by token, and no more memory. */
+static void check_store_repacked(const char *gguf_path, const char *stem)
+{
+	char st[256];
+	pl_import(gguf_path, st, sizeof(st));
+	struct nf_engine *e[2];
+	struct nf_diag d = { 0 };
+	for (int k = 0; k < 2; k++) {
+		struct nf_engine_opts o;
+		nf_engine_opts_default(&o);
+		o.path = st;
+		o.budget = 1ull << 30;
+		o.n_ctx = 64;
+		o.n_threads = 2;
+		o.no_repack = k == 1;
+		int rc = nf_engine_open(&o, &e[k], &d);
+		cr_assert_eq(rc, 0, "%s: %s", stem, nf_diag_msg(&d, rc));
+	}
+	const struct nf_weight *wq = &nf_model_layer(nf_engine_model(e[0]), 0)->wq;
+	bool kernels = nf_kernels_get()->gemv_x8[wq->kt] != NULL;
+	cr_expect_eq(wq->packed, kernels, "%s: wq packed %d, the table has 8-row kernels: %d", stem, wq->packed,
+		     kernels);
+	cr_expect(!nf_model_layer(nf_engine_model(e[1]), 0)->wq.packed, "%s: --repack off packed wq", stem);
+	struct nf_engine_info ia, ib;
+	nf_engine_info(e[0], &ia);
+	nf_engine_info(e[1], &ib);
+	cr_expect_eq(ia.weights, ib.weights, "%s: repacking changed the weights' bytes", stem);
+	uint32_t nv = nf_model_hparams(nf_engine_model(e[0]))->n_vocab;
+	float *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+	cr_assert(la && lb);
+	int32_t ids[6] = { 1, 27, 26, 13, 45, 29 };
+	for (int step = 0; step < 3; step++) {
+		/* a batch of 4, then two single tokens */
+		const int32_t *at = step == 0 ? ids : ids + 3 + step;
+		size_t n = step == 0 ? 4 : 1;
+		for (int k = 0; k < 2; k++) {
+			int rc = nf_ctx_eval(nf_engine_ctx(e[k]), at, n);
+			cr_assert_eq(rc, 0, "%s: eval: %d", stem, rc);
+			memcpy(k ? lb : la, nf_ctx_logits(nf_engine_ctx(e[k])), nv * sizeof(float));
+		}
+		for (uint32_t i = 0; i < nv; i++)
+			cr_assert(!memcmp(&la[i], &lb[i], sizeof(float)), "%s step %d logit %u: packed %.9g, plain %.9g",
+				  stem, step, i, la[i], lb[i]);
+	}
+	free(la);
+	free(lb);
+	nf_engine_close(e[0]);
+	nf_engine_close(e[1]);
+	unlink(st);
+}
+
+Test(engine, store_pinned_matrices_in_8_row_groups_same_bits, .timeout = 120 * NF_TEST_SLOWDOWN)
+{
+	char g[256];
+	pl_tmp_path(g, sizeof(g), "eng-repack.gguf");
+	cr_assert_eq(pl_synth_tiny(g, "relu", NF_DTYPE_Q4_0, true), 0);
+	check_store_repacked(g, "tiny q4_0 synth");
+	unlink(g);
+	const char *kq = "../shared/testdata/kquant/tiny-llama-q4_k_m.gguf";
+	if (access(kq, R_OK) == 0)
+		check_store_repacked(kq, "tiny-llama-q4_k_m");
 }

@@ -23,6 +23,7 @@ void nf_model_cli_init(struct nf_model_cli *mc)
 	mc->kv_type = -1;
 	mc->replan_moves = -1;
 	mc->route_prefetch = -1;
+	mc->repack = -1;
 	mc->gate_first = -1;
 	mc->sparse_mode = -1;
 	mc->read_gap = -1;
@@ -110,14 +111,16 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 	} else if (!strcmp(f, "--replan-moves")) {
 		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 1 << 20, &mc->replan_moves) < 0)
 			return NF_EUSAGE;
-	} else if (!strcmp(f, "--route-prefetch") || !strcmp(f, "--gate-first")) {
+	} else if (!strcmp(f, "--route-prefetch") || !strcmp(f, "--gate-first") || !strcmp(f, "--repack")) {
 		if (!(v = nf_cli_value(argc, argv, i)))
 			return NF_EUSAGE;
 		if (strcmp(v, "on") && strcmp(v, "off")) {
 			nf_cli_err("%s: '%s' is neither on nor off", f, v);
 			return NF_EUSAGE;
 		}
-		*(!strcmp(f, "--gate-first") ? &mc->gate_first : &mc->route_prefetch) = !strcmp(v, "on");
+		*(!strcmp(f, "--gate-first") ? &mc->gate_first
+		  : !strcmp(f, "--repack")   ? &mc->repack
+					     : &mc->route_prefetch) = !strcmp(v, "on");
 	} else if (!strcmp(f, "--read-gap")) {
 		if (!(v = nf_cli_value(argc, argv, i)) || nf_cli_int(f, v, 0, 64, &mc->read_gap) < 0)
 			return NF_EUSAGE;
@@ -172,6 +175,9 @@ void nf_model_cli_help(FILE *f)
 		"  --gate-first on|off   exact mode from a store imported with --gate-objects: read\n"
 		"                        each FFN's gate rows first, then only the bundles of\n"
 		"                        neurons whose gate is positive (default off)\n"
+		"  --repack on|off       Q4_0/Q8_0/K-quant attention and output (and the FFN of a\n"
+		"                        dense run in memory) in the kernels' 8-row groups: same\n"
+		"                        bits, faster (default on; off for A/B runs)\n"
 		"  --replan-moves N      online re-planning: every 16 tokens, move up to N neurons\n"
 		"                        that now fire clearly more than hot ones of their layer\n"
 		"                        from the cold segment into the hot one (memcpy, no I/O;\n"
@@ -508,6 +514,7 @@ void nf_model_cli_engine_opts(const struct nf_model_cli *mc, struct nf_engine_op
 	o->replan_moves = (int)mc->replan_moves;
 	o->route_prefetch = mc->route_prefetch;
 	o->gate_first = mc->gate_first;
+	o->no_repack = mc->repack == 0;
 	o->profile = mc->profile;
 	o->profile_sig_tokens = NF_PROFILE_SIG_TOKENS;
 	o->measure_recall = mc->stats;

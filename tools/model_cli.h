@@ -41,6 +41,7 @@ struct nf_model_cli {
 	long replan_moves;      /* --replan-moves: online re-planning (-1: default; 0: off) */
 	int route_prefetch;     /* --route-prefetch on|off (-1: default) */
 	int gate_first;         /* --gate-first on|off (-1: default) */
+	int repack;             /* --repack on|off (-1: default, on) */
 	uint64_t profile_rec;   /* of which the co-activation record (in reserved) */
 	/* filled by nf_model_cli_open (the engine owns them) */
 	struct nf_engine *engine;

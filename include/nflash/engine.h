@@ -99,6 +99,9 @@ struct nf_engine_opts {
 	 * routed FFN's gate rows first, then only the bundles of neurons whose
 	 * gate is positive (nf_sparse_params gate_first; 0: off (default), 1: on) */
 	int gate_first;
+	/* keep the dense matrices in their plain rows: no 8-row groups
+	 * (nf_model_repack), for A/B runs; the same bits either way */
+	bool no_repack;
 	bool profile;           /* calibration run: count firings, record co-activation */
 	uint32_t profile_sig_tokens; /* requests per FFN the co-activation record keeps */
 	bool measure_recall;    /* the sparse engine measures predictor recall (in memory) */

@@ -172,13 +172,14 @@ enum {
  * gemm_x8 (docs/KERNELS.md), which give the same bits as the plain
  * rows, faster. The weights' data then point there and the file's pages
  * are dropped from the process, so the memory held stays the weights'
- * size (nf_model_weight_bytes is unchanged). Only for a GGUF held in
- * memory. Matrices whose rows are read other than by nf_ctx's products
+ * size (nf_model_weight_bytes is unchanged). A store-backed model's
+ * matrices (pinned in its cache) are repacked where they lie, a group at a
+ * time through a small scratch: no memory added. Matrices whose rows are
+ * read other than by nf_ctx's products
  * (the sparse FFN's row gathers) must not be named: pass NF_REPACK_FFN
  * only when the built-in dense FFN runs. A no-op (returns 0) for the
  * types where the table has no such kernel (the arm64 tables, AVX-512's
- * Q4_0/Q8_0), for a
- * store-backed model, and for matrices of other types, without a
+ * Q4_0/Q8_0), and for matrices of other types, without a
  * multiple of 8 rows or packed already. Uses one thread per CPU. Call before
  * the first evaluation; not thread-safe. Returns the number of matrices
  * repacked, -ENOMEM, -ENOSPC (more than 4 calls that repacked), or
