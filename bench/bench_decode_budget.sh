@@ -35,7 +35,8 @@
 # BENCH_MMAP_REPS (default 1), BENCH_THREADS (default 2), BENCH_PROFILE
 # (default 1: the tuned row), BENCH_CALIB_N (calibration tokens of the tuned
 # store, default 512), BENCH_ALIGN (import --bundle-align, default 512),
-# LLAMA_CLI (the peer; without it the llama column reads "-").
+# LLAMA_CLI (the peer; without it the llama column reads "-"), BENCH_WARM
+# (default 1: read every file once before the runs, below).
 #
 # Needs root for drop_caches and the cgroup; without them it says so and
 # measures what it can (columns it cannot fill read "-").
@@ -259,6 +260,19 @@ run_llama() {
 	fi
 }
 
+# Every file the runs read, read once with O_DIRECT first: on a virtual
+# disk whose host caches what was read lately, a file untouched for a
+# while answers 4 KiB reads at about 5.5K IOPS and one read minutes before
+# at 40-58K (drop_caches in here does not reach the host's cache), so
+# without this whichever file ran first would run on another device
+# (BENCH_WARM=0 skips it).
+if [ "${BENCH_WARM:-1}" = 1 ]; then
+	for f in "$PLANNED" "$HOT" "$GGUF" "$LGGUF"; do
+		[ -f "$f" ] || continue
+		say "reading $(basename "$f") once (O_DIRECT), so every file is as warm on the host"
+		dd if="$f" of=/dev/null bs=4M iflag=direct 2>/dev/null || cat "$f" >/dev/null
+	done
+fi
 cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 echo "# bench_decode_budget: machine $(uname -n) ($(nproc) CPUs, $cpu), kernel $(uname -r)," \
 	"date $(date -u +%Y-%m-%dT%H:%M:%SZ); model $(basename "$GGUF") (7b q4_0 relu sparsity 0.90);" \

@@ -49,6 +49,18 @@ Test(planner, cost_model_matches_a_hand_computation)
 	nf_plan_predict(&dev, &m, 32, &e);
 	cr_expect_float_eq(e.t_token_s, 1e-3 + 2 * layer_c, 1e-9, "%.9f", e.t_token_s);
 	cr_expect(e.io_wait_share < 0.01);
+
+	/* the engine's measured ceiling: 10 reads at 1000 a second take 10 ms
+	 * a layer however fast the device (the latency is the idle one's) */
+	m.engine_iops = 1000;
+	pt.lat_us = 100;
+	nf_plan_predict(&dev, &m, 32, &e);
+	cr_expect_float_eq(e.t_token_s, 1e-3 + 2 * (10e-3 + 0.1e-3), 1e-9, "%.9f", e.t_token_s);
+	/* a ceiling above the device's pace changes nothing */
+	m.engine_iops = 1e9;
+	pt.mb_s = 100.0;
+	nf_plan_predict(&dev, &m, 32, &e);
+	cr_expect_float_eq(e.t_token_s, t, 1e-12, "%.9f", e.t_token_s);
 }
 
 Test(planner, device_curve_interpolates_and_kernel_rate_picks_the_thread_count)

@@ -24,9 +24,10 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: nflash plan STORE --memory-budget SIZE[,SIZE...] [options]\n"
 		"\n"
-		"Plans STORE for each memory budget: measures the device that holds it and\n"
-		"the kernels, runs calibration text to record which neurons fire together,\n"
-		"lays the store out in that order (in place, crash-safely), then chooses the\n"
+		"Plans STORE for each memory budget: runs calibration text, then the model's\n"
+		"own continuation of it, to record which neurons fire together, lays the\n"
+		"store out in that order (in place, crash-safely), measures the device that\n"
+		"holds it, the kernels and the engine's own read pace, then chooses the\n"
 		"settings that minimise the predicted token time and stores the plan. After\n"
 		"it, `nflash generate -m STORE --memory-budget SIZE` needs no other flag.\n"
 		"\n"
@@ -36,6 +37,9 @@ static void usage(FILE *f)
 		"                        are kept\n"
 		"  --calibration FILE    calibration text (default: a built-in mix of prose)\n"
 		"  --calib-tokens N      calibration tokens (default 256)\n"
+		"  --calib-generate N    of them, N the model writes itself after the text, sampled\n"
+		"                        (temperature 0.8, seed 7), as decode reads for the tokens\n"
+		"                        it writes (default: half; 0: the text only)\n"
 		"  --no-relayout         keep the store's layout (the plan predicts for it)\n"
 		"  --keep-copy           keep the store as it was beside it, as STORE.orig\n"
 		"  --bundle-align B      the relayout's bundle alignment (default: the\n"
@@ -173,6 +177,10 @@ int nf_cmd_plan(int argc, char **argv)
 			if (!(v = nf_cli_value(argc, argv, &i)) || nf_cli_int(f, v, 16, 4096, &n) < 0)
 				return NF_EXIT_USAGE;
 			o.calib_tokens = (uint32_t)n;
+		} else if (!strcmp(f, "--calib-generate")) {
+			if (!(v = nf_cli_value(argc, argv, &i)) || nf_cli_int(f, v, 0, 4095, &n) < 0)
+				return NF_EXIT_USAGE;
+			o.calib_generate = (int)n;
 		} else if (!strcmp(f, "--no-relayout")) {
 			o.relayout = false;
 		} else if (!strcmp(f, "--keep-copy")) {
@@ -288,6 +296,28 @@ void nf_plan_print(const struct nf_store *s, struct nf_json *j)
 		if (p) {
 			nf_json_dbl(j, "mem_read_gb_s", p->mem_read_gb_s);
 			nf_json_u64(j, "device_points", p->n_points);
+			/* the measured curve itself, as the cost model reads it */
+			nf_json_arr_begin(j, "device");
+			for (uint32_t i = 0; i < p->n_points; i++) {
+				const struct nf_store_dev_point *q = &p->points[i];
+				nf_json_obj_begin(j, NULL);
+				nf_json_u64(j, "req_bytes", q->req_bytes);
+				nf_json_u64(j, "qd", q->qd);
+				nf_json_dbl(j, "mb_s", q->mb_s);
+				nf_json_dbl(j, "cpu_us", q->cpu_us);
+				nf_json_dbl(j, "lat_us", q->lat_us);
+				nf_json_obj_end(j);
+			}
+			nf_json_arr_end(j);
+			nf_json_arr_begin(j, "kernels");
+			for (uint32_t i = 0; i < p->n_rates; i++) {
+				nf_json_obj_begin(j, NULL);
+				nf_json_str(j, "dtype", nf_dtype_name(p->rates[i].dtype));
+				nf_json_u64(j, "threads", p->rates[i].threads);
+				nf_json_dbl(j, "gb_s", p->rates[i].gb_s);
+				nf_json_obj_end(j);
+			}
+			nf_json_arr_end(j);
 			nf_json_arr_begin(j, "plans");
 			for (uint32_t i = 0; i < p->n_entries; i++) {
 				nf_json_obj_begin(j, NULL);

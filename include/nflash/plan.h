@@ -86,6 +86,9 @@ struct nf_plan_model {
 	const double *active;       /* [n_layer] neurons computed per token */
 	const double *runs;         /* [n_layer] read requests per token (the misses' runs) */
 	const double *bundles;      /* [n_layer] bundles those requests read */
+	/* The engine's own ceiling on reads per second (the planner's decode
+	 * probe): a layer's reads take at least runs / engine_iops; 0: none */
+	double engine_iops;
 };
 
 /*
@@ -110,6 +113,11 @@ struct nf_plan_opts {
 	uint32_t n_budgets;
 	const char *calibration;    /* text file; NULL: the built-in text */
 	uint32_t calib_tokens;      /* calibration tokens (default 256) */
+	/* Of them, how many the model writes itself, sampled (temperature 0.8,
+	 * a fixed seed) after the text's: decode reads the neurons of the
+	 * tokens the model writes, which fire otherwise than read text's.
+	 * -1 (default): half; 0: the text only. */
+	int calib_generate;
 	bool relayout;              /* lay the store out in the co-activation order (default true) */
 	bool keep_copy;             /* keep the store as it was beside, as STORE.orig (default false) */
 	/* The relayout's bundle alignment (store block size): 0 (default) the
