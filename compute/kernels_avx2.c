@@ -822,12 +822,22 @@ static inline __attribute__((always_inline)) __m256i x8_dot(int q8, __m256i l, c
 	return _mm256_sub_epi32(v, _mm256_set1_epi32(t->corr[j]));
 }
 
-/* acc[0..7] += blocks [0, nb) of one group against x (table t). */
+/* acc[0..7] += blocks [0, nb) of one group against x (table t). Every
+ * line of the block X8_PF bytes ahead is prefetched into L1: the 32-byte
+ * loads at 144-byte (272-byte) strides straddle cache lines, and a
+ * straddling load that misses is slow; the hardware prefetcher alone left
+ * the gemv at 0.62-0.68 of the memory read on 2 threads (Q4_0), 0.86-0.88
+ * with it (docs/KERNELS.md). */
+#define X8_PF 2048
+
 static inline __attribute__((always_inline)) void x8_blocks(int q8, const unsigned char *b,
 							    const struct nf_block_q8_0 *x,
 							    const struct x8_tab *t, size_t nb, __m256 acc[8])
 {
 	for (size_t i = 0; i < nb; i++, b += X8_BS(q8)) {
+		for (size_t o = 0; o < X8_BS(q8); o += 64)
+			_mm_prefetch((const char *)b + X8_PF + o, _MM_HINT_T0);
+		_mm_prefetch((const char *)b + X8_PF + X8_BS(q8) - 1, _MM_HINT_T0);
 		__m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b)),
 					 _mm256_broadcast_ss(&t[i].dx));
 		__m256i l[8];
