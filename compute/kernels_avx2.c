@@ -214,6 +214,9 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
  * runs for it alone (same blocks, same order): the same bits. Rows longer
  * than GEMV_CHUNK blocks go through gemv row by row.
  */
+#ifndef LIST_PF
+#define LIST_PF 1
+#endif
 #define QLIST(T, WBLOCK, ROW, CORR)                                                            \
 	void nf_kavx2_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,          \
 				    const void *xq, float *y)                                  \
@@ -233,8 +236,14 @@ QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
 		size_t r = 0;                                                                  \
 		for (; r + 2 <= nrows; r += 2) {                                               \
 			const WBLOCK *w0 = rows[r], *w1 = rows[r + 1];                         \
+			/* the next pair's rows into L1 while this pair runs */                \
+			const char *p0 = r + 2 < nrows ? rows[r + 2] : (const char *)w0;       \
+			const char *p1 = r + 3 < nrows ? rows[r + 3] : (const char *)w1;       \
 			__m256 a0 = _mm256_setzero_ps(), a1 = a0;                              \
 			for (size_t i = 0; i < nb; i++) {                                      \
+				if (LIST_PF)                                                   \
+					_mm_prefetch(p0 + i * sizeof(WBLOCK), _MM_HINT_T0),    \
+						_mm_prefetch(p1 + i * sizeof(WBLOCK), _MM_HINT_T0); \
 				a0 = ROW(w0 + i, x + i, dx[i], corr + (CORR ? i : 0), a0);     \
 				a1 = ROW(w1 + i, x + i, dx[i], corr + (CORR ? i : 0), a1);     \
 			}                                                                      \
