@@ -30,7 +30,20 @@
  * --no-predictor`; never overwritten), LLAMA_BENCH (path of llama.cpp's
  * llama-bench: each nflash run is followed by one llama-bench run on the
  * same file, `-t THREADS -p 0 -n DECODE` or `-p PREFILL -n 0`, and rows
- * "llama.cpp" and the ratio of the medians follow nflash's).
+ * "llama.cpp" and the ratio of the medians follow nflash's),
+ * NFLASH_BENCH_SPARSE (1: predictor mode, the sparse FFN in memory, as
+ * `nflash generate --sparse-mode predictor` runs a GGUF it holds; default
+ * 1 for a file with PowerInfer predictors such as `nflash synth --shape 7b`
+ * without --no-predictor, else 0).
+ *
+ * Predictor mode (row "sparse_decode"): a token reads the dense weights
+ * (attention, output, predictors, norms: nf_model_step_dense_bytes) and,
+ * of the FFN, only the rows of the neurons it activates (gate, up and
+ * down_t rows); the engine's counters give the active fraction over the
+ * run. Bytes touched per token divided by the memory-read GB/s measured
+ * before each run is the bandwidth limit; the ratio column is tok/s times
+ * the bytes per token over the memory read, i.e. the fraction of that
+ * limit reached. llama.cpp refuses predictor files: no peer row.
  */
 #include <errno.h>
 #include <math.h>
@@ -45,6 +58,7 @@
 #include "nflash/kernels.h"
 #include "nflash/model.h"
 #include "nflash/pool.h"
+#include "nflash/sparse.h"
 #include "bench_common.h"
 
 #define B_EMBD 4096u
@@ -203,6 +217,20 @@ static bool shape_ok(const struct nf_model *m)
 	       (t == NF_DTYPE_Q4_0 || t == NF_DTYPE_Q8_0 || nf_dtype_is_kquant(t));
 }
 
+/* Bytes of every layer's FFN rows the sparse FFN gathers: gate, up and
+ * down_t (PowerInfer's transposed down: row j is neuron j's column). */
+static uint64_t ffn_bytes(const struct nf_model *m)
+{
+	uint64_t b = 0;
+	for (uint32_t il = 0; il < nf_model_hparams(m)->n_layer; il++) {
+		const struct nf_layer_weights *L = nf_model_layer(m, il);
+		const struct nf_weight *dn = L->down_t.data ? &L->down_t : &L->down;
+		b += (uint64_t)L->gate.nrows * L->gate.row_bytes + (uint64_t)L->up.nrows * L->up.row_bytes +
+		     (uint64_t)dn->nrows * dn->row_bytes;
+	}
+	return b;
+}
+
 /* ---- memory-read peer: the same number of threads summing a buffer ---- */
 
 #define MEMREAD_BYTES (512ull << 20)
@@ -302,11 +330,22 @@ int main(void)
 		fprintf(stderr, "bench_decode: loaded in %.1f s\n", now() - t0);
 	}
 
+	bool has_pred = nf_model_layer(m, 0)->fc1.data != NULL;
+	bool sparse = env_long("NFLASH_BENCH_SPARSE", has_pred) != 0;
+	if (sparse && !has_pred) {
+		fprintf(stderr, "bench_decode: NFLASH_BENCH_SPARSE=1: %s has no predictor (fc1/fc2)\n", path);
+		return 1;
+	}
+	if (sparse)
+		llama = NULL; /* llama.cpp refuses PowerInfer's predictor files */
+
 	/* in memory with the built-in FFN: every Q4_0/Q8_0 matrix into 8-row
-	 * groups where the kernels have them, as `nflash generate` does */
+	 * groups where the kernels have them, as `nflash generate` does (the
+	 * sparse FFN gathers plain rows: attention and output only) */
 	int n_packed = 0;
 	double t_pack = now();
-	if (repack && (n_packed = nf_model_repack(m, NF_REPACK_ATTN | NF_REPACK_FFN | NF_REPACK_OUTPUT)) < 0) {
+	unsigned what = NF_REPACK_ATTN | NF_REPACK_OUTPUT | (sparse ? 0 : NF_REPACK_FFN);
+	if (repack && (n_packed = nf_model_repack(m, what)) < 0) {
 		fprintf(stderr, "bench_decode: repack: %s\n", nf_strerror(n_packed));
 		return 1;
 	}
@@ -323,12 +362,26 @@ int main(void)
 		nf_model_free(m);
 		return 1;
 	}
+	struct nf_sparse *sp = NULL;
+	if (sparse) {
+		struct nf_sparse_params spp;
+		nf_sparse_params_init(&spp);
+		spp.mode = NF_SPARSE_PREDICTOR;
+		if ((rc = nf_sparse_open(c, &spp, &sp, &d)) < 0) {
+			fprintf(stderr, "bench_decode: %s\n", nf_diag_msg(&d, rc));
+			nf_ctx_close(c);
+			nf_model_free(m);
+			return 1;
+		}
+	}
 	char extra[512];
 	snprintf(extra, sizeof(extra),
-		 "model %s (%.2f GB %s, LLaMA-7B shape), %s kernels, %d threads, F32 KV, %d matrices "
+		 "model %s (%.2f GB %s, LLaMA-7B shape), %s kernels, %d threads, F32 KV, FFN %s, %d matrices "
 		 "repacked in %.1f s; peer %s",
 		 path, nf_model_weight_bytes(m) / 1e9, nf_dtype_name(nf_model_layer(m, 0)->wq.dtype),
-		 nf_ctx_kernels(c)->isa, nf_ctx_n_threads(c), n_packed, t_pack, llama ? llama : "none (LLAMA_BENCH unset)");
+		 nf_ctx_kernels(c)->isa, nf_ctx_n_threads(c), sparse ? "sparse (predictor mode)" : "dense",
+		 n_packed, t_pack,
+		 llama ? llama : sparse ? "none (llama.cpp refuses predictor files)" : "none (LLAMA_BENCH unset)");
 	nf_bench_header("bench_decode", extra);
 
 	size_t n_ids = n_pre > n_dec + 1 ? n_pre : n_dec + 1;
@@ -336,6 +389,7 @@ int main(void)
 	double *tps = malloc((size_t)reps * sizeof(double)), *ctps = malloc((size_t)reps * sizeof(double));
 	double ltps[100];
 	int nl = 0;
+	uint64_t active = 0, total = 0;
 	if (!ids || !tps || !ctps)
 		return 1;
 	uint64_t s = 12345;
@@ -369,6 +423,8 @@ int main(void)
 		int32_t tok = ids[0];
 		if ((rc = nf_ctx_eval(c, &tok, 1)) < 0)
 			break;
+		if (sp)
+			nf_sparse_stats_reset(sp);
 		double t0 = now(), c0 = cpu_now();
 		for (size_t i = 0; i < n_dec && rc == 0; i++) {
 			tok = ids[i + 1];
@@ -376,6 +432,12 @@ int main(void)
 		}
 		tps[r] = n_dec / (now() - t0);
 		ctps[r] = n_dec * nf_ctx_n_threads(c) / (cpu_now() - c0);
+		if (sp) {
+			struct nf_sparse_stats st;
+			nf_sparse_stats_get(sp, &st);
+			active += st.neurons_active;
+			total += st.neurons_total;
+		}
 		fprintf(stderr, "bench_decode: decode run %d: %.3f tok/s\n", r + 1, tps[r]);
 		if (llama && nf_bench_llama(llama, path, threads, 0, (int)n_dec, &ltps[nl]) == 0)
 			fprintf(stderr, "bench_decode: llama.cpp decode run %d: %.3f tok/s\n", r + 1, ltps[nl++]);
@@ -384,7 +446,20 @@ int main(void)
 		double mrm = nf_bench_median(mr, (size_t)reps);
 		double tcopy[100];
 		memcpy(tcopy, tps, (size_t)reps * sizeof(double));
-		report("decode", n_dec, c, tps, ctps, reps, wgb, mrm);
+		if (sp) {
+			/* bytes a token touches: the dense weights, and the rows of
+			 * the FFN neurons it activated (the run's active fraction) */
+			double frac = total ? (double)active / (double)total : 0;
+			double dense = (double)nf_model_step_dense_bytes(m), ffn = (double)ffn_bytes(m);
+			wgb = (dense + frac * ffn) / 1e9;
+			report("sparse_decode", n_dec, c, tps, ctps, reps, wgb, mrm);
+			double med = nf_bench_median(tcopy, (size_t)reps);
+			printf("# sparse_decode: %.1f MB touched per token (dense %.1f MB + %.2f%% of the FFN's %.1f MB); "
+			       "bandwidth limit %.2f tok/s at %.2f GB/s; nflash %.3f tok/s = %.2f of it\n",
+			       wgb * 1e3, dense / 1e6, 100 * frac, ffn / 1e6, mrm / wgb, mrm, med, med * wgb / mrm);
+		} else {
+			report("decode", n_dec, c, tps, ctps, reps, wgb, mrm);
+		}
 		report_llama("decode", n_dec, threads, ltps, nl, tcopy, reps, wgb, mrm);
 	}
 	nl = 0;
@@ -402,7 +477,7 @@ int main(void)
 	if (rc == 0 && n_pre > 0) {
 		double tcopy[100];
 		memcpy(tcopy, tps, (size_t)reps * sizeof(double));
-		report("prefill", n_pre, c, tps, ctps, reps, 0, 0);
+		report(sp ? "sparse_prefill" : "prefill", n_pre, c, tps, ctps, reps, 0, 0);
 		report_llama("prefill", n_pre, threads, ltps, nl, tcopy, reps, 0, 0);
 		float l0 = nf_ctx_logits(c)[0];
 		if (!isfinite(l0)) {
@@ -419,6 +494,7 @@ int main(void)
 	free(rbuf);
 	free(rj);
 	nf_pool_close(rp);
+	nf_sparse_close(sp);
 	nf_ctx_close(c);
 	nf_model_free(m);
 	return rc < 0 ? 1 : 0;
