@@ -131,7 +131,7 @@ void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model
 		 * layer takes the longer of its compute and its reads (plus the
 		 * first read's latency) */
 		double c = comp + cpu, r = R > 0 ? io + lat : 0;
-		t_layers += c > r ? c : r;
+		t_layers += (c > r ? c : r) + m->layer_overhead_s;
 		t_wait += r > c ? r - c : 0;
 		t_ffn += comp;
 		t_io += r;
@@ -607,7 +607,7 @@ static int cmp_u64(const void *a, const void *b)
  * decisions. */
 static void choose(const struct nf_store_plan *dev, const struct budget_plan *b, const struct nf_engine_info *info,
 		   uint32_t n_layer, uint32_t ffn_dtype, uint32_t dense_dtype, uint32_t threads, double neuron_bytes,
-		   double engine_iops, struct nf_store_plan_entry *best)
+		   double engine_iops, double layer_s, struct nf_store_plan_entry *best)
 {
 	memset(best, 0, sizeof(*best));
 	best->t_token_s = INFINITY;
@@ -619,6 +619,7 @@ static void choose(const struct nf_store_plan *dev, const struct budget_plan *b,
 				.ffn_dtype = ffn_dtype, .dense_dtype = dense_dtype, .active = b->active,
 				.runs = b->runs + k * n_layer, .bundles = b->bundles + k * n_layer,
 				.compute_bytes_per_neuron = neuron_bytes, .engine_iops = engine_iops,
+				.layer_overhead_s = layer_s,
 			};
 			struct nf_store_plan_entry e = { 0 };
 			nf_plan_predict(dev, &m, k_qds[q], &e);
@@ -648,74 +649,105 @@ static void choose(const struct nf_store_plan *dev, const struct budget_plan *b,
 	}
 }
 
-/* The engine's own ceiling on reads per second: a short decode of the
- * calibration's last tokens under the smallest budget that opens with
- * attention pinned (streamed attention's reads would share the spans), every
- * miss its own read (gap 0) at queue depth 256, the reads per second of
- * the FFN layers' time (their reads, and the little compute that does
- * not hide behind them) over the last PROBE_TOKENS - PROBE_WARM tokens. On a 2-vCPU virtual machine
- * the engine took back 36K reads a second of 11 KiB and of 20 KiB alike,
- * where the device curve allowed 52K of the smaller: the CPUs that
- * submit, reap and compute, not the device, set the pace, and a cost
- * model without it took a read gap of 1 where 4 decoded 1.2x faster.
- * Returns 0 when it cannot tell (no budget opens, too few reads). */
+/* The engine's own pace, from short decodes of the calibration's last
+ * tokens (the first PROBE_WARM of PROBE_TOKENS as warm-up), every miss its
+ * own read (gap 0) at queue depth 256: per token, the reads and the time
+ * in the FFN layers (their reads, and what of their work does not hide
+ * behind them). One decode under the smallest budget that opens with
+ * attention pinned (streamed attention's reads would share the time),
+ * many reads; one under the largest budget that fits beside the
+ * calibration engine in free memory, few. Then FFN time per token = reads
+ * / ceiling + layers x a fixed cost per layer (predictor, scheduling,
+ * reduction), solved from the two. On a 2-vCPU virtual machine the engine
+ * took back 36-50K reads a second of 11 KiB and of 20 KiB alike, where
+ * the device curve allowed more of the smaller (the CPUs that submit,
+ * reap and compute set the pace: without the ceiling the model took a
+ * read gap of 1 where 4 decoded 1.2x faster), and at 3 GiB, with few
+ * reads, each layer cost 2 ms more than its reads and compute (the
+ * predictions were 1.45x the runs'). */
 #define PROBE_TOKENS 24
 #define PROBE_WARM 8
-static double probe_engine_iops(const struct nf_plan_opts *o, uint64_t overhead, const uint64_t *budgets,
-				const int32_t *ids, size_t n_ids)
+struct probe {
+	double reads, t_ffn;   /* per measured token */
+};
+
+static int probe_one(const struct nf_plan_opts *o, uint64_t overhead, uint64_t budget, bool need_pinned,
+		     const int32_t *ids, struct probe *out)
 {
 	struct nf_engine *e = NULL;
 	struct nf_diag d = { 0 };
-	if (n_ids < PROBE_TOKENS)
-		return 0;
-	ids += n_ids - PROBE_TOKENS;
-	for (uint32_t i = 0; i < o->n_budgets && !e; i++) {
-		struct nf_engine_opts eo;
-		nf_engine_opts_default(&eo);
-		eo.path = o->store;
-		eo.budget = budgets[i];
-		eo.n_threads = o->n_threads;
-		eo.n_ctx = PROBE_TOKENS + 8;
-		eo.use_plan = false;
-		eo.read_gap = 0;
-		eo.qd = 256;
-		eo.overhead = overhead;
-		if (nf_engine_open(&eo, &e, &d) < 0) {
-			e = NULL;
-			continue;
-		}
-		/* streamed attention's reads would share the read spans */
-		struct nf_engine_info info;
-		nf_engine_info(e, &info);
-		if (info.attn_streamed && i + 1 < o->n_budgets) {
-			nf_engine_close(e);
-			e = NULL;
-		}
-	}
-	struct nf_cache *c = e ? nf_engine_cache(e) : NULL;
-	struct nf_sparse *sp = e ? nf_engine_sparse(e) : NULL;
-	double iops = 0;
-	if (!c || !sp)
+	struct nf_engine_opts eo;
+	nf_engine_opts_default(&eo);
+	eo.path = o->store;
+	eo.budget = budget;
+	eo.n_threads = o->n_threads;
+	eo.n_ctx = PROBE_TOKENS + 8;
+	eo.use_plan = false;
+	eo.read_gap = 0;
+	eo.qd = 256;
+	eo.overhead = overhead;
+	int rc = nf_engine_open(&eo, &e, &d);
+	if (rc < 0)
+		return rc;
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	struct nf_cache *c = nf_engine_cache(e);
+	struct nf_sparse *sp = nf_engine_sparse(e);
+	rc = -EAGAIN;
+	if ((need_pinned && info.attn_streamed) || !c || !sp)
 		goto out;
 	for (size_t i = 0; i < PROBE_TOKENS; i++) {
 		if (i == PROBE_WARM) {
 			nf_cache_stats_reset(c);
 			nf_sparse_stats_reset(sp);
 		}
-		if (nf_ctx_eval(nf_engine_ctx(e), &ids[i], 1) < 0)
+		if ((rc = nf_ctx_eval(nf_engine_ctx(e), &ids[i], 1)) < 0)
 			goto out;
 	}
 	struct nf_cache_stats cs;
 	struct nf_sparse_stats ss;
 	nf_cache_stats_get(c, &cs);
 	nf_sparse_stats_get(sp, &ss);
-	if (cs.requests >= 1000 && ss.t_ffn > 0.05)
-		iops = (double)cs.requests / ss.t_ffn;
-	logf_(o, "engine probe: %llu reads in %.1f ms of FFN time over %d decode tokens: %.0f reads/s",
-	      (unsigned long long)cs.requests, ss.t_ffn * 1e3, PROBE_TOKENS - PROBE_WARM, iops);
+	out->reads = (double)cs.requests / (PROBE_TOKENS - PROBE_WARM);
+	out->t_ffn = ss.t_ffn / (PROBE_TOKENS - PROBE_WARM);
+	rc = 0;
 out:
 	nf_engine_close(e);
-	return iops;
+	return rc;
+}
+
+static void probe_engine(const struct nf_plan_opts *o, uint64_t overhead, const uint64_t *budgets,
+			 const int32_t *ids, size_t n_ids, uint32_t n_layer, double *iops, double *layer_s)
+{
+	struct probe lo = { 0 }, hi = { 0 };
+	uint32_t ilo = o->n_budgets, ihi = o->n_budgets;
+	*iops = *layer_s = 0;
+	if (n_ids < PROBE_TOKENS || !n_layer)
+		return;
+	ids += n_ids - PROBE_TOKENS;
+	for (uint32_t i = 0; i < o->n_budgets && ilo == o->n_budgets; i++)
+		if (probe_one(o, overhead, budgets[i], i + 1 < o->n_budgets, ids, &lo) == 0)
+			ilo = i;
+	if (ilo == o->n_budgets || lo.reads < 100 || lo.t_ffn <= 0)
+		return;
+	/* the largest budget that fits beside the calibration engine */
+	double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+	for (uint32_t i = o->n_budgets; i-- > ilo + 1 && ihi == o->n_budgets;)
+		if ((double)budgets[i] + (1u << 30) < avail && probe_one(o, overhead, budgets[i], true, ids, &hi) == 0)
+			ihi = i;
+	*iops = lo.reads / lo.t_ffn;
+	if (ihi < o->n_budgets && lo.reads > 2 * hi.reads && lo.t_ffn > hi.t_ffn) {
+		double per_read = (lo.t_ffn - hi.t_ffn) / (lo.reads - hi.reads);
+		double fixed = (hi.t_ffn - hi.reads * per_read) / n_layer;
+		if (per_read > 0 && fixed > 0) {
+			*iops = 1.0 / per_read;
+			*layer_s = fixed;
+		}
+	}
+	logf_(o, "engine probe: %.0f reads and %.1f ms of FFN a token under %.1f MiB, %.0f and %.1f ms under "
+		 "%.1f MiB: %.0f reads/s, %.2f ms a layer beside them",
+	      lo.reads, lo.t_ffn * 1e3, budgets[ilo] / 1048576.0, hi.reads, hi.t_ffn * 1e3,
+	      ihi < o->n_budgets ? budgets[ihi] / 1048576.0 : 0.0, *iops, *layer_s * 1e3);
 }
 
 /* The device and the kernels: measured on the store as the runs will
@@ -861,7 +893,9 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	 * the engine's own read rate */
 	if ((rc = measure_step(o, old, np, d)) < 0)
 		goto out;
-	double engine_iops = probe_engine_iops(o, overhead, budgets, ids, n_ids);
+	double engine_iops = 0, layer_s = 0;
+	probe_engine(o, overhead, budgets, ids, n_ids, nf_model_hparams(nf_engine_model(cal))->n_layer, &engine_iops,
+		     &layer_s);
 
 	/* 4. every budget: the engine's dry run, then the reads its hot set
 	 * and cold segment leave under each gap, replaying the calibration */
@@ -955,7 +989,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 					bool windowed = cand.info.cold_slots && cand.info.cold_slots < 1.5 * busiest;
 					struct nf_store_plan_entry e;
 					choose(np, &cand, &cand.info, n_layer, g.dtype, dense_dtype, threads, neuron_bytes,
-					       engine_iops, &e);
+					       engine_iops, layer_s, &e);
 					e.n_batch = k_batches[nb];
 					budget_free(&cand);
 					bool better = !found || (windowed == found_windowed

@@ -61,6 +61,11 @@ Test(planner, cost_model_matches_a_hand_computation)
 	pt.mb_s = 100.0;
 	nf_plan_predict(&dev, &m, 32, &e);
 	cr_expect_float_eq(e.t_token_s, t, 1e-12, "%.9f", e.t_token_s);
+	/* the engine's fixed cost per layer adds to each layer, not to the wait */
+	m.layer_overhead_s = 2e-3;
+	nf_plan_predict(&dev, &m, 32, &e);
+	cr_expect_float_eq(e.t_token_s, t + 2 * 2e-3, 1e-12, "%.9f", e.t_token_s);
+	cr_expect_float_eq(e.io_wait_share, 2 * (layer_r - layer_c) / (t + 4e-3), 1e-9);
 }
 
 Test(planner, device_curve_interpolates_and_kernel_rate_picks_the_thread_count)

@@ -89,6 +89,9 @@ struct nf_plan_model {
 	/* The engine's own ceiling on reads per second (the planner's decode
 	 * probe): a layer's reads take at least runs / engine_iops; 0: none */
 	double engine_iops;
+	/* and its fixed cost per FFN layer beside reads and compute (the
+	 * predictor, scheduling, the reduction), seconds; 0: none */
+	double layer_overhead_s;
 };
 
 /*
