@@ -401,31 +401,61 @@ static inline float el_f16(const void *p, size_t i) { return h2f(((const uint16_
 static inline float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
 #define FDOT(T) FDOT_DOT(T) FDOT_OPS(T)
+/* F32/BF16 dots in the gemm tile's order (one 8-lane chain, hsum8, then
+ * the tail), so a row's result has the same bits for one token as in a
+ * batch; gemv runs four rows' chains side by side for the fma latency. */
 #define FDOT_DOT(T)                                                                          \
+	static inline __attribute__((always_inline)) void fdot4_##T(int R, size_t n,         \
+								    const char *const *w,    \
+								    const void *x, float *y) \
+	{                                                                                    \
+		__m256 a[4];                                                                 \
+		for (int r = 0; r < R; r++)                                                  \
+			a[r] = _mm256_setzero_ps();                                          \
+		size_t i = 0;                                                                \
+		for (; i + 8 <= n; i += 8) {                                                 \
+			__m256 xv = ld_##T(x, i);                                            \
+			_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                  \
+				a[r] = _mm256_fmadd_ps(ld_##T(w[r], i), xv, a[r]);           \
+		}                                                                            \
+		for (int r = 0; r < R; r++) {                                                \
+			float s = hsum8(a[r]);                                               \
+			for (size_t k = i; k < n; k++)                                       \
+				s += el_##T(w[r], k) * el_##T(x, k);                         \
+			y[r] = s;                                                            \
+		}                                                                            \
+	}                                                                                    \
 	static float fdot_##T(size_t n, const void *w, const void *x)                        \
 	{                                                                                    \
-		__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                  \
-		size_t i = 0;                                                                \
-		for (; i + 32 <= n; i += 32) {                                               \
-			a0 = _mm256_fmadd_ps(ld_##T(w, i), ld_##T(x, i), a0);                \
-			a1 = _mm256_fmadd_ps(ld_##T(w, i + 8), ld_##T(x, i + 8), a1);        \
-			a2 = _mm256_fmadd_ps(ld_##T(w, i + 16), ld_##T(x, i + 16), a2);      \
-			a3 = _mm256_fmadd_ps(ld_##T(w, i + 24), ld_##T(x, i + 24), a3);      \
+		const char *wr[1] = { w };                                                   \
+		float y;                                                                     \
+		fdot4_##T(1, n, wr, x, &y);                                                  \
+		return y;                                                                    \
+	}                                                                                    \
+	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,       \
+			     const void *xq, float *y)                                       \
+	{                                                                                    \
+		size_t r = 0;                                                                \
+		for (; r + 4 <= nrows; r += 4) {                                             \
+			const char *wr[4];                                                   \
+			for (int k = 0; k < 4; k++)                                          \
+				wr[k] = (const char *)w + (r + k) * row_bytes;               \
+			fdot4_##T(4, n, wr, xq, y + r);                                      \
 		}                                                                            \
-		for (; i + 8 <= n; i += 8)                                                   \
-			a0 = _mm256_fmadd_ps(ld_##T(w, i), ld_##T(x, i), a0);                \
-		float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))); \
-		for (; i < n; i++)                                                           \
-			s += el_##T(w, i) * el_##T(x, i);                                    \
-		return s;                                                                    \
+		for (; r < nrows; r++)                                                       \
+			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);             \
 	}
 #define FDOT_OPS(T)                                                                          \
+	FDOT_AXPY(T)
+#define FDOT_F16_OPS(T)                                                                      \
 	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,       \
 			     const void *xq, float *y)                                       \
 	{                                                                                    \
 		for (size_t r = 0; r < nrows; r++)                                           \
 			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);             \
 	}                                                                                    \
+	FDOT_AXPY(T)
+#define FDOT_AXPY(T)                                                                         \
 	void nf_kavx2_axpy_##T(size_t n, float a, const void *wrow, float *y)               \
 	{                                                                                    \
 		__m256 av = _mm256_set1_ps(a);                                               \
@@ -478,7 +508,7 @@ static float fdot_f16(size_t n, const void *w, const void *x)
 	}
 	return hsum8(_mm256_add_ps(a0, a1));
 }
-FDOT_OPS(f16)
+FDOT_F16_OPS(f16)
 FDOT(bf16)
 FTILE(f32)
 FTILE(bf16)

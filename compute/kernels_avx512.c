@@ -904,28 +904,30 @@ INLINE float el_bf16(const void *p, size_t i) { return nf_bf16_to_fp32(((const u
 			}                                                                     \
 	}
 #define FKERNELS(T, ESIZE) FTILE512(T) FREST512(T)
+/* gemv and gemv_list take the gemm tile's order (one 16-lane chain per row,
+ * reduced with _mm512_reduce_add_ps, then the tail), four rows' chains side
+ * by side: a row's result has the same bits whether it was computed for
+ * one token or in a batch (a decode step of several sequences gives each
+ * the logits it gets alone). */
 #define FREST512(T)                                                                           \
 	static float fdot_##T(size_t n, const void *w, const void *x)                         \
 	{                                                                                     \
-		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
-		size_t i = 0;                                                                 \
-		for (; i + 64 <= n; i += 64) {                                                \
-			a0 = _mm512_fmadd_ps(ld16_##T(w, i), ld16_##T(x, i), a0);             \
-			a1 = _mm512_fmadd_ps(ld16_##T(w, i + 16), ld16_##T(x, i + 16), a1);   \
-			a2 = _mm512_fmadd_ps(ld16_##T(w, i + 32), ld16_##T(x, i + 32), a2);   \
-			a3 = _mm512_fmadd_ps(ld16_##T(w, i + 48), ld16_##T(x, i + 48), a3);   \
-		}                                                                             \
-		for (; i + 16 <= n; i += 16)                                                  \
-			a0 = _mm512_fmadd_ps(ld16_##T(w, i), ld16_##T(x, i), a0);             \
-		float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
-		for (; i < n; i++)                                                            \
-			s += el_##T(w, i) * el_##T(x, i);                                     \
-		return s;                                                                     \
+		const char *wr[1] = { w }, *xb[1] = { x };                                    \
+		float out[1];                                                                 \
+		ftile_##T(1, 1, n, wr, xb, out);                                              \
+		return out[0];                                                                \
 	}                                                                                     \
 	static void gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			     const void *xq, float *y)                                        \
 	{                                                                                     \
-		for (size_t r = 0; r < nrows; r++)                                            \
+		const char *xb[1] = { xq }, *wr[4];                                           \
+		size_t r = 0;                                                                 \
+		for (; r + 4 <= nrows; r += 4) {                                              \
+			for (int k = 0; k < 4; k++)                                           \
+				wr[k] = (const char *)w + (r + k) * row_bytes;                \
+			ftile_##T(4, 1, n, wr, xb, y + r);                                    \
+		}                                                                             \
+		for (; r < nrows; r++)                                                        \
 			y[r] = fdot_##T(n, (const char *)w + r * row_bytes, xq);              \
 	}                                                                                     \
 	static void gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \

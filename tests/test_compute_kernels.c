@@ -929,3 +929,54 @@ Test(kernels, x8_matches_ref, .timeout = 180)
 	if (!tables)
 		cr_skip_test("no kernel table with 8-row group kernels on this CPU");
 }
+
+/*
+ * Every table's gemm gives each token the bits its gemv gives that token
+ * alone, for every type: a decode step of several sequences batched must
+ * give each the logits it gets alone (engine::decode_step_of_many_...).
+ * The AVX-512 F32/BF16 gemv once summed in another order than its gemm.
+ */
+Test(kernels, gemm_token_equals_gemv_bits, .timeout = 120)
+{
+	const enum nf_ktype kts[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0, NF_KT_Q4_K, NF_KT_Q6_K };
+	const size_t ns[] = { 256, 768, 4096 + 256 }, nrows = 13, nbat = 6;
+	struct rng r = { 29 };
+	int tables = 0;
+	for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+		const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+		if (!k)
+			continue;
+		tables++;
+		for (size_t ti = 0; ti < sizeof(kts) / sizeof(kts[0]); ti++) {
+			enum nf_ktype kt = kts[ti];
+			for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+				size_t n = ns[ni], rb = nf_dtype_row_size(kt_dtype[kt], n), as = nf_act_size(kt, n);
+				float *xf = xmalloc(n * sizeof(float)), *yb = xmalloc(nbat * nrows * sizeof(float));
+				float *y1 = xmalloc(nrows * sizeof(float));
+				char *w = xmalloc(nrows * rb), *xq = xmalloc(nbat * as);
+				for (size_t i = 0; i < nrows; i++) {
+					fill(&r, xf, n);
+					quant_row(kt, xf, w + i * rb, n);
+				}
+				for (size_t b = 0; b < nbat; b++) {
+					fill(&r, xf, n);
+					k->act_prepare[kt](xf, xq + b * as, n);
+				}
+				k->gemm[kt](n, nrows, w, rb, nbat, xq, as, yb, nrows);
+				for (size_t b = 0; b < nbat; b++) {
+					k->gemv[kt](n, nrows, w, rb, xq + b * as, y1);
+					for (size_t i = 0; i < nrows; i++)
+						cr_assert(!memcmp(&y1[i], &yb[b * nrows + i], sizeof(float)),
+							  "%s kt %d n %zu token %zu row %zu: gemv %.9g, gemm %.9g", k->isa,
+							  kt, n, b, i, y1[i], yb[b * nrows + i]);
+				}
+				free(xf);
+				free(yb);
+				free(y1);
+				free(w);
+				free(xq);
+			}
+		}
+	}
+	cr_assert_gt(tables, 0);
+}
