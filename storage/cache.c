@@ -17,7 +17,8 @@
  *     FFN object) go to adjacent cold slots and are read with one request.
  *  5. Completion events are pushed under ev_lock by whichever thread runs
  *     the I/O callback and popped by reapers; only one thread at a time
- *     waits on the I/O context (wait_lock).
+ *     waits on the I/O context (wait_lock), the others nap on ev_cond
+ *     until an event is queued or a reaper hands some.
  *  6. A failed read frees its slots (loc cleared) so no later lookup can
  *     hit on bytes that never arrived.
  *  7. Counts are per neuron id; a store profile only seeds them. A hot
@@ -40,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "nflash/bundle.h"
 #include "nflash/cache.h"
@@ -143,6 +145,8 @@ struct nf_cache {
 	/* events */
 	pthread_mutex_t ev_lock;
 	pthread_mutex_t wait_lock;
+	pthread_cond_t ev_cond;        /* an event landed, or a reaper handed some */
+	atomic_uint ev_sleepers;       /* reapers napping on ev_cond */
 	struct event *ev;              /* ring of n_neurons */
 	uint32_t ev_head, ev_tail, ev_cap;
 
@@ -331,6 +335,11 @@ int nf_cache_open_dense(struct nf_store *s, const struct nf_io_opts *io, struct 
 	c->store = s;
 	pthread_mutex_init(&c->ev_lock, NULL);
 	pthread_mutex_init(&c->wait_lock, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->ev_cond, &ca);
+	pthread_condattr_destroy(&ca);
 	if (io)
 		c->io_opts = *io;
 	else
@@ -539,6 +548,7 @@ void nf_cache_close(struct nf_cache *c)
 	free(c->pins);
 	pthread_mutex_destroy(&c->ev_lock);
 	pthread_mutex_destroy(&c->wait_lock);
+	pthread_cond_destroy(&c->ev_cond);
 	free(c);
 }
 
@@ -607,6 +617,8 @@ static void ev_push_locked(struct nf_cache *c, struct read_rec *r)
 {
 	c->ev[c->ev_tail].r = r;
 	c->ev_tail = (c->ev_tail + 1) % c->ev_cap;
+	if (atomic_load_explicit(&c->ev_sleepers, memory_order_relaxed))
+		pthread_cond_signal(&c->ev_cond);
 }
 
 static void ev_push(struct nf_cache *c, struct read_rec *r)
@@ -1139,6 +1151,31 @@ static void read_failed(struct nf_cache *c, struct read_rec *r)
 	}
 }
 
+/* Longest nap of a reaper while another thread waits on the I/O context. */
+#define REAP_NAP_NS 200000L
+
+/* Sleep until an event is queued, another reaper hands some (work may be
+ * ready for this thread), or REAP_NAP_NS pass: a reaper that cannot wait on
+ * the I/O context itself naps rather than spinning on sched_yield, which
+ * spent half of a 2-thread decode's CPU time in the kernel. */
+static void reap_nap(struct nf_cache *c)
+{
+	pthread_mutex_lock(&c->ev_lock);
+	if (c->ev_head == c->ev_tail) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += REAP_NAP_NS;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		atomic_fetch_add(&c->ev_sleepers, 1);
+		pthread_cond_timedwait(&c->ev_cond, &c->ev_lock, &ts);
+		atomic_fetch_sub(&c->ev_sleepers, 1);
+	}
+	pthread_mutex_unlock(&c->ev_lock);
+}
+
 int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 {
 	int handed = 0;
@@ -1154,10 +1191,16 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 			atomic_fetch_sub(&c->outstanding, 1);
 			handed++;
 		}
-		if (handed || atomic_load(&c->outstanding) == 0)
+		if (handed || atomic_load(&c->outstanding) == 0) {
+			/* what this thread handed may have made work for a
+			 * napping one */
+			if (handed && atomic_load(&c->ev_sleepers))
+				pthread_cond_broadcast(&c->ev_cond);
 			return handed;
+		}
 		if (pthread_mutex_trylock(&c->wait_lock) != 0) {
-			sched_yield();
+			/* another thread waits on the I/O context */
+			reap_nap(c);
 			return 0;
 		}
 		int rc = nf_io_ctx_pending(c->io) ? nf_io_ctx_wait(c->io, 1, -1) : 0;
