@@ -321,20 +321,21 @@ if command -v gnuplot >/dev/null 2>&1; then
 	memrow=$(grep '^mem' "$TMP/table" || true)
 	mem_nf=$(echo "$memrow" | cut -f2)
 	{
-		echo 'set terminal pngcairo size 900,560 noenhanced'
+		echo 'set terminal pngcairo size 900,600 noenhanced'
 		echo "set output '$DIR/bench-decode.png'"
 		echo "set title 'Decode speed of a 7B-shaped q4_0 ReLU model (sparsity 0.90) under a memory budget'"
 		echo "set xlabel 'memory budget (GiB; every run inside a cgroup v1 memory limit of that size)'"
 		echo "set ylabel 'tokens/s (log scale)'"
 		echo 'set logscale y'
 		echo 'set grid'
-		echo 'set key bottom right'
+		echo 'set key outside bottom center horizontal maxrows 3'
 		echo 'set datafile separator "\t"'
 		echo 'set datafile missing "-"'
 		echo 'set xrange [0.75:3.25]'
 		echo 'set xtics (1, 1.5, 2, 2.5, 3)'
 		plot="plot '$TMP/points' using 1:2 with linespoints lw 2 pt 7 title 'nflash (planned store, --memory-budget only)',"
 		plot="$plot '' using 1:3 with linespoints lw 1 dt 3 pt 1 title 'nflash, predicted by the plan',"
+		plot="$plot '' using 1:7 with linespoints lw 1 pt 6 title 'nflash, hand-tuned store and flags',"
 		plot="$plot '' using 1:9 with linespoints lw 2 pt 5 title 'llama.cpp (mmap, cgroup limit)',"
 		plot="$plot '' using 1:11 with linespoints lw 1 pt 4 title 'nflash --io mmap stand-in (cgroup limit)'"
 		case "$mem_nf" in ''|-) ;; *) plot="$plot, $mem_nf with lines dt 2 lc 1 title 'nflash, model in memory'" ;; esac
