@@ -12,8 +12,12 @@
  * Both integer sums are exact; scales are applied per block in f32.
  *
  * Invariants:
- * 1. Integer block sums are exact; results differ from the reference only
- *    in the order of the f32 sum over blocks and lanes.
+ * 1. Integer block sums are exact. The Q4_0, Q8_0 and F16 kernels in the
+ *    table (go_, xr_, gx_, gemv_f16) sum in the reference's (llama.cpp's)
+ *    order and give its bits; F32 and BF16 agree with it within rounding,
+ *    their gemv and gemm in one order (the tile's). The first design's
+ *    q4/q8 drivers (QDRIVERS, unused) differ from the reference only in the
+ *    order of the f32 sum over blocks and lanes.
  * 2. Weight loads never leave the row: a group read unaligned takes two
  *    overlapping 64-byte loads at its first and its (size - 64)th byte; a
  *    run of groups read aligned takes whole cache lines inside the row.
@@ -22,8 +26,13 @@
  *    FMA, F16C, whose kernels this table reuses).
  * 4. No allocation: repacked activations live on the stack: at most 32 KiB
  *    per gemv call, and up to 272 KiB per xr_gemm call (4 tokens x 1024
- *    blocks x 64 bytes, plus their scales), which every thread of the pool
- *    and the caller have room for (8 MiB default stacks).
+ *    blocks x 64 bytes, plus their scales), 18 KiB per gx_gemv and 36 KiB
+ *    per gx_gemm call (tables of 512 blocks for 1 or 2 tokens), which
+ *    every thread of the pool and the caller have room for (8 MiB default
+ *    stacks).
+ * 5. Matrices in 8-row groups (gx_*) give the reference's bits: the
+ *    integer lanes are exact and the f32 chain per row and lane is the
+ *    reference's, block by block.
  */
 #include <immintrin.h>
 #include <math.h>
