@@ -28,7 +28,7 @@
 static int request_together(struct nf_sparse *s, uint32_t layer, const int32_t *sel, const float *x,
 			    const float *resid)
 {
-	uint32_t U = s->n_expert_used, n = 0, cold = 0, base[64 + 1];
+	uint32_t U = s->n_expert_used, n = 0, cold = 0, base[64 + 1], need[64];
 	if (U > 64)
 		return 1;
 	/* gate-first: every routed expert's gate rows read together first (a
@@ -49,7 +49,8 @@ static int request_together(struct nf_sparse *s, uint32_t layer, const int32_t *
 			for (uint32_t m = xm[gi]; m; m &= m - 1)
 				s->req[n++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
 		}
-		cold += nf_cache_cold_needed(s->cache, layer, s->cur_expert, s->req + base[k], n - base[k]);
+		need[k] = nf_cache_cold_needed(s->cache, layer, s->cur_expert, s->req + base[k], n - base[k]);
+		cold += need[k];
 		if (cold > s->cap)
 			return 1;
 	}
@@ -62,6 +63,9 @@ static int request_together(struct nf_sparse *s, uint32_t layer, const int32_t *
 	atomic_store(&s->t_last_ready, 0.0);
 	for (uint32_t k = 0; k < U; k++) {
 		struct nf_cache_stats cs0, cs1;
+		/* the experts after k keep their slots free of k's gap bundles */
+		cold -= need[k];
+		nf_cache_reserve(s->cache, cold);
 		nf_cache_stats_get(s->cache, &cs0);
 		int rc = nf_cache_request_tagged(s->cache, layer, (uint32_t)sel[k], s->req + base[k], base[k + 1] - base[k],
 						 s->xptrs + (size_t)k * s->F, nf_sp_on_ready, &s->xtag[k]);

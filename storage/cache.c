@@ -135,6 +135,9 @@ struct nf_cache {
 	uint64_t *sortbuf;
 	uint32_t *pinned_list;         /* cold slots pinned by the current layer (max(N, n_cold)) */
 	uint32_t n_pinned_list;
+	/* cold slots the layer's later requests will pin (nf_cache_reserve):
+	 * a read bridges a gap only while they stay free */
+	uint32_t reserved;
 	atomic_uint outstanding;       /* reads not yet reaped */
 	int layer_err;
 	/* route-ahead reads in flight across releases: a ring of pf_cap
@@ -910,7 +913,7 @@ static uint32_t plan_read(struct nf_cache *c, struct ffn_ent *f, uint32_t k, uin
 	}
 	/* bridge only while the misses after this run still find slots: gap
 	 * bundles take slots that no miss may need */
-	if (sp > len && (uint64_t)c->n_pinned_list + sp + (n_miss - e) > c->n_cold) {
+	if (sp > len && (uint64_t)c->n_pinned_list + sp + (n_miss - e) + c->reserved > c->n_cold) {
 		e = k + len;
 		sp = len;
 	}
@@ -1014,7 +1017,7 @@ static int request_at(struct nf_cache *c, uint32_t fi, const uint32_t *neurons, 
 		return 0;
 	/* slots a route-ahead read is filling cannot be given out: when the
 	 * misses might need them, those reads land first */
-	if (c->pf_slots && (uint64_t)n_miss + c->n_pinned_list + c->pf_slots > c->n_cold)
+	if (c->pf_slots && (uint64_t)n_miss + c->n_pinned_list + c->pf_slots + c->reserved > c->n_cold)
 		pf_drain(c);
 	sort_misses(c, f->obj, n_miss);
 	int rc = 0;
@@ -1252,6 +1255,7 @@ int nf_cache_release(struct nf_cache *c)
 	c->n_pinned_list = 0;
 	c->n_reads = 0;
 	c->run_base = 0;
+	c->reserved = 0;
 	int err = c->layer_err;
 	c->layer_err = 0;
 	return err;
@@ -1347,6 +1351,11 @@ static uint64_t count_at_least(const struct ffn_ent *f, uint32_t N, uint32_t t)
 		for (uint32_t j = 0; j < N; j++)
 			k += f->count[j] >= t;
 	return k;
+}
+
+void nf_cache_reserve(struct nf_cache *c, uint32_t slots)
+{
+	c->reserved = slots;
 }
 
 uint32_t nf_cache_cold_needed(const struct nf_cache *c, uint32_t layer, uint32_t expert, const uint32_t *neurons,

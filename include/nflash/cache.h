@@ -270,6 +270,15 @@ int nf_cache_release(struct nf_cache *c);
  * an I/O error.
  */
 int nf_cache_hot_load(struct nf_cache *c);
+/*
+ * nf_cache_reserve - the cold slots the requests still to come before the
+ * next nf_cache_release will pin (their nf_cache_cold_needed, summed).
+ * Until then a read bridges a gap between misses only while those slots
+ * stay free, so that requests made together (a mixture's routed experts)
+ * each find room when the first ones' misses are far apart. Replaces the
+ * previous value; nf_cache_release clears it.
+ */
+void nf_cache_reserve(struct nf_cache *c, uint32_t slots);
 /* How many of neurons[0..n) of FFN (layer, expert) are not hot: the cold
  * slots nf_cache_request would pin for them now (misses, and hits in the
  * cold segment). At most the cold segment's slot count fits one request. */
