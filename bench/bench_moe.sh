@@ -33,7 +33,10 @@
 # calibration, default 128), BENCH_KEEP (1: keep the stores and llama.cpp's
 # GGUF for the next run; default 1), BENCH_SYNTH_ARGS (extra synth options,
 # e.g. "--dim 512 --ffn 1024 --layers 4" for a quick trial of the script),
-# BENCH_TAG (file name stem, default synth-moe), LLAMA_CLI.
+# BENCH_TAG (file name stem, default synth-moe), BENCH_IMPORT_ARGS (import
+# options, default "--bundle-align 512": the bundles packed as `nflash plan`
+# packs them on a 512-byte device, so the store is 27 GB, not 30, and the
+# peak while importing stays near 54 GB), LLAMA_CLI.
 set -eu
 B=${1:-build}
 NF=$B/nflash
@@ -48,6 +51,7 @@ CALIB_N=${BENCH_CALIB_TOKENS:-128}
 KEEP=${BENCH_KEEP:-1}
 SYNTH_ARGS=${BENCH_SYNTH_ARGS:-}
 TAG=${BENCH_TAG:-synth-moe}
+IMPORT_ARGS=${BENCH_IMPORT_ARGS:---bundle-align 512}
 LLAMA_CLI=${LLAMA_CLI:-}
 MMOPTS="-c 64 -t $T"
 # "<s> The quick brown fox jumps over the" in the LLaMA-2 vocabulary
@@ -94,7 +98,8 @@ prepare() {
 		"$NF" synth $SYNTH --sparsity "$s" -o "$gguf" >&2
 		GGUF_KB=$(($(stat -c %s "$gguf") / 1024 + 1024))
 		say "importing $gguf -> $store, then deleting the GGUF"
-		"$NF" import "$gguf" "$store" >&2
+		# shellcheck disable=SC2086
+		"$NF" import "$gguf" "$store" $IMPORT_ARGS >&2
 		rm -f "$gguf"
 	fi
 	if ! "$NF" store inspect "$store" --json | python3 -c "
@@ -278,6 +283,17 @@ EOF
 	fi
 	first=0
 done
+# rows of sparsities not run this time are kept from the last table, so
+# that variants run one at a time (disk) end in one table and one plot
+if [ -s "$DIR/bench-moe.tsv" ]; then
+	awk -F'\t' -v run="$SPARSITIES" 'BEGIN { n = split(run, r, " "); for (i = 1; i <= n; i++) skip[r[i]] = 1 }
+		NR > 1 && !($1 in skip)' "$DIR/bench-moe.tsv" > "$TMP/kept"
+	if [ -s "$TMP/kept" ]; then
+		say "keeping the last table's rows for sparsity $(cut -f1 "$TMP/kept" | sort -u | tr '\n' ' ')"
+		cat "$TMP/kept" >> "$TMP/table"
+		SPARSITIES="$SPARSITIES $(cut -f1 "$TMP/kept" | sort -u | tr '\n' ' ')"
+	fi
+fi
 cp "$TMP/table" "$DIR/bench-moe.tsv"
 
 # ---- the targets: at 6 GiB, at least 4 tok/s and 15x llama.cpp ----------
@@ -305,7 +321,9 @@ if command -v gnuplot >/dev/null 2>&1; then
 			plot="$plot$sep '$TMP/p-$s' using 2:3 with linespoints lw 2 pt 7 title '47B MoE nflash, sparsity $s'"
 			sep=","
 		done
-		plot="$plot, '$TMP/p-$(echo $SPARSITIES | awk '{ print $1 }')' using 2:8 with linespoints lw 2 pt 5 title '47B MoE llama.cpp (mmap)'"
+		# llama.cpp ran with one sparsity (whichever run had it)
+		awk -F'\t' 'NR > 1 && $8 != "-"' "$TMP/table" | sort -t'	' -k2,2g > "$TMP/p-llama"
+		plot="$plot, '$TMP/p-llama' using 2:8 with linespoints lw 2 pt 5 title '47B MoE llama.cpp (mmap)'"
 		if [ -s "$DIR/bench-decode.tsv" ]; then
 			grep -v '^budget_gib\|^mem' "$DIR/bench-decode.tsv" > "$TMP/p7" || true
 			plot="$plot, '$TMP/p7' using 1:2 with linespoints lw 2 pt 9 title '7B nflash (bench-decode)'"
