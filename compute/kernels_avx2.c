@@ -1040,6 +1040,7 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		NF_KREF_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,
+	.qcol_down = { [NF_KT_Q8_0] = nf_kavx2_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx2_qcol_down_q4_0 },
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kavx2_softmax,
 	.silu_mul = nf_kavx2_silu_mul,

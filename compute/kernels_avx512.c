@@ -1193,6 +1193,7 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		NF_KREF_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,
+	.qcol_down = { [NF_KT_Q8_0] = nf_kavx512_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx512_qcol_down_q4_0 },
 	/* 8-row groups: Q4_0 and Q8_0 two groups per register
 	 * (kernels_avx512_x8.c), the K-quants the AVX2 kernels */
 	.gemv_x8 = { [NF_KT_Q4_0] = nf_kavx512_gemv_x8_Q4_0, [NF_KT_Q8_0] = nf_kavx512_gemv_x8_Q8_0,

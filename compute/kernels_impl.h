@@ -62,6 +62,19 @@ extern const uint8_t nf_kcol_idx[5][32];
 extern const uint16_t nf_kcol_mul[5][16];
 void nf_kref_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
 		       int32_t xq, int32_t *acc);
+/* QCOL down parts (qcol_down): the reference, and the x86 tables'. */
+void nf_kref_qcol_down_q4_0(size_t n, size_t ncols, const int8_t *q, const void *const *cols, const uint16_t *sc,
+			    float dx, float *out);
+void nf_kref_qcol_down_q8_0(size_t n, size_t ncols, const int8_t *q, const void *const *cols, const uint16_t *sc,
+			    float dx, float *out);
+void nf_kavx2_qcol_down_q4_0(size_t n, size_t ncols, const int8_t *q, const void *const *cols, const uint16_t *sc,
+			     float dx, float *out);
+void nf_kavx2_qcol_down_q8_0(size_t n, size_t ncols, const int8_t *q, const void *const *cols, const uint16_t *sc,
+			     float dx, float *out);
+void nf_kavx512_qcol_down_q4_0(size_t n, size_t ncols, const int8_t *q, const void *const *cols,
+			       const uint16_t *sc, float dx, float *out);
+void nf_kavx512_qcol_down_q8_0(size_t n, size_t ncols, const int8_t *q, const void *const *cols,
+			       const uint16_t *sc, float dx, float *out);
 void nf_kavx2_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n, const int16_t *sc,
 			int32_t xq, int32_t *acc);
 
@@ -263,6 +276,7 @@ void nf_kneon_axpy_f32v(size_t n, float a, const float *x, float *y);
 	.rmsnorm = nf_kneon_rmsnorm, .softmax = nf_kneon_softmax, .silu_mul = nf_kneon_silu_mul,  \
 	.relu_mul = nf_kref_relu_mul, .drelu_mul = nf_kref_drelu_mul,                              \
 	.dot_f32 = nf_kneon_dot_f32v, .axpy_f32 = nf_kneon_axpy_f32v,                              \
+	.qcol_down[NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, .qcol_down[NF_KT_Q4_0] = nf_kref_qcol_down_q4_0, \
 	NF_KREF_KQUANT_AXPY
 /* The K-quant axpys stay the reference's on every SIMD table; the arm64
  * tables' other K-quant entries are kernels_neon_kquant.h's. */

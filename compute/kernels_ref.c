@@ -517,6 +517,25 @@ void nf_kref_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n,
 	}
 }
 
+/* ---- QCOL down parts ------------------------------------------------------- */
+
+/* The definition (include/nflash/kernels.h): integer sums per row, then
+ * (scale * dx) * sum added, in that order. */
+#define KREF_QCOL_DOWN(T, VALUE)                                                                   \
+	void nf_kref_qcol_down_##T(size_t n, size_t ncols, const int8_t *q, const void *const *cols, \
+				   const uint16_t *sc, float dx, float *out)                       \
+	{                                                                                          \
+		for (size_t r = 0; r < n; r++) {                                                   \
+			int32_t acc = 0;                                                           \
+			for (size_t c = 0; c < ncols; c++)                                         \
+				acc += q[c] * (VALUE);                                             \
+			out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc;                        \
+		}                                                                                  \
+	}
+KREF_QCOL_DOWN(q4_0, (int32_t)((((const uint8_t *)cols[c])[r / 2] >> (4 * (r % 2))) & 0x0f) - 8)
+KREF_QCOL_DOWN(q8_0, (int32_t)((const int8_t *)cols[c])[r])
+#undef KREF_QCOL_DOWN
+
 /* ---- vector ops ------------------------------------------------------------ */
 
 void nf_kref_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
@@ -617,6 +636,7 @@ const struct nf_kernels nf_kernels_table_ref = {
 		NF_KREF_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kref_kcol_madd,
+	.qcol_down = { [NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kref_qcol_down_q4_0 },
 	.gemv_x8 = { NF_KREF_X8(gemv) },
 	.gemm_x8 = { NF_KREF_X8(gemm) },
 	.rmsnorm = nf_kref_rmsnorm,

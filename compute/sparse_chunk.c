@@ -48,37 +48,26 @@ static float act1(enum nf_ffn_act act, float g, float u, bool has_gate)
 
 /* Adds group gi's QCOL down contribution (activations a) into out. */
 static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, const uint32_t *ids,
-		      const void *const *dp, uint32_t n, float *out, char *scratch)
+		      const void *const *dp, uint32_t n, float *out)
 {
-	uint32_t E = s->E;
 	struct nf_block_q8_0 blk;
 	nf_quantize_row_q8_0(a, &blk, GROUP);
 	float dx = nf_fp16_to_fp32(blk.d);
 	if (dx == 0.0f)
 		return;
-	int32_t *acc = (int32_t *)scratch;
-	memset(acc, 0, E * sizeof(int32_t));
+	int8_t q[GROUP];
+	const void *cols[GROUP];
+	uint32_t nc = 0;
 	for (uint32_t j = 0; j < n; j++) {
-		int32_t q = blk.qs[ids[j] % GROUP];
-		if (!dp[j] || q == 0)
+		int8_t v = blk.qs[ids[j] % GROUP];
+		if (!dp[j] || v == 0)
 			continue;
-		if (s->dt_down == NF_DTYPE_Q8_0) {
-			const int8_t *c = dp[j];
-			for (uint32_t r = 0; r < E; r++)
-				acc[r] += q * c[r];
-		} else {
-			const uint8_t *c = dp[j];
-			for (uint32_t r = 0; r < E; r += 2) {
-				acc[r] += q * ((int32_t)(c[r / 2] & 0x0f) - 8);
-				acc[r + 1] += q * ((int32_t)(c[r / 2] >> 4) - 8);
-			}
-		}
+		q[nc] = v;
+		cols[nc++] = dp[j];
 	}
-	const uint16_t *sc = s->cur_scales + (size_t)gi * E;
-	for (uint32_t r = 0; r < E; r++)
-		out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc[r];
+	/* with nc 0 too: the reference adds (scale * dx) * 0 to every row */
+	s->k->qcol_down[nf_ktype_of(s->dt_down)](s->E, nc, q, cols, s->cur_scales + (size_t)gi * s->E, dx, out);
 }
-
 
 #define KTILE 256u /* rows per pass: the tile's scales, quants and lanes stay in L1 */
 
@@ -274,7 +263,7 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 				if (dp[j])
 					kact[ids[j]] = a[ids[j] % unit];
 		} else if (s->form == DOWN_QCOL) {
-			qcol_down(s, gi, a, ids + j0, dp + j0, j1 - j0, out, scratch);
+			qcol_down(s, gi, a, ids + j0, dp + j0, j1 - j0, out);
 		} else if (nf_dtype_block_len(dt_down) > 1) {
 			/* PowerInfer: the activation vector quantized to Q8_0;
 			 * neuron i contributes d * q[i] times its dequantized down row */

@@ -816,6 +816,74 @@ Test(kernels, kcol_madd_matches_ref)
 		}
 }
 
+/*
+ * qcol_down (the sparse FFN's Q4_0/Q8_0 down parts in the QCOL form): the
+ * reference against the formula written out here, and every table against
+ * the reference, bit for bit: 0 to 32 columns, rows 32 to 4096 (every
+ * tail of the SIMD tiles), quants at +-127 (the int16 sums' extreme),
+ * columns allocated to their exact size (a read past them shows under
+ * ASan), out starting at -0.0 and at values of both signs.
+ */
+Test(kernels, qcol_down_matches_ref)
+{
+	const size_t ns[] = { 32, 64, 96, 128, 160, 224, 4096 };
+	const size_t ncs[] = { 0, 1, 3, 16, 31, 32 };
+	struct rng r = { 29 };
+	for (int q4 = 0; q4 <= 1; q4++)
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++)
+			for (size_t ci = 0; ci < sizeof(ncs) / sizeof(ncs[0]); ci++) {
+				size_t n = ns[ni], nc = ncs[ci], cb = q4 ? n / 2 : n;
+				enum nf_ktype kt = q4 ? NF_KT_Q4_0 : NF_KT_Q8_0;
+				int8_t q[32];
+				void *cols[32];
+				uint16_t *sc = xmalloc(n * sizeof(uint16_t));
+				float *o0 = xmalloc(n * sizeof(float)), *want = xmalloc(n * sizeof(float));
+				float *got = xmalloc(n * sizeof(float));
+				bool extreme = ci % 2 == 1;
+				for (size_t c = 0; c < nc; c++) {
+					uint8_t *col = xmalloc(cb);
+					for (size_t i = 0; i < cb; i++)
+						col[i] = extreme ? (q4 ? 0x00 : 0x81) : (uint8_t)(rnd(&r) * 128 + 128);
+					cols[c] = col;
+					q[c] = extreme ? 127 : (int8_t)fmaxf(-127.0f, floorf(rnd(&r) * 127.5f));
+				}
+				for (size_t i = 0; i < n; i++) {
+					sc[i] = nf_fp32_to_fp16(rnd(&r) * 0.01f);
+					o0[i] = i % 7 == 0 ? -0.0f : rnd(&r);
+				}
+				float dx = 0.03125f + rnd(&r) * 0.001f;
+				for (size_t i = 0; i < n; i++) {
+					int32_t acc = 0;
+					for (size_t c = 0; c < nc; c++) {
+						const uint8_t *col = cols[c];
+						int32_t w = q4 ? (int32_t)((col[i / 2] >> (i % 2 ? 4 : 0)) & 15) - 8
+							       : (int32_t)(int8_t)col[i];
+						acc += q[c] * w;
+					}
+					float t = nf_fp16_to_fp32(sc[i]) * dx;
+					t = t * (float)acc;
+					want[i] = o0[i] + t;
+				}
+				for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+					const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+					if (!k)
+						continue;
+					cr_assert_not_null(k->qcol_down[kt]);
+					memcpy(got, o0, n * sizeof(float));
+					k->qcol_down[kt](n, nc, q, (const void *const *)cols, sc, dx, got);
+					cr_assert_eq(memcmp(got, want, n * sizeof(float)), 0,
+						     "%s qcol_down %s n %zu ncols %zu differs from the formula", k->isa,
+						     q4 ? "q4_0" : "q8_0", n, nc);
+				}
+				for (size_t c = 0; c < nc; c++)
+					free(cols[c]);
+				free(sc);
+				free(o0);
+				free(want);
+				free(got);
+			}
+}
+
 /* On arm64 the choice follows the CPU: sdot where it has it. */
 Test(kernels, arm64_picks_by_hwcap)
 {
