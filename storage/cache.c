@@ -1282,15 +1282,29 @@ static int cmp_pair_desc(const void *a, const void *b)
 	return cmp_pair_asc(b, a);
 }
 
-/* FFN fi's slots of one segment as (count << 32 | slot) into out; their number. */
-static uint32_t slots_of_ffn(const struct nf_cache *c, const struct slot_meta *meta, uint32_t n, uint32_t fi,
-			     uint64_t *out)
+/* FFN fi's slots as (count << 32 | slot), its hot ones into c->rb_hot and
+ * its cold ones into c->rb_cold (their numbers into nh, nc), found through
+ * its neurons' locations: a scan of the segments cost 4% of a 47B decode
+ * under 12 GiB, where the hot one holds 1.4M slots for 256 FFNs. The
+ * callers sort the pairs whole, so the order found in does not matter. */
+static void slots_of_ffn(struct nf_cache *c, uint32_t fi, uint32_t *nh, uint32_t *nc)
 {
-	uint32_t k = 0;
-	for (uint32_t i = 0; i < n; i++)
-		if (meta[i].ffn == fi && !meta[i].inflight)
-			out[k++] = (uint64_t)c->ffns[fi].count[meta[i].neuron] << 32 | i;
-	return k;
+	const struct ffn_ent *f = &c->ffns[fi];
+	uint32_t h = 0, k = 0;
+	for (uint32_t j = 0; j < c->g.n_neurons; j++) {
+		uint32_t l = f->loc[j];
+		if (l == NO_SLOT)
+			continue;
+		uint64_t cnt = (uint64_t)f->count[j] << 32;
+		if (l & HOT_BIT) {
+			if (!c->hot_meta[l & ~HOT_BIT].inflight)
+				c->rb_hot[h++] = cnt | (l & ~HOT_BIT);
+		} else if (!c->cold_meta[l].inflight) {
+			c->rb_cold[k++] = cnt | l;
+		}
+	}
+	*nh = h;
+	*nc = k;
 }
 
 int nf_cache_rebalance(struct nf_cache *c, uint32_t layer, uint32_t expert, uint32_t max_moves)
@@ -1300,8 +1314,8 @@ int nf_cache_rebalance(struct nf_cache *c, uint32_t layer, uint32_t expert, uint
 		return 0;
 	uint32_t fi = layer * c->g.n_expert + expert, stride = c->g.stride, moves = 0;
 	struct ffn_ent *fe = &c->ffns[fi];
-	uint32_t nh = slots_of_ffn(c, c->hot_meta, c->n_hot, fi, c->rb_hot);
-	uint32_t nc = slots_of_ffn(c, c->cold_meta, c->n_cold, fi, c->rb_cold);
+	uint32_t nh, nc;
+	slots_of_ffn(c, fi, &nh, &nc);
 	if (!nh || !nc)
 		return 0;
 	/* the least frequent hot neurons against the most frequent
