@@ -272,9 +272,15 @@ with open(sys.argv[1]) as f:
     j = json.loads([l for l in f if l.lstrip().startswith("{")][-1])
 ex = j.get("stats", {}).get("experts")
 if ex:
-    print("bench-moe: sparsity %s, last run, per expert (all layers): %s" % (sys.argv[2], ", ".join(
-        "e%d routed %d hit %.2f" % (e.get("expert", i), e.get("routed", 0), e.get("hit_rate", 0))
-        for i, e in enumerate(ex))))
+    # one entry per (layer, expert): summed over the layers, hit rates
+    # weighted by the tokens routed
+    tot = {}
+    for i, e in enumerate(ex):
+        k = e.get("expert", i)
+        r, h = tot.get(k, (0, 0.0))
+        tot[k] = (r + e.get("routed", 0), h + e.get("routed", 0) * e.get("hit_rate", 0))
+    print("bench-moe: sparsity %s, last run, per expert over all layers: %s" % (sys.argv[2], ", ".join(
+        "e%d routed %d hit %.2f" % (k, r, h / r if r else 0) for k, (r, h) in sorted(tot.items()))))
 EOF
 	fi
 	if [ "$KEEP" != 1 ]; then
