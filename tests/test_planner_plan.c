@@ -66,6 +66,15 @@ Test(planner, cost_model_matches_a_hand_computation)
 	nf_plan_predict(&dev, &m, 32, &e);
 	cr_expect_float_eq(e.t_token_s, t + 2 * 2e-3, 1e-12, "%.9f", e.t_token_s);
 	cr_expect_float_eq(e.io_wait_share, 2 * (layer_r - layer_c) / (t + 4e-3), 1e-9);
+	/* no kernel outruns the memory read: at 5 GB/s the dense part takes 2 ms */
+	m.layer_overhead_s = 0;
+	dev.mem_read_gb_s = 5.0;
+	nf_plan_predict(&dev, &m, 32, &e);
+	cr_expect_float_eq(e.t_dense_s, 2e-3, 1e-12, "%.9f", e.t_dense_s);
+	/* a memory read above the kernel's rate changes nothing */
+	dev.mem_read_gb_s = 50.0;
+	nf_plan_predict(&dev, &m, 32, &e);
+	cr_expect_float_eq(e.t_token_s, t, 1e-12, "%.9f", e.t_token_s);
 }
 
 Test(planner, device_curve_interpolates_and_kernel_rate_picks_the_thread_count)
@@ -125,12 +134,13 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	/* budgets above what this process holds (more under ASan): the
 	 * planner counts it as the fixed overhead */
 	uint64_t base = nf_engine_overhead_now() >> 20 << 20;
-	uint64_t budgets[2] = { base + (72ull << 20), base + (136ull << 20) };
+	/* the third holds every neuron in the hot segment */
+	uint64_t budgets[3] = { base + (72ull << 20), base + (136ull << 20), base + (1024ull << 20) };
 	struct nf_plan_opts o;
 	nf_plan_opts_default(&o);
 	o.store = store;
 	o.budgets = budgets;
-	o.n_budgets = 2;
+	o.n_budgets = 3;
 	o.calib_tokens = 32;
 	o.n_threads = 2;
 	o.device.seconds = 1.0;
@@ -138,9 +148,15 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	struct nf_diag d = { 0 };
 	int rc = nf_plan_run(&o, &p, &d);
 	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
-	cr_assert_eq(p->n_entries, 2);
+	cr_assert_eq(p->n_entries, 3);
 	cr_expect(p->n_points > 0 && p->n_rates > 0 && p->mem_read_gb_s > 0);
-	for (uint32_t i = 0; i < 2; i++) {
+	/* leave one out: with every neuron the calibration saw hot, a new
+	 * token still brings neurons it never saw (the replay of a token
+	 * against the hot set chosen without it); without it the replay
+	 * predicted no read at all */
+	cr_expect(p->entries[2].reads_per_token > 0, "%.3g reads a token predicted with every seen neuron hot",
+		  p->entries[2].reads_per_token);
+	for (uint32_t i = 0; i < 3; i++) {
 		const struct nf_store_plan_entry *e = &p->entries[i];
 		cr_expect_eq(e->budget, budgets[i]);
 		cr_expect(e->tok_per_s > 0 && e->bytes_per_token >= 0 && e->io_wait_share <= 1,
