@@ -33,7 +33,9 @@
 # calibration, default 128), BENCH_KEEP (1: keep the stores and llama.cpp's
 # GGUF for the next run; default 1), BENCH_SYNTH_ARGS (extra synth options,
 # e.g. "--dim 512 --ffn 1024 --layers 4" for a quick trial of the script),
-# BENCH_TAG (file name stem, default synth-moe), BENCH_IMPORT_ARGS (import
+# BENCH_TAG (file name stem, default synth-moe), BENCH_PEERS (0: no
+# llama.cpp or stand-in runs, e.g. for a second variant run on its own,
+# whose table then joins the last one's rows that have them), BENCH_IMPORT_ARGS (import
 # options, default "--bundle-align 512": the bundles packed as `nflash plan`
 # packs them on a 512-byte device, so the store is 27 GB, not 30, and the
 # peak while importing stays near 54 GB), LLAMA_CLI.
@@ -53,6 +55,7 @@ SYNTH_ARGS=${BENCH_SYNTH_ARGS:-}
 TAG=${BENCH_TAG:-synth-moe}
 IMPORT_ARGS=${BENCH_IMPORT_ARGS:---bundle-align 512}
 LLAMA_CLI=${LLAMA_CLI:-}
+PEERS=${BENCH_PEERS:-1}
 MMOPTS="-c 64 -t $T"
 # "<s> The quick brown fox jumps over the" in the LLaMA-2 vocabulary
 IDS=1,450,4996,17354,1701,29916,432,17204,975,278
@@ -243,7 +246,7 @@ first=1
 for s in $SPARSITIES; do
 	prepare "$s"
 	store=$DIR/$TAG-s$s.nfl
-	[ "$first" = 1 ] && prepare_llama "$s"
+	[ "$first" = 1 ] && [ "$PEERS" = 1 ] && prepare_llama "$s"
 	for b in $BUDGETS; do
 		tok="" wait="" hit="" pred="" ltok="" mtok=""
 		i=0
@@ -251,7 +254,7 @@ for s in $SPARSITIES; do
 			set -- $(run_nflash "$store" "$b")
 			tok="$tok $1" wait="$wait $2" hit="$hit $3" pred="$pred $4"
 			say "sparsity $s, $b GiB run $((i + 1)): $1 tok/s (predicted $4), I/O wait share $2, hit rate $3"
-			if [ "$first" = 1 ] && [ $i = 0 ]; then
+			if [ "$first" = 1 ] && [ "$PEERS" = 1 ] && [ $i = 0 ]; then
 				l=$(run_llama "$b")
 				m=$(run_mmap "$b")
 				ltok="$l" mtok="$m"
