@@ -183,9 +183,16 @@ $(B)/tests/nflash-tests: $(TEST_OBJ) $(TEST_RUNNER) $(TOOL_LIB_OBJ) $(B)/libnfla
 # TEST_ISA=neon runs it with NFLASH_ISA forced (ARCH=arm64: QEMU_CPU=cortex-a57,
 # a CPU without sdot, does the same for the dispatcher).
 TEST_JOBS ?= 2
+# Criterion's TAP report; a failing run ends by printing its failing tests
+# with their assertions, so the tail of a CI log names them (the TSan
+# runner, not Criterion's, writes none).
+TEST_REPORT := $(B)/tests/report.tap
+TEST_TAP    := $(if $(TEST_RUNNER),,--tap=$(TEST_REPORT))
 test: deps
 	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
-	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(if $(findstring address,$(SANITIZE)),LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)')
+	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(if $(findstring address,$(SANITIZE)),LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)') $(TEST_TAP) \
+	  || { rc=$$?; $(if $(TEST_TAP),printf '\nnflash: the failing tests (whole report: %s):\n' '$(TEST_REPORT)' >&2; \
+	       awk '/^not ok/ { p = 1 } /^(ok|#)/ { p = 0 } p' '$(TEST_REPORT)' >&2;) exit $$rc; }
 
 # ---- the part of the suite CI runs under ThreadSanitizer -----------------
 # (`make test-tsan-ci`; docs/KERNELS.md "Under ThreadSanitizer"): every test
