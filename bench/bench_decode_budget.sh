@@ -36,7 +36,9 @@
 # (default 1: the tuned row), BENCH_CALIB_N (calibration tokens of the tuned
 # store, default 512), BENCH_ALIGN (import --bundle-align, default 512),
 # LLAMA_CLI (the peer; without it the llama column reads "-"), BENCH_WARM
-# (default 1: read every file once before the runs, below).
+# (default 1: read every file once before the runs, below), BENCH_REST
+# (seconds idle before every timed run, default 0: on a virtual disk that
+# throttles after heavy I/O, each run then starts on a rested disk).
 #
 # Needs root for drop_caches and the cgroup; without them it says so and
 # measures what it can (columns it cannot fill read "-").
@@ -53,6 +55,7 @@ T=${BENCH_THREADS:-2}
 PROFILE=${BENCH_PROFILE:-1}
 ALIGN=${BENCH_ALIGN:-512}
 LLAMA_CLI=${LLAMA_CLI:-}
+REST=${BENCH_REST:-0}
 # the hand-tuned flags of earlier sessions (f16 KV, short context, 16-token batches)
 TUNED="-c 64 --kv-type f16 -b 16 -t $T"
 # the stand-in's and llama.cpp's context
@@ -167,6 +170,10 @@ drop() {
 		sync
 		echo 3 > /proc/sys/vm/drop_caches
 	fi
+	# a virtual disk that throttles after heavy I/O (llama.cpp's mmap
+	# runs read gigabytes) recovers while idle: BENCH_REST seconds of it
+	# before every timed run give each the same rested disk
+	[ "$REST" = 0 ] || sleep "$REST"
 }
 
 # gen_tok_per_s, io_wait_share, hit_rate of one --json output (or "- - -")
