@@ -178,3 +178,38 @@ void nf_coact_cost(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_
 	if (bundles_out)
 		*bundles_out = (double)bundles / tokens;
 }
+
+int nf_coact_holdout(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
+		     uint32_t head, const uint32_t *gaps, uint32_t n_gaps, double *in_runs, double *in_bundles,
+		     double *out_runs, double *out_bundles)
+{
+	if (tokens > words * 64u)
+		tokens = words * 64u;
+	if (tokens < 4 || !n)
+		return -EINVAL;
+	size_t cells = (size_t)n * words;
+	uint64_t *even = malloc(cells * sizeof(uint64_t)), *odd = malloc(cells * sizeof(uint64_t));
+	uint32_t *cnt = calloc(n, sizeof(uint32_t)), *lay = malloc((size_t)n * sizeof(uint32_t));
+	int rc = -ENOMEM;
+	if (!even || !odd || !cnt || !lay)
+		goto out;
+	/* bit t of a word is token 64 w + t: even tokens are the even bits */
+	for (size_t k = 0; k < cells; k++) {
+		even[k] = sig[k] & 0x5555555555555555ull;
+		odd[k] = sig[k] & 0xaaaaaaaaaaaaaaaaull;
+		cnt[k / words] += (uint32_t)__builtin_popcountll(even[k]);
+	}
+	if ((rc = nf_coact_order(cnt, even, words, n, head, lay)) < 0)
+		goto out;
+	for (uint32_t k = 0; k < n_gaps; k++) {
+		nf_coact_cost(odd, words, tokens, n, order, head, gaps[k], &in_runs[k], &in_bundles[k]);
+		nf_coact_cost(odd, words, tokens, n, lay, head, gaps[k], &out_runs[k], &out_bundles[k]);
+	}
+	rc = 0;
+out:
+	free(even);
+	free(odd);
+	free(cnt);
+	free(lay);
+	return rc;
+}

@@ -133,8 +133,11 @@ void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model
 			 * under a full queue (which at depth 256 is Little's
 			 * law's 5 ms, and made every deep queue look slow) */
 			lat = nf_plan_device_lat_us(dev, req, 1) * 1e-6;
-			/* submitting and reaping take the compute threads' CPUs */
-			cpu = R * nf_plan_device_cpu_us(dev, req, depth) * 1e-6 / th;
+			/* submitting and reaping take the compute threads'
+			 * CPUs, and so does the crc32c of every byte read
+			 * (9 GB/s on the AVX-512 EPYC: 15% of a mixture's
+			 * decode at 512 MiB, where reads bridge wide gaps) */
+			cpu = (R * nf_plan_device_cpu_us(dev, req, depth) * 1e-6 + b * m->verify_s_per_byte) / th;
 		}
 		/* within a layer, clusters compute as their reads land: the
 		 * layer takes the longer of its compute and its reads (plus the
@@ -304,6 +307,12 @@ struct replay {
 	uint32_t **off;      /* [n_ffn][tokens + 1]: into slots[f] */
 	uint32_t **slots;    /* [n_ffn]: fired slots, token after token */
 	uint32_t **cnt;      /* [n_ffn][n]: tokens of the record each slot fired in */
+	uint32_t *obj;       /* [n_ffn]: the store object */
+	/* the layout's holdout per gap (layout_holdout): a new token's runs
+	 * and bundles per miss over the calibration's own (factors, at least
+	 * 1), and a new token's runs and bundles per miss (rates, 0: none) */
+	double hold_runs[N_GAPS], hold_bundles[N_GAPS];
+	double rate_runs[N_GAPS], rate_bundles[N_GAPS];
 };
 
 static void replay_free(struct replay *r)
@@ -314,6 +323,7 @@ static void replay_free(struct replay *r)
 		free(r->cnt ? r->cnt[f] : NULL);
 	}
 	free(r->cnt);
+	free(r->obj);
 	free(r->layer);
 	free(r->expert);
 	free(r->nt);
@@ -335,11 +345,14 @@ static int replay_build(struct nf_engine *cal, uint32_t *const *order, uint32_t 
 	r->expert = calloc(n_obj, sizeof(uint32_t));
 	r->n = calloc(n_obj, sizeof(uint32_t));
 	r->nt = calloc(n_obj, sizeof(uint32_t));
+	r->obj = calloc(n_obj, sizeof(uint32_t));
 	r->calib = n_calib;
+	for (size_t k = 0; k < N_GAPS; k++)
+		r->hold_runs[k] = r->hold_bundles[k] = 1.0, r->rate_runs[k] = r->rate_bundles[k] = 0;
 	r->off = calloc(n_obj, sizeof(uint32_t *));
 	r->slots = calloc(n_obj, sizeof(uint32_t *));
 	r->cnt = calloc(n_obj, sizeof(uint32_t *));
-	if (!r->layer || !r->expert || !r->n || !r->nt || !r->off || !r->slots || !r->cnt)
+	if (!r->layer || !r->expert || !r->n || !r->nt || !r->obj || !r->off || !r->slots || !r->cnt)
 		return -ENOMEM;
 	/* FFNs in layer order, as a token meets them */
 	for (uint32_t l = 0; l < g.n_layer; l++)
@@ -356,6 +369,7 @@ static int replay_build(struct nf_engine *cal, uint32_t *const *order, uint32_t 
 				r->tokens = tokens;
 			uint32_t f = r->n_ffn++, n = ob->n_bundles;
 			r->nt[f] = tokens;
+			r->obj[f] = i;
 			r->layer[f] = l;
 			r->expert[f] = ob->expert;
 			r->n[f] = n;
@@ -381,6 +395,78 @@ static int replay_build(struct nf_engine *cal, uint32_t *const *order, uint32_t 
 			r->off[f][tokens] = at;
 
 		}
+	return 0;
+}
+
+/*
+ * The layout's holdout. The co-activation layout is planned from the
+ * calibration tokens, so replaying those same tokens finds each token's
+ * rare neurons side by side, in runs that a new token's misses do not form:
+ * on a 4-layer store of the Mixtral shape the replay put a token's misses
+ * in 424 runs where the engine made 1657 requests for as many misses
+ * (docs/PLAN.md, "Why a mixture's reads are under-predicted"). So up to
+ * HOLD_FFNS FFNs, spread over the layers, are laid out again from their
+ * even calibration tokens alone and costed on their odd tokens against
+ * both layouts (nf_coact_holdout). Per gap, the held-out layout's runs and
+ * bundles per miss over the in-sample layout's are the factors that
+ * layer_costs scales its replay by. They are never below 1: a layout does
+ * not serve new tokens better than the tokens it was planned from.
+ */
+#define HOLD_FFNS 8
+
+static int layout_holdout(const struct nf_plan_opts *o, struct nf_engine *cal, uint32_t *const *order,
+			  struct replay *r)
+{
+	struct nf_cache *c = nf_engine_cache(cal);
+	struct nf_cache_geom g;
+	struct nf_cache_layout cl;
+	struct nf_engine_info info;
+	nf_cache_geometry(c, &g);
+	nf_cache_layout_get(c, &cl);
+	nf_engine_info(cal, &info);
+	/* the head each layout was planned with (nf_coact_profile_save) */
+	uint32_t *quota = calloc((size_t)g.n_layer * g.n_expert, sizeof(uint32_t));
+	if (!quota)
+		return -ENOMEM;
+	nf_cache_hot_quota(c, cl.hot_slots + info.profile_extra / g.stride, quota);
+	double in_r[N_GAPS] = { 0 }, in_b[N_GAPS] = { 0 }, out_r[N_GAPS] = { 0 }, out_b[N_GAPS] = { 0 };
+	double t0 = now_s();
+	uint32_t step = r->n_ffn > HOLD_FFNS ? r->n_ffn / HOLD_FFNS : 1, used = 0;
+	int rc = 0;
+	for (uint32_t f = step / 2; f < r->n_ffn && rc == 0; f += step) {
+		uint32_t tokens, words;
+		const uint64_t *sig = nf_cache_signatures(c, r->layer[f], r->expert[f], &tokens, &words);
+		double ir[N_GAPS], ib[N_GAPS], or_[N_GAPS], ob[N_GAPS];
+		if (!sig || r->nt[f] < 4 || !r->n[f])
+			continue;
+		rc = nf_coact_holdout(sig, words, r->nt[f], r->n[f], order[r->obj[f]],
+				      quota[r->layer[f] * g.n_expert + r->expert[f]], k_gaps, N_GAPS, ir, ib, or_, ob);
+		for (size_t k = 0; rc == 0 && k < N_GAPS; k++) {
+			in_r[k] += ir[k];
+			in_b[k] += ib[k];
+			out_r[k] += or_[k];
+			out_b[k] += ob[k];
+		}
+		used += rc == 0;
+	}
+	free(quota);
+	if (rc < 0)
+		return rc;
+	if (in_b[0] <= 0 || out_b[0] <= 0)
+		return 0;
+	for (size_t k = 0; k < N_GAPS; k++) {
+		double fr = in_r[k] > 0 ? (out_r[k] / out_b[0]) / (in_r[k] / in_b[0]) : 1;
+		double fb = in_b[k] > 0 ? (out_b[k] / out_b[0]) / (in_b[k] / in_b[0]) : 1;
+		r->hold_runs[k] = fr > 1 ? fr : 1;
+		r->hold_bundles[k] = fb > 1 ? fb : 1;
+		r->rate_runs[k] = out_r[k] / out_b[0];
+		r->rate_bundles[k] = out_b[k] / out_b[0];
+	}
+	logf_(o,
+	      "layout holdout (%u FFNs, %.1f s): a new token's misses take %.2f reads each at gap 0 (the "
+	      "calibration's own %.2f), %.2f at gap %u (%.2f)",
+	      used, now_s() - t0, out_r[0] / out_b[0], in_r[0] / in_b[0], out_r[N_GAPS - 1] / out_b[0],
+	      k_gaps[N_GAPS - 1], in_r[N_GAPS - 1] / in_b[0]);
 	return 0;
 }
 
@@ -482,7 +568,7 @@ static int layer_costs(struct nf_engine *cal, const struct replay *r, struct bud
 				if (t >= r->nt[f])
 					continue;
 				uint32_t hot = quota[r->layer[f] * g.n_expert + r->expert[f]];
-				uint32_t last = 0, runs = 0, read = 0;
+				uint32_t last = 0, runs = 0, read = 0, miss = 0;
 				bool open = false;
 				for (uint32_t a = r->off[f][t]; a < r->off[f][t + 1]; a++) {
 					uint32_t slot = r->slots[f][a];
@@ -495,6 +581,7 @@ static int layer_costs(struct nf_engine *cal, const struct replay *r, struct bud
 						continue;
 					}
 					uint32_t from = slot;
+					miss++;
 					if (open && slot - last <= gap + 1)
 						from = last + 1;
 					else
@@ -516,8 +603,15 @@ static int layer_costs(struct nf_engine *cal, const struct replay *r, struct bud
 						used++;
 					}
 				}
-				b->runs[k * L + r->layer[f]] += (double)runs / per;
-				b->bundles[k * L + r->layer[f]] += (double)read / per;
+				/* the holdout's factor, up to a new token's own
+				 * rate: the replay's runs per miss are above the
+				 * in-sample layout's alone (cold hits split runs),
+				 * and a factor near ten (a mixture's experts) would
+				 * count more reads than misses */
+				double rr = fmin(r->hold_runs[k] * runs, fmax(runs, r->rate_runs[k] * miss));
+				double rb = fmin(r->hold_bundles[k] * read, fmax(read, r->rate_bundles[k] * miss));
+				b->runs[k * L + r->layer[f]] += rr / per;
+				b->bundles[k * L + r->layer[f]] += rb / per;
 			}
 #undef UNLINK
 #undef PUSH_MRU
@@ -671,7 +765,7 @@ static int cmp_u64(const void *a, const void *b)
  * decisions. */
 static void choose(const struct nf_store_plan *dev, const struct budget_plan *b, const struct nf_engine_info *info,
 		   uint32_t n_layer, uint32_t ffn_dtype, uint32_t dense_dtype, uint32_t threads, double neuron_bytes,
-		   double engine_iops, double layer_s, struct nf_store_plan_entry *best)
+		   double engine_iops, double layer_s, double verify_spb, struct nf_store_plan_entry *best)
 {
 	memset(best, 0, sizeof(*best));
 	best->t_token_s = INFINITY;
@@ -683,7 +777,7 @@ static void choose(const struct nf_store_plan *dev, const struct budget_plan *b,
 				.ffn_dtype = ffn_dtype, .dense_dtype = dense_dtype, .active = b->active,
 				.runs = b->runs + k * n_layer, .bundles = b->bundles + k * n_layer,
 				.compute_bytes_per_neuron = neuron_bytes, .engine_iops = engine_iops,
-				.layer_overhead_s = layer_s,
+				.layer_overhead_s = layer_s, .verify_s_per_byte = verify_spb,
 			};
 			struct nf_store_plan_entry e = { 0 };
 			nf_plan_predict(dev, &m, k_qds[q], &e);
@@ -720,9 +814,12 @@ static void choose(const struct nf_store_plan *dev, const struct budget_plan *b,
  * behind them). One decode under the smallest budget that opens with
  * attention pinned (streamed attention's reads would share the time),
  * many reads; one under the largest budget that fits beside the
- * calibration engine in free memory, few. Then FFN time per token = reads
- * / ceiling + layers x a fixed cost per layer (predictor, scheduling,
- * reduction), solved from the two. On a 2-vCPU virtual machine the engine
+ * calibration engine in free memory, few. Then FFN time per token, less
+ * the crc32c checks' (priced per byte apart: a read that bridges a gap
+ * checks every bundle it brings), = reads / ceiling + layers x a fixed
+ * cost per layer (predictor, scheduling, reduction), solved from the two;
+ * the checks' seconds per byte come from the first decode (or, when it
+ * cannot run, from timing nf_crc32c). On a 2-vCPU virtual machine the engine
  * took back 36-50K reads a second of 11 KiB and of 20 KiB alike, where
  * the device curve allowed more of the smaller (the CPUs that submit,
  * reap and compute set the pace: without the ceiling the model took a
@@ -732,7 +829,8 @@ static void choose(const struct nf_store_plan *dev, const struct budget_plan *b,
 #define PROBE_TOKENS 24
 #define PROBE_WARM 8
 struct probe {
-	double reads, t_ffn;   /* per measured token */
+	double reads, t_ffn;   /* per measured token: reads, FFN time less the checksums' */
+	double bytes, verify;  /* per measured token: bytes read, seconds of crc32c over them */
 };
 
 static int probe_one(const struct nf_plan_opts *o, uint64_t overhead, uint64_t budget, bool need_pinned,
@@ -773,7 +871,9 @@ static int probe_one(const struct nf_plan_opts *o, uint64_t overhead, uint64_t b
 	nf_cache_stats_get(c, &cs);
 	nf_sparse_stats_get(sp, &ss);
 	out->reads = (double)cs.requests / (PROBE_TOKENS - PROBE_WARM);
-	out->t_ffn = ss.t_ffn / (PROBE_TOKENS - PROBE_WARM);
+	out->bytes = (double)cs.bytes_read / (PROBE_TOKENS - PROBE_WARM);
+	out->verify = (double)cs.verify_ns * 1e-9 / (PROBE_TOKENS - PROBE_WARM);
+	out->t_ffn = ss.t_ffn / (PROBE_TOKENS - PROBE_WARM) - out->verify;
 	rc = 0;
 out:
 	nf_engine_close(e);
@@ -781,11 +881,13 @@ out:
 }
 
 static void probe_engine(const struct nf_plan_opts *o, uint64_t overhead, const uint64_t *budgets,
-			 const int32_t *ids, size_t n_ids, uint32_t n_layer, double *iops, double *layer_s)
+			 const int32_t *ids, size_t n_ids, uint32_t n_layer, double *iops, double *layer_s,
+			 double *verify_spb)
 {
 	struct probe lo = { 0 }, hi = { 0 };
 	uint32_t ilo = o->n_budgets, ihi = o->n_budgets;
 	*iops = *layer_s = 0;
+	*verify_spb = nf_plan_verify_s_per_byte();
 	if (n_ids < PROBE_TOKENS || !n_layer)
 		return;
 	ids += n_ids - PROBE_TOKENS;
@@ -800,6 +902,8 @@ static void probe_engine(const struct nf_plan_opts *o, uint64_t overhead, const 
 		if ((double)budgets[i] + (1u << 30) < avail && probe_one(o, overhead, budgets[i], true, ids, &hi) == 0)
 			ihi = i;
 	*iops = lo.reads / lo.t_ffn;
+	if (lo.bytes > 0 && lo.verify > 0)
+		*verify_spb = lo.verify / lo.bytes;
 	if (ihi < o->n_budgets && lo.reads > 2 * hi.reads && lo.t_ffn > hi.t_ffn) {
 		double per_read = (lo.t_ffn - hi.t_ffn) / (lo.reads - hi.reads);
 		double fixed = (hi.t_ffn - hi.reads * per_read) / n_layer;
@@ -809,9 +913,10 @@ static void probe_engine(const struct nf_plan_opts *o, uint64_t overhead, const 
 		}
 	}
 	logf_(o, "engine probe: %.0f reads and %.1f ms of FFN a token under %.1f MiB, %.0f and %.1f ms under "
-		 "%.1f MiB: %.0f reads/s, %.2f ms a layer beside them",
+		 "%.1f MiB: %.0f reads/s, %.2f ms a layer beside them, crc32c checks at %.1f GB/s",
 	      lo.reads, lo.t_ffn * 1e3, budgets[ilo] / 1048576.0, hi.reads, hi.t_ffn * 1e3,
-	      ihi < o->n_budgets ? budgets[ihi] / 1048576.0 : 0.0, *iops, *layer_s * 1e3);
+	      ihi < o->n_budgets ? budgets[ihi] / 1048576.0 : 0.0, *iops, *layer_s * 1e3,
+	      *verify_spb > 0 ? 1e-9 / *verify_spb : 0.0);
 }
 
 /* The device and the kernels: measured on the store as the runs will
@@ -957,13 +1062,14 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	 * the engine's own read rate */
 	if ((rc = measure_step(o, old, np, d)) < 0)
 		goto out;
-	double engine_iops = 0, layer_s = 0;
+	double engine_iops = 0, layer_s = 0, verify_spb = 0;
 	probe_engine(o, overhead, budgets, ids, n_ids, nf_model_hparams(nf_engine_model(cal))->n_layer, &engine_iops,
-		     &layer_s);
+		     &layer_s, &verify_spb);
 
 	/* 4. every budget: the engine's dry run, then the reads its hot set
 	 * and cold segment leave under each gap, replaying the calibration */
-	if ((rc = replay_build(cal, order, (uint32_t)n_ids, &rp)) < 0) {
+	if ((rc = replay_build(cal, order, (uint32_t)n_ids, &rp)) < 0 ||
+	    (rc = layout_holdout(o, cal, order, &rp)) < 0) {
 		rc = nf_diag_fail(d, rc, "plan: no memory to replay the calibration tokens");
 		goto out;
 	}
@@ -1053,7 +1159,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 					bool windowed = cand.info.cold_slots && cand.info.cold_slots < 1.5 * busiest;
 					struct nf_store_plan_entry e;
 					choose(np, &cand, &cand.info, n_layer, g.dtype, dense_dtype, threads, neuron_bytes,
-					       engine_iops, layer_s, &e);
+					       engine_iops, layer_s, verify_spb, &e);
 					e.n_batch = k_batches[nb];
 					budget_free(&cand);
 					bool better = !found || (windowed == found_windowed

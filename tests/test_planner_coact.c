@@ -6,6 +6,7 @@
  * gives the same layout.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,4 +128,45 @@ Test(planner, coact_order_edges)
 	uint32_t bad[3] = { 0, 2, 2 }, big[2] = { 0, 2 };
 	cr_assert(!nf_store_profile_order_valid(bad, 3));
 	cr_assert(!nf_store_profile_order_valid(big, 2));
+}
+
+/*
+ * The holdout: a layout planned from a record fits the record's own tokens
+ * better than new ones when each token's rare neurons are its own (a
+ * mixture's expert, routed a few tokens), and about as well when the
+ * neurons fire in groups every token shares (make_record's clusters).
+ */
+Test(planner, coact_holdout_tells_a_layout_fit_to_its_own_record)
+{
+	static const uint32_t gaps[2] = { 0, 4 };
+	double ir[2], ib[2], or_[2], ob[2];
+	uint32_t co[N];
+
+	/* clusters shared by every token: the even half plans as well */
+	make_record();
+	cr_assert_eq(nf_coact_order(counts, sig, W, N, 16, co), 0);
+	cr_assert_eq(nf_coact_holdout(sig, W, T, N, co, 16, gaps, 2, ir, ib, or_, ob), 0);
+	cr_assert_gt(ib[0], 5.0, "%.1f misses a token", ib[0]);
+	cr_expect_float_eq(ib[0], ob[0], 1e-9, "the same misses: %.2f against %.2f", ib[0], ob[0]);
+	cr_expect_lt(or_[0] / ob[0], 1.5 * ir[0] / ib[0], "shared clusters: %.3f runs a miss held out, %.3f own",
+		     or_[0] / ob[0], ir[0] / ib[0]);
+	cr_expect_leq(or_[1], or_[0] + 1e-9);
+	cr_expect_geq(ob[1], ob[0] - 1e-9);
+
+	/* every token fires 4 neurons of its own choosing among 240 (each
+	 * neuron fires on about 3 tokens): the record's layout chains each
+	 * token's 4, the even tokens' layout cannot know the odd ones' */
+	memset(sig, 0, sizeof(sig));
+	memset(counts, 0, sizeof(counts));
+	for (uint32_t t = 0; t < T; t++)
+		for (uint32_t k = 0; k < 4; k++)
+			fire(16 + rnd(240), t);
+	cr_assert_eq(nf_coact_order(counts, sig, W, N, 16, co), 0);
+	cr_assert_eq(nf_coact_holdout(sig, W, T, N, co, 16, gaps, 2, ir, ib, or_, ob), 0);
+	double own = ir[0] / ib[0], held = or_[0] / ob[0];
+	cr_expect_gt(held, 1.25 * own, "own tokens: %.3f runs a miss, held out: %.3f", own, held);
+	cr_expect_gt(held, 0.9, "held out: %.3f runs a miss", held);
+
+	/* too short a record to split */
+	cr_expect_eq(nf_coact_holdout(sig, W, 3, N, co, 16, gaps, 2, ir, ib, or_, ob), -EINVAL);
 }

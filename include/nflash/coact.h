@@ -60,6 +60,23 @@ double nf_coact_runs(const uint64_t *sig, uint32_t words, uint32_t tokens, uint3
 void nf_coact_cost(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
 		   uint32_t head, uint32_t max_gap, double *runs_out, double *bundles_out);
 
+/*
+ * nf_coact_holdout - how a co-activation layout serves tokens it was not
+ * planned from. The record's even tokens alone plan a layout, as
+ * nf_coact_order plans one from all (head slots first, by the even tokens'
+ * counts); the odd tokens are then costed (nf_coact_cost, head cached)
+ * against that layout and against order, the layout planned from the whole
+ * record. For each of the n_gaps gaps[k]: in_runs[k], in_bundles[k] (under
+ * order) and out_runs[k], out_bundles[k] (under the even tokens' layout),
+ * means over the record's tokens. The calibration's own layout clusters
+ * each token's rare neurons, which a new token's misses do not share: the
+ * two differ by the layout's fit to its own record. Returns 0, -EINVAL
+ * (fewer than 4 tokens), or -ENOMEM.
+ */
+int nf_coact_holdout(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
+		     uint32_t head, const uint32_t *gaps, uint32_t n_gaps, double *in_runs, double *in_bundles,
+		     double *out_runs, double *out_bundles);
+
 /* Progress of a long step: fn(arg, done, total) as work advances, then
  * once with done == total. */
 struct nf_coact_progress {
