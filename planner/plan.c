@@ -134,10 +134,12 @@ void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model
 			 * law's 5 ms, and made every deep queue look slow) */
 			lat = nf_plan_device_lat_us(dev, req, 1) * 1e-6;
 			/* submitting and reaping take the compute threads'
-			 * CPUs, and so does the crc32c of every byte read
-			 * (9 GB/s on the AVX-512 EPYC: 15% of a mixture's
-			 * decode at 512 MiB, where reads bridge wide gaps) */
-			cpu = (R * nf_plan_device_cpu_us(dev, req, depth) * 1e-6 + b * m->verify_s_per_byte) / th;
+			 * CPUs; the crc32c of every byte read runs where the
+			 * reads complete, one thread at a time (9 GB/s on the
+			 * AVX-512 EPYC: 15% of a mixture's decode at 512 MiB,
+			 * where reads bridge wide gaps), as the engine probe
+			 * took it off its FFN time */
+			cpu = R * nf_plan_device_cpu_us(dev, req, depth) * 1e-6 / th + b * m->verify_s_per_byte;
 		}
 		/* within a layer, clusters compute as their reads land: the
 		 * layer takes the longer of its compute and its reads (plus the

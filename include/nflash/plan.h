@@ -96,9 +96,9 @@ struct nf_plan_model {
 	/* and its fixed cost per FFN layer beside reads and compute (the
 	 * predictor, scheduling, the reduction), seconds; 0: none */
 	double layer_overhead_s;
-	/* CPU seconds per byte read for the crc32c check each read gets on
-	 * completion, shared over the threads as the reads' CPU is (the
-	 * planner times nf_crc32c on a buffer beyond the caches); 0: none */
+	/* seconds per byte read for the crc32c check each read gets where it
+	 * completes, one thread at a time (the engine probe's verify_ms, or
+	 * nf_plan_verify_s_per_byte); 0: none */
 	double verify_s_per_byte;
 };
 
@@ -107,8 +107,8 @@ struct nf_plan_model {
  * read at queue depth qd, from dev's device points and kernel rates (an
  * nf_store_plan as measured). Per layer, clusters compute as their reads
  * land, so a layer takes the longer of its compute (the active neurons'
- * bytes at the FFN kernel's GB/s, plus the reads' CPU time and their
- * checksums' shared over the threads) and its reads (bytes at the device's MB/s for that request size
+ * bytes at the FFN kernel's GB/s, plus the reads' CPU time shared over
+ * the threads and their checksums') and its reads (bytes at the device's MB/s for that request size
  * and depth, plus one latency); dense compute (and streamed attention's
  * reads, overlapped with it) comes on top. Fills e's predictions
  * (tok_per_s, io_wait_share, bytes_per_token, reads_per_token, t_*).
