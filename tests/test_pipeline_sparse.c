@@ -551,3 +551,27 @@ Test(pipeline, batch_from_cache_equals_memory_in_fewer_reads)
 	check_batch(p, NF_SPARSE_PREDICTOR);
 	unlink(p);
 }
+
+/* ---- --stats and --recall ------------------------------------------------------------ */
+
+/* `--stats` reports without slowing the run: the predictor's recall (every
+ * gate computed in full, in memory) only with `--recall`. */
+Test(pipeline, recall_is_measured_only_when_asked)
+{
+	if (access(PL_NFLASH, X_OK) != 0)
+		cr_skip_test("%s is not built", PL_NFLASH);
+	char p[256], cmd[1024];
+	static char out[1 << 16], err[1 << 16];
+	pl_tmp_path(p, sizeof(p), "recall");
+	cr_assert_eq(pl_synth_tiny(p, "relu", NF_DTYPE_Q8_0, true), 0);
+	snprintf(cmd, sizeof(cmd), "generate -m %s -p Hello -n 3 --seed 1 --json --stats", p);
+	cr_assert_eq(pl_run_cli(cmd, out, sizeof(out), err, sizeof(err)), 0, "%s\n%s", out, err);
+	cr_expect(strstr(err, "hits hot") || strstr(err, "FFN"), "--stats printed nothing:\n%s", err);
+	cr_expect(!strstr(err, "predictor recall"), "--stats alone measured recall:\n%s", err);
+	cr_expect(!strstr(out, "\"predictor_recall\""), "--stats alone measured recall:\n%s", out);
+	snprintf(cmd, sizeof(cmd), "generate -m %s -p Hello -n 3 --seed 1 --json --recall", p);
+	cr_assert_eq(pl_run_cli(cmd, out, sizeof(out), err, sizeof(err)), 0, "%s\n%s", out, err);
+	cr_expect(strstr(err, "predictor recall"), "--recall: no recall line:\n%s", err);
+	cr_expect(strstr(out, "\"predictor_recall\":"), "--recall: no predictor_recall in --json:\n%s", out);
+	unlink(p);
+}

@@ -79,6 +79,8 @@ int nf_model_cli_flag(struct nf_model_cli *mc, int argc, char **argv, int *i)
 		}
 	} else if (!strcmp(f, "--stats")) {
 		mc->stats = true;
+	} else if (!strcmp(f, "--recall")) {
+		mc->recall = mc->stats = true;
 	} else if (!strcmp(f, "--stream-attn")) {
 		mc->stream_attn = true;
 	} else if (!strcmp(f, "--attn-pin-layers")) {
@@ -149,6 +151,9 @@ void nf_model_cli_help(FILE *f)
 		"  --memory-budget SIZE  limit on what the engine holds (K/M/G suffixes); the KV cache\n"
 		"                        for -c counts against it\n"
 		"  --stats               per-token and total FFN statistics on stderr\n"
+		"  --recall              --stats, plus the predictor's recall: in memory, each layer's\n"
+		"                        gate is computed in full to check the prediction (a 7B\n"
+		"                        decode ran 1.8x slower); not for timing runs\n"
 		"  --stream-attn         store only: read each layer's attention weights from the store\n"
 		"                        at every step through 2 layer buffers, instead of pinning them\n"
 		"                        (automatic when the pinned dense weights do not fit the budget)\n"
@@ -517,7 +522,7 @@ void nf_model_cli_engine_opts(const struct nf_model_cli *mc, struct nf_engine_op
 	o->no_repack = mc->repack == 0;
 	o->profile = mc->profile;
 	o->profile_sig_tokens = NF_PROFILE_SIG_TOKENS;
-	o->measure_recall = mc->stats;
+	o->measure_recall = mc->stats && mc->recall;
 	o->log = stderr;
 }
 

@@ -29,6 +29,7 @@ struct nf_model_cli {
 	double threshold;
 	uint64_t budget;        /* --memory-budget, 0: none */
 	bool stats;             /* --stats */
+	bool recall;            /* --recall */
 	const char *ffn_store;  /* --ffn-store: FFN bundles from this store */
 	const char *io_backend; /* --io (an I/O backend) */
 	bool io_mmap;           /* --io mmap: dense from the GGUF's mapping, no prefault */
