@@ -147,7 +147,7 @@ void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model
 		double c = comp + cpu, r = R > 0 ? io + lat : 0;
 		t_layers += (c > r ? c : r) + m->layer_overhead_s;
 		t_wait += r > c ? r - c : 0;
-		t_ffn += comp;
+		t_ffn += c + m->layer_overhead_s; /* as the engine counts compute: all but the I/O wait */
 		t_io += r;
 		bytes += b;
 		reads += R;

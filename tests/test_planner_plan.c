@@ -42,6 +42,8 @@ Test(planner, cost_model_matches_a_hand_computation)
 	cr_expect_float_eq(e.bytes_per_token, 2 * 81920.0, 1e-6);
 	cr_expect_float_eq(e.reads_per_token, 20.0, 1e-9);
 	cr_expect_float_eq(e.t_dense_s, 1e-3, 1e-12);
+	/* FFN compute as --stats counts it: the layers' time less the I/O wait */
+	cr_expect_float_eq(e.t_ffn_s, 2 * layer_c, 1e-12, "%.9f", e.t_ffn_s);
 
 	/* compute-bound: with a fast device the layer takes its compute */
 	pt.mb_s = 1e6;
@@ -71,6 +73,7 @@ Test(planner, cost_model_matches_a_hand_computation)
 	m.layer_overhead_s = 2e-3;
 	nf_plan_predict(&dev, &m, 32, &e);
 	cr_expect_float_eq(e.t_token_s, t + 2 * 2e-3, 1e-12, "%.9f", e.t_token_s);
+	cr_expect_float_eq(e.t_ffn_s, 2 * (layer_c + 2e-3), 1e-12, "%.9f", e.t_ffn_s);
 	cr_expect_float_eq(e.io_wait_share, 2 * (layer_r - layer_c) / (t + 4e-3), 1e-9);
 	/* no kernel outruns the memory read: at 5 GB/s the dense part takes 2 ms */
 	m.layer_overhead_s = 0;

@@ -412,7 +412,10 @@ struct nf_store_plan_entry {
 	uint32_t hot_slots;         /* bundles the hot segment holds (informational) */
 	/* predictions */
 	double tok_per_s, io_wait_share, bytes_per_token, reads_per_token;
-	double t_dense_s, t_ffn_s, t_io_s, t_token_s;  /* per token: dense compute, FFN compute, I/O, total */
+	/* per token: dense compute; the FFN layers' compute (kernels, the
+	 * reads' CPU and checksums, the fixed cost per layer: their time less
+	 * the I/O wait, as `--stats` counts compute); their reads; the total */
+	double t_dense_s, t_ffn_s, t_io_s, t_token_s;
 };
 struct nf_store_plan {
 	uint64_t created_ns;
