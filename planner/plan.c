@@ -1048,7 +1048,19 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 		goto out;
 	n_obj = nf_store_object_count(nf_engine_store(cal));
 
-	/* 2b. lay the store out now, so that the dry runs below size the
+	/* 2b. the device and the kernels, as the runs will find them (the
+	 * calibration has read the store), and the engine's own read rate,
+	 * before the relayout writes the whole store: on a virtual disk the
+	 * minute after that write met a drained device (47B Mixtral shape:
+	 * the probe took back 11.5K reads a second, the runs minutes later
+	 * 63K), and so may a flash device whose write cache is full */
+	if ((rc = measure_step(o, old, np, d)) < 0)
+		goto out;
+	double engine_iops = 0, layer_s = 0, verify_spb = 0;
+	probe_engine(o, overhead, budgets, ids, n_ids, nf_model_hparams(nf_engine_model(cal))->n_layer, &engine_iops,
+		     &layer_s, &verify_spb);
+
+	/* 3. lay the store out now, so that the dry runs below size the
 	 * cache for the bundles as they will be (the relayout may pack them
 	 * closer); the calibration engine keeps the old file open for the
 	 * replay, whose slots are the new layout's already */
@@ -1059,14 +1071,6 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 		logf_(o, "store laid out in the co-activation order in %.1f s%s", now_s() - t0,
 		      o->keep_copy ? " (the old layout kept as .orig)" : "");
 	}
-
-	/* 3. the device and the kernels, as the runs will find them, and
-	 * the engine's own read rate */
-	if ((rc = measure_step(o, old, np, d)) < 0)
-		goto out;
-	double engine_iops = 0, layer_s = 0, verify_spb = 0;
-	probe_engine(o, overhead, budgets, ids, n_ids, nf_model_hparams(nf_engine_model(cal))->n_layer, &engine_iops,
-		     &layer_s, &verify_spb);
 
 	/* 4. every budget: the engine's dry run, then the reads its hot set
 	 * and cold segment leave under each gap, replaying the calibration */
