@@ -355,8 +355,8 @@ out:
 	return rc;
 }
 
-int nf_plan_measure_device(struct nf_store *s, const struct nf_plan_device_opts *o, struct nf_store_plan *p,
-			   struct nf_diag *d)
+int nf_plan_measure_reads(struct nf_store *s, const struct nf_plan_device_opts *o, struct nf_store_plan *p,
+			  struct nf_diag *d)
 {
 	struct nf_plan_device_opts def;
 	if (!o) {
@@ -364,15 +364,87 @@ int nf_plan_measure_device(struct nf_store *s, const struct nf_plan_device_opts 
 		o = &def;
 	}
 	free(p->points);
-	free(p->rates);
 	p->points = NULL;
+	p->n_points = 0;
+	return read_curve(s, o, p, d);
+}
+
+int nf_plan_measure_kernels(struct nf_store *s, const struct nf_plan_device_opts *o, struct nf_store_plan *p,
+			    struct nf_diag *d)
+{
+	struct nf_plan_device_opts def;
+	if (!o) {
+		nf_plan_device_opts_default(&def);
+		o = &def;
+	}
+	free(p->rates);
 	p->rates = NULL;
-	p->n_points = p->n_rates = 0;
+	p->n_rates = 0;
 	p->mem_read_gb_s = 0;
-	int rc = read_curve(s, o, p, d);
-	if (rc < 0)
-		return rc;
 	return kernel_rates(s, o, p, d);
+}
+
+int nf_plan_measure_device(struct nf_store *s, const struct nf_plan_device_opts *o, struct nf_store_plan *p,
+			   struct nf_diag *d)
+{
+	int rc = nf_plan_measure_reads(s, o, p, d);
+	return rc < 0 ? rc : nf_plan_measure_kernels(s, o, p, d);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* the median of v[0..n) (sorts v); the mean of the middle two when n is even */
+double nf_plan_median(double *v, size_t n)
+{
+	if (!n)
+		return 0;
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int nf_plan_points_median(const struct nf_store_plan *const *passes, uint32_t n_passes, struct nf_store_plan *out)
+{
+	if (!n_passes || !passes[0]->n_points)
+		return -EINVAL;
+	uint32_t n = passes[0]->n_points;
+	struct nf_store_dev_point *pts = calloc(n, sizeof(*pts));
+	double *v = malloc(n_passes * sizeof(*v));
+	if (!pts || !v) {
+		free(pts);
+		free(v);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const struct nf_store_dev_point *q = &passes[0]->points[i];
+		pts[i] = *q;
+		for (int f = 0; f < 3; f++) {
+			size_t k = 0;
+			for (uint32_t j = 0; j < n_passes; j++)
+				for (uint32_t m = 0; m < passes[j]->n_points; m++) {
+					const struct nf_store_dev_point *r = &passes[j]->points[m];
+					if (r->req_bytes == q->req_bytes && r->qd == q->qd) {
+						v[k++] = f == 0 ? r->mb_s : f == 1 ? r->cpu_us : r->lat_us;
+						break;
+					}
+				}
+			double med = nf_plan_median(v, k);
+			if (f == 0)
+				pts[i].mb_s = med;
+			else if (f == 1)
+				pts[i].cpu_us = med;
+			else
+				pts[i].lat_us = med;
+		}
+	}
+	free(v);
+	free(out->points);
+	out->points = pts;
+	out->n_points = n;
+	return 0;
 }
 
 /* ---- interpolation ----------------------------------------------------------------------- */

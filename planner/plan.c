@@ -829,6 +829,7 @@ static void choose(const struct nf_store_plan *dev, const struct budget_plan *b,
  * reads, each layer cost 2 ms more than its reads and compute (the
  * predictions were 1.45x the runs'). */
 #define PROBE_TOKENS 24
+#define PLAN_PASSES 3   /* device passes and engine probe pairs, medians taken */
 #define PROBE_WARM 8
 struct probe {
 	double reads, t_ffn;   /* per measured token: reads, FFN time less the checksums' */
@@ -882,83 +883,173 @@ out:
 	return rc;
 }
 
-static void probe_engine(const struct nf_plan_opts *o, uint64_t overhead, const uint64_t *budgets,
-			 const int32_t *ids, size_t n_ids, uint32_t n_layer, double *iops, double *layer_s,
-			 double *verify_spb)
+/* The engine probe's figures, solved from one pair of probes */
+struct probe_fit {
+	double iops, layer_s, verify_spb;
+	bool solved;                /* from two budgets; else iops from the smaller alone */
+};
+
+/* Which budgets the probes run under: the smallest that runs with
+ * pinned attention (lo) and the largest that fits beside the calibration
+ * engine (hi); found by the first pair, kept by the others. */
+struct probe_state {
+	uint32_t ilo, ihi;
+	bool searched;
+};
+
+static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uint64_t *budgets,
+		      const int32_t *ids, uint32_t n_layer, struct probe_state *ps, struct probe_fit *f)
 {
 	struct probe lo = { 0 }, hi = { 0 };
-	uint32_t ilo = o->n_budgets, ihi = o->n_budgets;
-	*iops = *layer_s = 0;
-	*verify_spb = nf_plan_verify_s_per_byte();
-	if (n_ids < PROBE_TOKENS || !n_layer)
-		return;
-	ids += n_ids - PROBE_TOKENS;
-	for (uint32_t i = 0; i < o->n_budgets && ilo == o->n_budgets; i++)
-		if (probe_one(o, overhead, budgets[i], i + 1 < o->n_budgets, ids, &lo) == 0)
-			ilo = i;
-	if (ilo == o->n_budgets || lo.reads < 100 || lo.t_ffn <= 0)
-		return;
-	/* the largest budget that fits beside the calibration engine */
-	double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-	for (uint32_t i = o->n_budgets; i-- > ilo + 1 && ihi == o->n_budgets;)
-		if ((double)budgets[i] + (1u << 30) < avail && probe_one(o, overhead, budgets[i], true, ids, &hi) == 0)
-			ihi = i;
-	*iops = lo.reads / lo.t_ffn;
+	*f = (struct probe_fit){ 0 };
+	if (!ps->searched) {
+		ps->searched = true;
+		ps->ilo = ps->ihi = o->n_budgets;
+		for (uint32_t i = 0; i < o->n_budgets && ps->ilo == o->n_budgets; i++)
+			if (probe_one(o, overhead, budgets[i], i + 1 < o->n_budgets, ids, &lo) == 0)
+				ps->ilo = i;
+		if (ps->ilo == o->n_budgets)
+			return -EAGAIN;
+		double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+		for (uint32_t i = o->n_budgets; i-- > ps->ilo + 1 && ps->ihi == o->n_budgets;)
+			if ((double)budgets[i] + (1u << 30) < avail &&
+			    probe_one(o, overhead, budgets[i], true, ids, &hi) == 0)
+				ps->ihi = i;
+	} else {
+		if (ps->ilo == o->n_budgets ||
+		    probe_one(o, overhead, budgets[ps->ilo], ps->ilo + 1 < o->n_budgets, ids, &lo) < 0)
+			return -EAGAIN;
+		if (ps->ihi < o->n_budgets && probe_one(o, overhead, budgets[ps->ihi], true, ids, &hi) < 0)
+			hi = (struct probe){ 0 };
+	}
+	if (lo.reads < 100 || lo.t_ffn <= 0)
+		return -EAGAIN;
+	f->iops = lo.reads / lo.t_ffn;
 	if (lo.bytes > 0 && lo.verify > 0)
-		*verify_spb = lo.verify / lo.bytes;
-	if (ihi < o->n_budgets && lo.reads > 2 * hi.reads && lo.t_ffn > hi.t_ffn) {
+		f->verify_spb = lo.verify / lo.bytes;
+	if (ps->ihi < o->n_budgets && hi.t_ffn > 0 && lo.reads > 2 * hi.reads && lo.t_ffn > hi.t_ffn) {
 		double per_read = (lo.t_ffn - hi.t_ffn) / (lo.reads - hi.reads);
 		double fixed = (hi.t_ffn - hi.reads * per_read) / n_layer;
 		if (per_read > 0 && fixed > 0) {
-			*iops = 1.0 / per_read;
-			*layer_s = fixed;
+			f->iops = 1.0 / per_read;
+			f->layer_s = fixed;
+			f->solved = true;
 		}
 	}
 	logf_(o, "engine probe: %.0f reads and %.1f ms of FFN a token under %.1f MiB, %.0f and %.1f ms under "
 		 "%.1f MiB: %.0f reads/s, %.2f ms a layer beside them, crc32c checks at %.1f GB/s",
-	      lo.reads, lo.t_ffn * 1e3, budgets[ilo] / 1048576.0, hi.reads, hi.t_ffn * 1e3,
-	      ihi < o->n_budgets ? budgets[ihi] / 1048576.0 : 0.0, *iops, *layer_s * 1e3,
-	      *verify_spb > 0 ? 1e-9 / *verify_spb : 0.0);
+	      lo.reads, lo.t_ffn * 1e3, budgets[ps->ilo] / 1048576.0, hi.reads, hi.t_ffn * 1e3,
+	      ps->ihi < o->n_budgets ? budgets[ps->ihi] / 1048576.0 : 0.0, f->iops, f->layer_s * 1e3,
+	      f->verify_spb > 0 ? 1e-9 / f->verify_spb : 0.0);
+	return 0;
 }
 
-/* The device and the kernels: measured on the store as the runs will
- * find it, so after the calibration has read it and the relayout has
- * rewritten it (a virtual disk whose host caches what was read or written
- * lately answers ten times faster than one read cold: measured first, the
- * curve was the cold one, and the predictions a third of the runs'); or
- * the earlier plan's figures, without --remeasure. */
+/* The figures of several probe pairs: the median of those solved from
+ * two budgets (else of the single-budget ones), each figure apart. */
+static void probe_median(const struct probe_fit *f, uint32_t n, double *iops, double *layer_s, double *verify_spb)
+{
+	double a[PLAN_PASSES], b[PLAN_PASSES], c[PLAN_PASSES];
+	size_t na = 0, nc = 0, n_solved = 0;
+	for (uint32_t i = 0; i < n; i++)
+		n_solved += f[i].solved;
+	for (uint32_t i = 0; i < n; i++) {
+		if (f[i].iops > 0 && (f[i].solved || !n_solved)) {
+			a[na] = f[i].iops;
+			b[na++] = f[i].layer_s;
+		}
+		if (f[i].verify_spb > 0)
+			c[nc++] = f[i].verify_spb;
+	}
+	if (na) {
+		*iops = nf_plan_median(a, na);
+		*layer_s = nf_plan_median(b, na);
+	}
+	if (nc)
+		*verify_spb = nf_plan_median(c, nc);
+}
+
+/* The device, the kernels and the engine's own read rate, measured on
+ * the store as the runs will find it: after the calibration has read it
+ * (a virtual disk whose host caches what was read lately answers ten
+ * times faster than one read cold: measured first, the curve was the cold
+ * one, and the predictions a third of the runs'), before the relayout
+ * writes it whole (the minute after that write met a drained device).
+ * A shared device's speed moves from minute to minute (on the 2-vCPU
+ * virtual machine the same plan's runs moved 1.7x within ten minutes, and
+ * one 12-second curve read 160 MB/s at 4 KiB where the runs met 250), so
+ * the read curve is measured in PLAN_PASSES passes, each followed by a
+ * pair of engine probes, and every figure is the median over the passes.
+ * Without --remeasure the earlier plan's curve and rates are kept; the
+ * engine is probed anyway. */
 static int measure_step(const struct nf_plan_opts *o, struct nf_store_plan *old, struct nf_store_plan *np,
-			struct nf_diag *d)
+			uint64_t overhead, const uint64_t *budgets, const int32_t *ids, size_t n_ids, uint32_t n_layer,
+			double *iops, double *layer_s, double *verify_spb, struct nf_diag *d)
 {
 	struct nf_store *s = NULL;
+	struct nf_store_plan pass[PLAN_PASSES] = { 0 };
+	const struct nf_store_plan *pp[PLAN_PASSES];
+	struct probe_fit fit[PLAN_PASSES];
+	struct probe_state ps = { 0 };
+	uint32_t n_fit = 0;
 	double t0 = now_s();
-	if (old && old->n_points && old->n_rates && !o->remeasure) {
+	bool reuse = old && old->n_points && old->n_rates && !o->remeasure;
+	int rc = 0;
+	*iops = *layer_s = 0;
+	*verify_spb = nf_plan_verify_s_per_byte();
+	if (reuse) {
 		np->points = old->points, np->n_points = old->n_points;
 		np->rates = old->rates, np->n_rates = old->n_rates;
 		np->mem_read_gb_s = old->mem_read_gb_s;
 		np->created_ns = old->created_ns;
 		old->points = NULL, old->rates = NULL;
 		logf_(o, "device and kernels as measured before (--remeasure measures again)");
-		return 0;
-	}
-	int rc = nf_store_open(o->store, NULL, &s, d);
-	if (rc < 0)
+	} else if ((rc = nf_store_open(o->store, NULL, &s, d)) < 0) {
 		return rc;
+	}
 	struct nf_plan_device_opts dop = o->device;
 	dop.n_threads = o->n_threads;
 	dop.progress = o->progress;
-	rc = nf_plan_measure_device(s, &dop, np, d);
-	nf_store_close(s);
-	if (rc < 0)
-		return rc;
+	dop.seconds = o->device.seconds / PLAN_PASSES;
+	bool can_probe = n_ids >= PROBE_TOKENS && n_layer;
+	if (can_probe)
+		ids += n_ids - PROBE_TOKENS;
+	for (uint32_t k = 0; k < PLAN_PASSES; k++) {
+		if (!reuse) {
+			if ((rc = nf_plan_measure_reads(s, &dop, &pass[k], d)) < 0)
+				goto out;
+			pp[k] = &pass[k];
+			logf_(o, "device, pass %u of %u: 4 KiB reads %.0f MB/s at queue depth 32, 1 MiB %.0f MB/s at 8",
+			      k + 1, PLAN_PASSES, nf_plan_device_mb_s(&pass[k], 4096, 32),
+			      nf_plan_device_mb_s(&pass[k], 1 << 20, 8));
+		}
+		if (can_probe && probe_pair(o, overhead, budgets, ids, n_layer, &ps, &fit[n_fit]) == 0)
+			n_fit++;
+		else
+			can_probe = false;  /* it will not run this time either */
+	}
+	probe_median(fit, n_fit, iops, layer_s, verify_spb);
+	if (n_fit)
+		logf_(o, "engine probe, median of %u: %.0f reads/s, %.2f ms a layer beside them, crc32c checks at "
+			 "%.1f GB/s", n_fit, *iops, *layer_s * 1e3, *verify_spb > 0 ? 1e-9 / *verify_spb : 0.0);
+	if (reuse)
+		return 0;
+	if ((rc = nf_plan_points_median(pp, PLAN_PASSES, np)) < 0 ||
+	    (rc = nf_plan_measure_kernels(s, &dop, np, d)) < 0)
+		goto out;
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	np->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	logf_(o, "device and kernels measured in %.1f s: 4 KiB reads %.0f MB/s at queue depth 32, 1 MiB %.0f "
-		 "MB/s at 8; memory read %.1f GB/s",
-	      now_s() - t0, nf_plan_device_mb_s(np, 4096, 32), nf_plan_device_mb_s(np, 1 << 20, 8),
+	logf_(o, "device and kernels measured in %.1f s (engine probes included): 4 KiB reads %.0f MB/s at queue "
+		 "depth 32, 1 MiB %.0f MB/s at 8 (medians of %u passes); memory read %.1f GB/s",
+	      now_s() - t0, nf_plan_device_mb_s(np, 4096, 32), nf_plan_device_mb_s(np, 1 << 20, 8), PLAN_PASSES,
 	      np->mem_read_gb_s);
-	return 0;
+out:
+	for (uint32_t k = 0; k < PLAN_PASSES; k++)
+		free(pass[k].points);
+	nf_store_close(s);
+	if (rc == -ENOMEM)
+		rc = nf_diag_fail(d, rc, "plan: out of memory");
+	return rc;
 }
 
 int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct nf_diag *d)
@@ -1054,11 +1145,11 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	 * minute after that write met a drained device (47B Mixtral shape:
 	 * the probe took back 11.5K reads a second, the runs minutes later
 	 * 63K), and so may a flash device whose write cache is full */
-	if ((rc = measure_step(o, old, np, d)) < 0)
-		goto out;
 	double engine_iops = 0, layer_s = 0, verify_spb = 0;
-	probe_engine(o, overhead, budgets, ids, n_ids, nf_model_hparams(nf_engine_model(cal))->n_layer, &engine_iops,
-		     &layer_s, &verify_spb);
+	if ((rc = measure_step(o, old, np, overhead, budgets, ids, n_ids,
+			       nf_model_hparams(nf_engine_model(cal))->n_layer, &engine_iops, &layer_s, &verify_spb,
+			       d)) < 0)
+		goto out;
 
 	/* 3. lay the store out now, so that the dry runs below size the
 	 * cache for the bundles as they will be (the relayout may pack them

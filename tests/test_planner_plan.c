@@ -6,6 +6,7 @@
  * with the same settings; a planned CLI run stays within its budget.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +102,38 @@ Test(planner, device_curve_interpolates_and_kernel_rate_picks_the_thread_count)
 	cr_expect_float_eq(nf_plan_kernel_gb_s(&dev, NF_DTYPE_Q4_0, 8), 9.0, 1e-12);
 	/* a type not measured: the fastest rate there is */
 	cr_expect_float_eq(nf_plan_kernel_gb_s(&dev, NF_DTYPE_Q8_0, 2), 20.0, 1e-12);
+}
+
+/* Read curves measured in passes minutes apart merge to the median of
+ * each figure at each point, a point one pass lacks taken from the
+ * others: one slow minute (pass b's 4 KiB) does not set the plan. */
+Test(planner, device_passes_merge_to_the_median_per_point)
+{
+	struct nf_store_dev_point a[2] = { { 4096, 32, 100.0, 5.0, 50.0 }, { 65536, 32, 1000.0, 7.0, 70.0 } };
+	struct nf_store_dev_point b[2] = { { 65536, 32, 1200.0, 9.0, 90.0 }, { 4096, 32, 10.0, 50.0, 500.0 } };
+	struct nf_store_dev_point c[1] = { { 4096, 32, 130.0, 6.0, 40.0 } };
+	struct nf_store_plan pa = { .n_points = 2, .points = a }, pb = { .n_points = 2, .points = b },
+			     pc = { .n_points = 1, .points = c }, out = { 0 };
+	const struct nf_store_plan *passes[3] = { &pa, &pb, &pc };
+	cr_assert_eq(nf_plan_points_median(passes, 3, &out), 0);
+	cr_assert_eq(out.n_points, 2);
+	cr_expect_eq(out.points[0].req_bytes, 4096);
+	cr_expect_float_eq(out.points[0].mb_s, 100.0, 1e-12);
+	cr_expect_float_eq(out.points[0].cpu_us, 6.0, 1e-12);
+	cr_expect_float_eq(out.points[0].lat_us, 50.0, 1e-12);
+	/* two passes measured 64 KiB: the mean of the two */
+	cr_expect_float_eq(out.points[1].mb_s, 1100.0, 1e-12);
+	cr_expect_float_eq(out.points[1].cpu_us, 8.0, 1e-12);
+	cr_expect_float_eq(nf_plan_device_mb_s(&out, 4096, 32), 100.0, 1e-9);
+	free(out.points);
+	struct nf_store_plan none = { 0 };
+	const struct nf_store_plan *empty[1] = { &none };
+	cr_expect_eq(nf_plan_points_median(empty, 1, &out), -EINVAL);
+	double v[4] = { 3, 1, 2, 10 };
+	cr_expect_float_eq(nf_plan_median(v, 3), 2.0, 1e-12);
+	double w[4] = { 3, 1, 2, 10 };
+	cr_expect_float_eq(nf_plan_median(w, 4), 2.5, 1e-12);
+	cr_expect_float_eq(nf_plan_median(w, 0), 0.0, 1e-12);
 }
 
 static char gguf[256], store[256];

@@ -61,6 +61,23 @@ void nf_plan_device_opts_default(struct nf_plan_device_opts *o);
  */
 int nf_plan_measure_device(struct nf_store *s, const struct nf_plan_device_opts *o, struct nf_store_plan *p,
 			   struct nf_diag *d);
+/* Its two halves: the read curve alone (p's points) and the kernel rates
+ * and memory bandwidth alone (p's rates, mem_read_gb_s). */
+int nf_plan_measure_reads(struct nf_store *s, const struct nf_plan_device_opts *o, struct nf_store_plan *p,
+			  struct nf_diag *d);
+int nf_plan_measure_kernels(struct nf_store *s, const struct nf_plan_device_opts *o, struct nf_store_plan *p,
+			    struct nf_diag *d);
+/*
+ * nf_plan_points_median - out's points become passes[0]'s, each figure
+ * (MB/s, CPU per request, latency) the median over the passes that
+ * measured that size and depth: read curves measured minutes apart on a
+ * shared device, merged so that one slow or fast minute does not set the
+ * plan. Returns 0, -EINVAL without points, or -ENOMEM.
+ */
+int nf_plan_points_median(const struct nf_store_plan *const *passes, uint32_t n_passes, struct nf_store_plan *out);
+/* The median of v[0..n) (v is sorted; the mean of the middle two for even
+ * n; 0 for n == 0). */
+double nf_plan_median(double *v, size_t n);
 
 /* The device's MB/s for reads of req_bytes at qd: interpolated between the
  * measured points (log of size and depth); 0 without points. */
