@@ -35,7 +35,7 @@
 # e.g. "--dim 512 --ffn 1024 --layers 4" for a quick trial of the script),
 # BENCH_TAG (file name stem, default synth-moe), BENCH_PEERS (0: no
 # llama.cpp or stand-in runs, e.g. for a second variant run on its own,
-# whose table then joins the last one's rows that have them), BENCH_IMPORT_ARGS (import
+# whose table then joins the last one's rows for the (sparsity, budget) pairs not run now), BENCH_IMPORT_ARGS (import
 # options, default "--bundle-align 512": the bundles packed as `nflash plan`
 # packs them on a 512-byte device, so the store is 27 GB, not 30, and the
 # peak while importing stays near 54 GB), LLAMA_CLI.
@@ -292,24 +292,32 @@ EOF
 	fi
 	first=0
 done
-# rows of sparsities not run this time are kept from the last table, so
-# that variants run one at a time (disk) end in one table and one plot
+# rows of (sparsity, budget) pairs not run this time are kept from the
+# last table, so that variants and budgets run one at a time (disk, time)
+# end in one table and one plot; the table is sorted by sparsity, then
+# budget
 RUN_NOW=$SPARSITIES
 if [ -s "$DIR/bench-moe.tsv" ]; then
-	awk -F'\t' -v run="$SPARSITIES" 'BEGIN { n = split(run, r, " "); for (i = 1; i <= n; i++) skip[r[i]] = 1 }
-		NR > 1 && !($1 in skip)' "$DIR/bench-moe.tsv" > "$TMP/kept"
+	awk -F'\t' -v run="$SPARSITIES" -v bud="$BUDGETS" 'BEGIN {
+		n = split(run, r, " "); m = split(bud, b, " ")
+		for (i = 1; i <= n; i++) for (j = 1; j <= m; j++) skip[r[i] + 0, b[j] + 0] = 1 }
+		NR > 1 && !(($1 + 0, $2 + 0) in skip)' "$DIR/bench-moe.tsv" > "$TMP/kept"
 	if [ -s "$TMP/kept" ]; then
-		say "keeping the last table's rows for sparsity $(cut -f1 "$TMP/kept" | sort -u | tr '\n' ' ')"
-		cat "$TMP/kept" >> "$TMP/table"
-		SPARSITIES="$SPARSITIES $(cut -f1 "$TMP/kept" | sort -u | tr '\n' ' ')"
+		say "keeping the last table's rows for (sparsity, GiB) $(awk -F'\t' '{ printf "(%s, %s) ", $1, $2 }' "$TMP/kept")"
+		{ head -1 "$TMP/table"; { tail -n +2 "$TMP/table"; cat "$TMP/kept"; } | sort -t'	' -k1,1gr -k2,2g; } \
+			> "$TMP/merged"
+		cp "$TMP/merged" "$TMP/table"
+		# shellcheck disable=SC2086
+		SPARSITIES=$({ printf '%s\n' $SPARSITIES; cut -f1 "$TMP/kept"; } | sort -u | tr '\n' ' ')
 	fi
 fi
 cp "$TMP/table" "$DIR/bench-moe.tsv"
 
 # ---- the targets: at 6 GiB, at least 4 tok/s and 15x llama.cpp ----------
 # (the rows of this run only: kept rows are an earlier run's)
-awk -F'\t' -v run="$RUN_NOW" 'BEGIN { n = split(run, r, " "); for (i = 1; i <= n; i++) now[r[i]] = 1 }
-	NR > 1 && $2 == 6 && ($1 in now) {
+awk -F'\t' -v run="$RUN_NOW" -v bud="$BUDGETS" 'BEGIN { n = split(run, r, " "); for (i = 1; i <= n; i++) now[r[i]] = 1
+		m = split(bud, b, " "); for (i = 1; i <= m; i++) six += b[i] == 6 }
+	NR > 1 && $2 == 6 && six && ($1 in now) {
 	printf "# target at 6 GiB (sparsity %s): %s tok/s (target >= 4: %s), ", $1, $3, ($3 + 0 >= 4 ? "met" : "not met")
 	if ($8 == "-")
 		printf "no llama.cpp run (target >= 15x: not checked)\n"
