@@ -331,6 +331,8 @@ static void cache_opts(struct nf_engine *e, const struct fit *f, struct nf_cache
 	}
 	if (o->io_backend >= 0)
 		co->io.backend = (enum nf_io_backend)o->io_backend;
+	co->io.on_read = o->on_read;
+	co->io.on_read_user = o->on_read_user;
 	if (o->qd)
 		co->io.qd = o->qd;
 	if (o->read_gap >= 0)

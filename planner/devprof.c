@@ -9,8 +9,12 @@
  *  1. Every figure is measured here, on this store's file and these
  *     kernels; nothing is assumed (DESIGN invariant 6).
  *  2. Reads go to random block-aligned offsets of the store's data area,
- *     so the device, not a cache, answers (O_DIRECT; the sync backend on a
- *     file system without it says so, and its figures are the page cache's).
+ *     or, given the offsets a calibration read, to those (aligned down,
+ *     kept inside the area): O_DIRECT, so this machine's page cache never
+ *     answers (the sync backend on a file system without it says so, and
+ *     its figures are the page cache's); what lies below the file (a
+ *     host's cache under a virtual disk, a drive's DRAM) answers as it
+ *     will for decode's reads, which go where the calibration's went.
  *  3. Bytes in flight stay under READ_CAP_BYTES: a point whose depth times
  *     size exceeds it is not measured (interpolation covers it).
  */
@@ -67,6 +71,9 @@ static void progress(const struct nf_plan_progress *pr, const char *label, uint6
 struct rd {
 	struct nf_io_ctx *io;
 	uint64_t lo, span;         /* offsets drawn from [lo, lo + span) */
+	const uint64_t *at;        /* or near these (n_at of them) */
+	size_t n_at;
+	uint64_t align;
 	uint32_t size;
 	uint64_t rng;
 	double deadline;
@@ -93,8 +100,18 @@ static void rd_done(void *cookie, int result);
 static int rd_submit(struct rd_slot *sl)
 {
 	struct rd *r = sl->r;
-	uint64_t slots = r->span / r->size;
-	uint64_t off = r->lo + (xorshift(&r->rng) % (slots ? slots : 1)) * r->size;
+	uint64_t slots = r->span / r->size, off;
+	if (r->n_at) {
+		/* a read the calibration made, aligned down, inside the area */
+		off = r->at[xorshift(&r->rng) % r->n_at] & ~(r->align - 1);
+		uint64_t end = r->lo + (slots ? slots : 1) * r->size;
+		if (off + r->size > end)
+			off = (end - r->size) & ~(r->align - 1);
+		if (off < r->lo)
+			off = r->lo;
+	} else {
+		off = r->lo + (xorshift(&r->rng) % (slots ? slots : 1)) * r->size;
+	}
 	return nf_io_ctx_read_raw(r->io, off, r->size, sl->buf, rd_done, sl);
 }
 
@@ -124,7 +141,8 @@ static void on_read(void *user, uint64_t offset, uint32_t len, int64_t res, uint
 static int read_point(struct nf_store *s, const struct nf_plan_device_opts *o, uint64_t lo, uint64_t span,
 		      uint32_t size, uint32_t qd, double secs, struct nf_store_dev_point *pt, struct nf_diag *d)
 {
-	struct rd r = { .lo = lo, .span = span, .size = size, .rng = 0x9e3779b97f4a7c15ull ^ size ^ qd };
+	struct rd r = { .lo = lo, .span = span, .size = size, .rng = 0x9e3779b97f4a7c15ull ^ size ^ qd,
+			.at = o->offsets, .n_at = o->offsets ? o->n_offsets : 0 };
 	struct nf_io_opts io;
 	nf_io_opts_default(&io);
 	if (o->io_backend >= 0)
@@ -138,6 +156,7 @@ static int read_point(struct nf_store *s, const struct nf_plan_device_opts *o, u
 	if (rc < 0)
 		return rc;
 	uint32_t align = nf_io_ctx_align(r.io);
+	r.align = align > 4096 ? align : 4096;
 	struct rd_slot *sl = calloc(qd, sizeof(*sl));
 	r.bufs = nf_io_buf_alloc((size_t)qd * size, align > 4096 ? align : 4096);
 	if (!sl || !r.bufs) {

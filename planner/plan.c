@@ -21,6 +21,7 @@
 #include <libgen.h>
 #include <malloc.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -944,9 +945,50 @@ static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uin
 	return 0;
 }
 
+/* Where the calibration read: a uniform sample (reservoir) of the byte
+ * offsets of its completed reads, for the device curve to read at. */
+#define READ_SAMPLE 16384
+struct read_sample {
+	pthread_mutex_t mu;
+	uint64_t off[READ_SAMPLE];
+	uint64_t seen, rng;
+	bool frozen;
+};
+
+static void sample_read(void *user, uint64_t offset, uint32_t len, int64_t res, uint64_t lat_ns)
+{
+	struct read_sample *rs = user;
+	(void)len, (void)lat_ns;
+	if (res <= 0)
+		return;
+	pthread_mutex_lock(&rs->mu);
+	if (!rs->frozen) {
+		if (rs->seen < READ_SAMPLE) {
+			rs->off[rs->seen] = offset;
+		} else {
+			rs->rng ^= rs->rng << 13, rs->rng ^= rs->rng >> 7, rs->rng ^= rs->rng << 17;
+			uint64_t k = rs->rng % (rs->seen + 1);
+			if (k < READ_SAMPLE)
+				rs->off[k] = offset;
+		}
+		rs->seen++;
+	}
+	pthread_mutex_unlock(&rs->mu);
+}
+
+/* Freeze the sample; the number of offsets it holds. */
+static size_t sample_freeze(struct read_sample *rs)
+{
+	pthread_mutex_lock(&rs->mu);
+	rs->frozen = true;
+	size_t n = rs->seen < READ_SAMPLE ? rs->seen : READ_SAMPLE;
+	pthread_mutex_unlock(&rs->mu);
+	return n;
+}
+
 /* The figures of several probe pairs: the median of those solved from
  * two budgets (else of the single-budget ones), each figure apart. */
-static void probe_median(const struct probe_fit *f, uint32_t n, double *iops, double *layer_s, double *verify_spb)
+static size_t probe_median(const struct probe_fit *f, uint32_t n, double *iops, double *layer_s, double *verify_spb)
 {
 	double a[PLAN_PASSES], b[PLAN_PASSES], c[PLAN_PASSES];
 	size_t na = 0, nc = 0, n_solved = 0;
@@ -966,6 +1008,7 @@ static void probe_median(const struct probe_fit *f, uint32_t n, double *iops, do
 	}
 	if (nc)
 		*verify_spb = nf_plan_median(c, nc);
+	return na;
 }
 
 /* The device, the kernels and the engine's own read rate, measured on
@@ -983,7 +1026,7 @@ static void probe_median(const struct probe_fit *f, uint32_t n, double *iops, do
  * engine is probed anyway. */
 static int measure_step(const struct nf_plan_opts *o, struct nf_store_plan *old, struct nf_store_plan *np,
 			uint64_t overhead, const uint64_t *budgets, const int32_t *ids, size_t n_ids, uint32_t n_layer,
-			double *iops, double *layer_s, double *verify_spb, struct nf_diag *d)
+			struct read_sample *rs, double *iops, double *layer_s, double *verify_spb, struct nf_diag *d)
 {
 	struct nf_store *s = NULL;
 	struct nf_store_plan pass[PLAN_PASSES] = { 0 };
@@ -1010,6 +1053,13 @@ static int measure_step(const struct nf_plan_opts *o, struct nf_store_plan *old,
 	dop.n_threads = o->n_threads;
 	dop.progress = o->progress;
 	dop.seconds = o->device.seconds / PLAN_PASSES;
+	size_t n_at = sample_freeze(rs);
+	if (!reuse && !dop.offsets && n_at >= 256) {
+		dop.offsets = rs->off;
+		dop.n_offsets = n_at;
+		logf_(o, "device reads at %zu offsets the calibration read (of its %llu reads), where decode's will go",
+		      n_at, (unsigned long long)rs->seen);
+	}
 	bool can_probe = n_ids >= PROBE_TOKENS && n_layer;
 	if (can_probe)
 		ids += n_ids - PROBE_TOKENS;
@@ -1027,10 +1077,12 @@ static int measure_step(const struct nf_plan_opts *o, struct nf_store_plan *old,
 		else
 			can_probe = false;  /* it will not run this time either */
 	}
-	probe_median(fit, n_fit, iops, layer_s, verify_spb);
-	if (n_fit)
-		logf_(o, "engine probe, median of %u: %.0f reads/s, %.2f ms a layer beside them, crc32c checks at "
-			 "%.1f GB/s", n_fit, *iops, *layer_s * 1e3, *verify_spb > 0 ? 1e-9 / *verify_spb : 0.0);
+	size_t n_used = probe_median(fit, n_fit, iops, layer_s, verify_spb);
+	if (n_used)
+		logf_(o, "engine probe, median of %zu of %u pairs%s: %.0f reads/s, %.2f ms a layer beside them, "
+			 "crc32c checks at %.1f GB/s",
+		      n_used, n_fit, n_used < n_fit ? " (those solved from two budgets)" : "", *iops, *layer_s * 1e3,
+		      *verify_spb > 0 ? 1e-9 / *verify_spb : 0.0);
 	if (reuse)
 		return 0;
 	if ((rc = nf_plan_points_median(pp, PLAN_PASSES, np)) < 0 ||
@@ -1062,6 +1114,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	struct replay rp = { 0 };
 	int32_t *ids = NULL;
 	uint64_t *budgets = NULL;
+	struct read_sample *rs = NULL;
 	struct nf_sampler *smp = NULL;
 	int rc;
 	*out = NULL;
@@ -1101,6 +1154,14 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	eo.n_ctx = o->calib_tokens + 1;
 	eo.use_plan = false;
 	eo.overhead = overhead;
+	if (!(rs = calloc(1, sizeof(*rs)))) {
+		rc = nf_diag_fail(d, -ENOMEM, "plan: out of memory");
+		goto out;
+	}
+	pthread_mutex_init(&rs->mu, NULL);
+	rs->rng = 0x2545f4914f6cdd1dull;
+	eo.on_read = sample_read;
+	eo.on_read_user = rs;
 	double t0 = now_s();
 	if ((rc = nf_engine_open(&eo, &cal, d)) < 0)
 		goto out;
@@ -1147,7 +1208,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	 * 63K), and so may a flash device whose write cache is full */
 	double engine_iops = 0, layer_s = 0, verify_spb = 0;
 	if ((rc = measure_step(o, old, np, overhead, budgets, ids, n_ids,
-			       nf_model_hparams(nf_engine_model(cal))->n_layer, &engine_iops, &layer_s, &verify_spb,
+			       nf_model_hparams(nf_engine_model(cal))->n_layer, rs, &engine_iops, &layer_s, &verify_spb,
 			       d)) < 0)
 		goto out;
 
@@ -1333,6 +1394,10 @@ out:
 	free(ids);
 	nf_sampler_close(smp);
 	nf_engine_close(cal);
+	if (rs) {
+		pthread_mutex_destroy(&rs->mu);
+		free(rs);
+	}
 	nf_store_close(s);
 	nf_store_plan_free(old);
 	nf_store_plan_free(np);

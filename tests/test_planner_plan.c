@@ -144,6 +144,33 @@ static void drop_model(void)
 	unlink(store);
 }
 
+/* The read curve at given offsets (where a calibration read): offsets
+ * that are not block-aligned, or that run past the data area, are
+ * aligned down and kept inside it; unaligned O_DIRECT reads would fail
+ * with -EINVAL at completion. */
+Test(planner, device_reads_at_given_offsets_stay_aligned_and_inside, .fini = drop_model)
+{
+	pl_make_wide_model("plan-at", 64, gguf, store, sizeof(gguf));
+	struct nf_store *s;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_store_open(store, NULL, &s, &d), 0, "%s", d.msg);
+	const struct nf_store_info *in = nf_store_info(s);
+	uint64_t at[4] = { in->data_start + 4097, in->data_start + 12345, in->table_offset - 1, ~0ull >> 4 };
+	struct nf_plan_device_opts o;
+	nf_plan_device_opts_default(&o);
+	o.seconds = 0.5;
+	o.offsets = at;
+	o.n_offsets = 4;
+	struct nf_store_plan p = { 0 };
+	int rc = nf_plan_measure_reads(s, &o, &p, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	cr_expect(p.n_points > 0);
+	for (uint32_t i = 0; i < p.n_points; i++)
+		cr_expect(p.points[i].mb_s > 0, "%u bytes at depth %u: no reads", p.points[i].req_bytes, p.points[i].qd);
+	free(p.points);
+	nf_store_close(s);
+}
+
 static int open_at(uint64_t budget, bool use_plan, const struct nf_store_plan_entry *as, struct nf_engine **e,
 		   struct nf_diag *d)
 {

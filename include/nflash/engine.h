@@ -67,6 +67,11 @@ struct nf_engine_opts {
 	bool threshold_set;     /* threshold overrides the file's predictor threshold */
 	float threshold;
 	int io_backend;         /* enum nf_io_backend, or -1: auto */
+	/* called for every read of the cache's I/O context that completes
+	 * (nf_io_opts on_read: offset, length, result, latency), from the
+	 * thread that reaps it; the planner records where a calibration reads */
+	void (*on_read)(void *user, uint64_t offset, uint32_t len, int64_t res, uint64_t lat_ns);
+	void *on_read_user;
 	bool io_mmap;           /* dense from the GGUF's mapping, no prefault, no budget */
 	uint32_t qd;            /* reads in flight (0: the plan's, or the cache's default) */
 	int read_gap;           /* misses joined up to this many slots apart (-1: the plan's, or default) */

@@ -48,6 +48,15 @@ struct nf_plan_device_opts {
 	double seconds;            /* for the whole read curve (default 12) */
 	int n_threads;             /* kernels: up to this many threads (0: all CPUs) */
 	const struct nf_plan_progress *progress;
+	/* Where the reads go: NULL, uniformly over the store's data area; or
+	 * each read at one of these n_offsets byte offsets (drawn at random;
+	 * aligned down to the I/O context's alignment and to 4 KiB, and kept
+	 * inside the data area): the offsets a calibration run read, so that
+	 * the curve is the one decode meets on a device where place matters
+	 * (a virtual disk over a host's page cache, a drive's own DRAM cache,
+	 * a tiered volume); on plain flash the two are the same. */
+	const uint64_t *offsets;
+	size_t n_offsets;
 };
 void nf_plan_device_opts_default(struct nf_plan_device_opts *o);
 
