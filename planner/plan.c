@@ -105,9 +105,10 @@ void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model
 	double gbs_dense = nf_plan_kernel_gb_s(dev, m->dense_dtype, th) * 1e9;
 	double gbs_ffn = nf_plan_kernel_gb_s(dev, m->ffn_dtype, th) * 1e9;
 	/* the weights a token touches stream from memory: no kernel runs them
-	 * faster than the memory read (the kernel probe's 64 MB set can sit in
-	 * a large L3: 55 GB/s for Q4_0 on 2 threads of the AVX-512 EPYC, whose
-	 * memory reads 24-32 GB/s) */
+	 * faster than the memory read (plans made before session 12 probed
+	 * the kernels over a 64 MB set, which can sit in a large L3: 55 GB/s
+	 * for Q4_0 on 2 threads of the AVX-512 EPYC, whose memory reads 24-32
+	 * GB/s) */
 	double mem = dev->mem_read_gb_s * 1e9;
 	if (mem > 0 && gbs_dense > mem)
 		gbs_dense = mem;
