@@ -32,7 +32,12 @@ struct nf_engine {
 	bool own_cache;              /* --ffn-store: a cache of e->store, closed here */
 	const char *store_path;
 	struct nf_engine_info info;
+	uint32_t kv_covered;         /* positions whose KV bytes the cache gave back */
 };
+
+/* The KV cache's positions are taken back from the cold segment's loan
+ * this many at a time. */
+#define KV_STEP 32u
 
 void nf_engine_opts_default(struct nf_engine_opts *o)
 {
@@ -167,6 +172,7 @@ struct fit {
 	uint64_t pin_bytes, sbytes;
 	uint64_t need;         /* the minimum this decision needs */
 	uint64_t arena;        /* what the cache gets */
+	uint64_t lend;         /* the KV cache's unwritten part, lent to the hot segment */
 };
 
 /* The smallest cold segment the sparse engine works with: a chunk of up
@@ -339,9 +345,56 @@ static void cache_opts(struct nf_engine *e, const struct fit *f, struct nf_cache
 		co->max_gap = (uint32_t)o->read_gap;
 	co->min_cold_slots = f->cold_slots;
 	co->arena_bytes = f->arena;
+	co->lend_bytes = f->lend;
 	/* a budget is a limit: the arena is touched now only when it was sized
 	 * from the budget, so decode takes no page faults */
 	co->prefault = o->budget != 0;
+}
+
+/*
+ * Under a budget the KV cache is counted whole, but only the positions
+ * written are resident (nf_ctx_kv_bytes_at): the rest is lent to the hot
+ * segment, and taken back KV_STEP positions at a time as the context
+ * fills (kv_grow), so that a short conversation has the cache of a short
+ * -c and a long one still fits. The loan's lasting cost (the lent slots'
+ * tables, the rounding of a give-back) comes out of the arena; none when
+ * the arena holds every bundle already, or is at its minimum.
+ */
+static void lend_kv(struct nf_engine *e, struct nf_store *store, struct fit *f)
+{
+	f->lend = 0;
+	if (!e->o.budget || e->o.profile)
+		return;
+	uint32_t n_ctx = nf_ctx_n_ctx(e->ctx);
+	uint32_t first = KV_STEP < n_ctx ? KV_STEP : n_ctx;
+	uint64_t lend = nf_ctx_bytes_kv(e->ctx) - nf_ctx_kv_bytes_at(e->ctx, first);
+	uint64_t all = store_ffn_bytes(store) + f->min_cold;
+	if (f->arena >= all)
+		return;
+	if (lend > all - f->arena)
+		lend = all - f->arena;
+	uint32_t slots;
+	uint64_t cost = nf_cache_lend_cost(store, lend, &slots);
+	if (!slots || f->arena < f->min_cold + cost)
+		return;
+	f->arena -= cost;
+	f->lend = lend;
+}
+
+static int kv_grow(void *user, uint32_t n)
+{
+	struct nf_engine *e = user;
+	uint32_t n_ctx = nf_ctx_n_ctx(e->ctx);
+	if (n <= e->kv_covered)
+		return 0;
+	uint32_t to = (n + KV_STEP - 1) / KV_STEP * KV_STEP;
+	to = to < n_ctx ? to : n_ctx;
+	uint64_t bytes = nf_ctx_kv_bytes_at(e->ctx, to) - nf_ctx_kv_bytes_at(e->ctx, e->kv_covered);
+	int rc = nf_cache_give_back(e->cache, bytes);
+	if (rc < 0)
+		return rc;
+	e->kv_covered = to;
+	return 0;
 }
 
 /* Carry out fit f: pin or stream attention, open the cache. */
@@ -476,6 +529,7 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 		}
 		if (o->budget && f.need > o->budget)
 			return budget_error(e, &f, d);
+		lend_kv(e, store, &f);
 		e->info.stride = g.stride;
 		e->info.attn_pinned_layers = f.pin;
 		e->info.cold_min_slots = f.cold_slots;
@@ -491,10 +545,24 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 			e->info.n_ctx = nf_ctx_n_ctx(e->ctx);
 			e->info.qd = co.io.qd;
 			e->info.read_gap = co.max_gap;
-			return nf_cache_split_for(store, &co, &e->info.hot_slots, &e->info.cold_slots);
+			if ((rc = nf_cache_split_for(store, &co, &e->info.hot_slots, &e->info.cold_slots)) < 0)
+				return rc;
+			/* the hot segment as a run starts: with the KV cache's loan */
+			uint32_t lent = 0;
+			nf_cache_lend_cost(store, f.lend, &lent);
+			e->info.hot_slots += lent;
+			e->info.arena += (uint64_t)lent * g.stride;
+			e->info.kv_lent = f.lend;
+			return 0;
 		}
 		if ((rc = open_cache(e, store, &f, d)) < 0)
 			return rc;
+		if (f.lend) {
+			uint32_t n_ctx = nf_ctx_n_ctx(e->ctx);
+			e->kv_covered = KV_STEP < n_ctx ? KV_STEP : n_ctx;
+			e->info.kv_lent = f.lend;
+			nf_ctx_set_kv_grow(e->ctx, kv_grow, e, e->kv_covered);
+		}
 		weights = e->info.weights;
 		sp.cache = e->cache;
 		struct nf_cache_layout cl;
@@ -548,20 +616,28 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 		if (e->info.attn_streamed)
 			snprintf(abuf, sizeof(abuf), " + attention buffers %.1f MiB (streamed)",
 				 mib(e->info.attn_buffers));
+		char lbuf[128] = "";
+		if (e->info.kv_lent)
+			snprintf(lbuf, sizeof(lbuf),
+				 " of which %u slots on the KV cache's unwritten %.1f MiB, given back as the context "
+				 "fills",
+				 cl.hot_slots - cl.hot_floor, mib(e->info.kv_lent));
 		char rbuf[96] = "";
 		if (e->info.profile_rec)
 			snprintf(rbuf, sizeof(rbuf), ", --profile's co-activation record %.1f MiB",
 				 mib(e->info.profile_rec));
 		say(e,
-		    "memory: dense weights %.1f MiB (pinned)%s, neuron cache %.1f MiB (hot %.1f MiB / %u slots%s, "
+		    "memory: dense weights %.1f MiB (pinned)%s, neuron cache %.1f MiB (hot %.1f MiB / %u slots%s%s, "
 		    "cold %.1f MiB / %u slots%s%s), reserved %.1f MiB (KV cache %.1f MiB %s for -c %u%s, scratch and "
 		    "tables %.1f MiB%s); fixed overhead %.1f MiB",
 		    mib(weights), abuf, mib(cl.arena), mib(cl.hot), cl.hot_slots,
-		    cl.hot_from_profile ? " from the profile" : " learned online", mib(cl.cold), cl.cold_slots,
+		    cl.hot_from_profile ? " from the profile" : " learned online", lbuf, mib(cl.cold), cl.cold_slots,
 		    cl.hugepages ? ", hugepages" : "", cl.numa ? ", NUMA-placed" : "", mib(e->info.reserved),
 		    mib(nf_ctx_bytes_kv(e->ctx)), o->kv_type == NF_KV_F16 ? "f16" : "f32", e->info.n_ctx, fitted,
 		    mib(e->info.reserved - e->info.profile_rec - nf_ctx_bytes_kv(e->ctx)), rbuf, mib(e->info.overhead));
-		uint64_t total = weights + cl.arena + e->info.attn_buffers + e->info.reserved + e->info.overhead;
+		/* the loan is counted twice above: in the KV cache and the arena */
+		uint64_t total = weights + cl.arena + e->info.attn_buffers + e->info.reserved + e->info.overhead -
+				 e->info.kv_lent;
 		if (o->budget && total > o->budget)
 			return nf_diag_fail(d, NF_EBUDGET,
 					    "--memory-budget %.1f MiB: the engine's tables came to %.1f MiB, more than "

@@ -25,6 +25,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "nflash/dtype.h"
 #include "nflash/store.h"
@@ -230,9 +232,27 @@ int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct 
 	c->ffn = czalloc(c, hp->n_layer, sizeof(*c->ffn), &rc);
 	if (rc < 0)
 		goto fail_nomem;
+	if (rc < 0)
+		goto fail_nomem;
+	/* K and V of every layer in one mapping, each buffer on its own pages:
+	 * nothing is resident until a position is written (no huge pages,
+	 * which would make a whole 2 MiB resident at the first row) */
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	c->kv_buf_bytes = ((size_t)c->n_ctx * KV * c->kv_elt + pg - 1) / pg * pg;
+	c->kv_map_bytes = 2 * (size_t)hp->n_layer * c->kv_buf_bytes;
+	c->kv_map = mmap(NULL, c->kv_map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c->kv_map == MAP_FAILED) {
+		c->kv_map = NULL;
+		rc = -ENOMEM;
+		goto fail_nomem;
+	}
+#ifdef MADV_NOHUGEPAGE
+	madvise(c->kv_map, c->kv_map_bytes, MADV_NOHUGEPAGE);
+#endif
+	c->bytes += c->kv_map_bytes;
 	for (uint32_t il = 0; il < hp->n_layer; il++) {
-		c->kcache[il] = czalloc(c, (size_t)c->n_ctx * KV, c->kv_elt, &rc);
-		c->vcache[il] = czalloc(c, (size_t)c->n_ctx * KV, c->kv_elt, &rc);
+		c->kcache[il] = (char *)c->kv_map + (2 * (size_t)il) * c->kv_buf_bytes;
+		c->vcache[il] = (char *)c->kv_map + (2 * (size_t)il + 1) * c->kv_buf_bytes;
 	}
 	c->x = czalloc(c, NB * E, sizeof(float), &rc);
 	c->xn = czalloc(c, NB * E, sizeof(float), &rc);
@@ -264,7 +284,7 @@ int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct 
 	}
 	if (rc < 0)
 		goto fail_nomem;
-	c->bytes_kv = 2 * (uint64_t)hp->n_layer * c->n_ctx * KV * c->kv_elt;
+	c->bytes_kv = c->kv_map_bytes;
 	c->env = (struct nf_ffn_env){ .model = m, .k = c->k, .pool = c->pool };
 	*out = c;
 	return 0;
@@ -281,10 +301,8 @@ void nf_ctx_close(struct nf_ctx *c)
 		return;
 	nf_stream_close(c->attn);
 	nf_pool_close(c->pool);
-	for (uint32_t il = 0; c->kcache && il < c->m->hp.n_layer; il++)
-		free(c->kcache[il]);
-	for (uint32_t il = 0; c->vcache && il < c->m->hp.n_layer; il++)
-		free(c->vcache[il]);
+	if (c->kv_map)
+		munmap(c->kv_map, c->kv_map_bytes);
 	free(c->kcache);
 	free(c->vcache);
 	free(c->ffn);
@@ -306,6 +324,22 @@ const struct nf_model *nf_ctx_model(const struct nf_ctx *c) { return c->m; }
 uint64_t nf_ctx_bytes(const struct nf_ctx *c) { return c->bytes + sizeof(*c); }
 uint64_t nf_ctx_bytes_kv(const struct nf_ctx *c) { return c->bytes_kv; }
 void nf_ctx_reset(struct nf_ctx *c) { c->n_past = 0; }
+
+void nf_ctx_set_kv_grow(struct nf_ctx *c, nf_ctx_kv_grow_fn grow, void *user, uint32_t covered)
+{
+	c->kv_grow = grow;
+	c->kv_grow_user = user;
+	if (covered > c->kv_fill)
+		c->kv_fill = covered < c->n_ctx ? covered : c->n_ctx;
+}
+
+uint64_t nf_ctx_kv_bytes_at(const struct nf_ctx *c, uint32_t n)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	n = n < c->n_ctx ? n : c->n_ctx;
+	uint64_t row = (uint64_t)c->kv_dim * c->kv_elt;
+	return 2ull * c->m->hp.n_layer * ((row * n + pg - 1) / pg * pg);
+}
 
 int nf_ctx_stream_attn(struct nf_ctx *c, const struct nf_stream_opts *o, struct nf_diag *d)
 {
@@ -484,6 +518,20 @@ static int eval_rows(struct nf_ctx *c, struct nf_ctx *const *seqs, const int32_t
 					c->row_pos[b] = c->row_pos[i] + 1;
 					break;
 				}
+		}
+		/* this context's positions past what its KV cache covers: asked
+		 * for first (other sequences' caches are theirs) */
+		uint32_t need = 0;
+		for (size_t b = 0; b < nb; b++)
+			if (c->row_seq[b] == c && c->row_pos[b] + 1 > need)
+				need = c->row_pos[b] + 1;
+		if (need > c->kv_fill) {
+			if (c->kv_grow) {
+				int g = c->kv_grow(c->kv_grow_user, need);
+				if (g < 0)
+					return g;
+			}
+			c->kv_fill = need;
 		}
 		int rc = forward(c, ids + off, nb);
 		if (rc < 0)

@@ -89,7 +89,15 @@ struct nf_ctx {
 	enum nf_kv_type kv_type;
 	size_t kv_elt;              /* bytes per cached value */
 	uint32_t kv_dim;            /* n_head_kv * head_dim */
-	void **kcache, **vcache;    /* per layer: n_ctx x kv_dim */
+	void **kcache, **vcache;    /* per layer: n_ctx x kv_dim, page-aligned in kv_map */
+	void *kv_map;               /* one anonymous mapping: resident only as rows are written */
+	size_t kv_map_bytes, kv_buf_bytes; /* the mapping; one layer's K (or V) buffer in it */
+	/* the KV high-water: positions [0, kv_fill) of this context were
+	 * written or promised (nf_ctx_set_kv_grow); kv_grow is asked before a
+	 * step writes past it */
+	uint32_t kv_fill;
+	nf_ctx_kv_grow_fn kv_grow;
+	void *kv_grow_user;
 	struct nf_ctx_layer_ffn *ffn;
 
 	/* scratch, n_batch token rows each */

@@ -120,6 +120,10 @@ struct nf_cache {
 	bool has_ffn;                  /* the FFN segments are set up */
 	char *hot, *cold;
 	uint32_t n_hot, n_cold;
+	/* the loan (nf_cache_opts.lend_bytes): hot slots [hot_floor, n_hot),
+	 * the arena's tail, live on it */
+	uint32_t hot_floor;
+	uint64_t lend_bytes, lend_taken, lend_cost;
 	struct slot_meta *hot_meta, *cold_meta;
 	uint32_t hand;
 	bool hugepages, numa;
@@ -317,6 +321,30 @@ uint64_t nf_cache_meta_bytes_for(struct nf_store *s, uint64_t arena_bytes, uint3
 	return meta_bytes_for(&g, ffns_present(s), slots, 0, (uint32_t)(((uint64_t)sig_tokens + 63) / 64));
 }
 
+/* Per cold slot, the tables nf_cache_open allocates (meta_bytes_for's
+ * per-slot terms), and the rounding of a give-back. */
+#define SLOT_TABLE_BYTES (sizeof(struct slot_meta) + sizeof(uint32_t) + sizeof(uint64_t))
+#define GIVE_BACK_ALIGN (2ull << 20)
+
+static uint32_t lend_slots(const struct nf_cache_geom *g, uint64_t lend_bytes)
+{
+	if (lend_bytes <= GIVE_BACK_ALIGN || !g->stride)
+		return 0;
+	uint64_t n = (lend_bytes - GIVE_BACK_ALIGN) / (g->stride + SLOT_TABLE_BYTES);
+	return n > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)n;
+}
+
+uint64_t nf_cache_lend_cost(struct nf_store *s, uint64_t lend_bytes, uint32_t *slots)
+{
+	struct nf_cache_geom g;
+	uint32_t n = 0;
+	if (scan_ffns(s, &g, NULL) == 0)
+		n = lend_slots(&g, lend_bytes);
+	if (slots)
+		*slots = n;
+	return n ? GIVE_BACK_ALIGN + (uint64_t)n * SLOT_TABLE_BYTES : 0;
+}
+
 static int hot_from_profile(struct nf_cache *c);
 static void ffn_teardown(struct nf_cache *c);
 static void pf_drain(struct nf_cache *c);
@@ -392,6 +420,18 @@ static int ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct n
 	if (o->pinned_bytes)
 		c->pinned_cap = o->pinned_bytes;
 	split(s, g, o, &c->n_hot, &c->n_cold);
+	/* the loan's slots are hot slots, the arena's tail (the cold segment
+	 * comes first), so that giving them back frees whole pages */
+	c->hot_floor = c->n_hot;
+	uint32_t lent = lend_slots(g, o->lend_bytes);
+	if (lent) {
+		c->lend_bytes = o->lend_bytes;
+		c->lend_cost = GIVE_BACK_ALIGN + (uint64_t)lent * SLOT_TABLE_BYTES;
+		c->n_hot += lent;
+		c->arena_bytes = (uint64_t)(c->n_hot + c->n_cold) * g->stride;
+		if (c->arena_bytes < o->arena_bytes)
+			c->arena_bytes = o->arena_bytes;
+	}
 
 	c->arena = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (c->arena == MAP_FAILED) {
@@ -411,8 +451,8 @@ static int ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct n
 	}
 	if (o->prefault)
 		prefault(c->arena, c->arena_bytes);
-	c->hot = c->arena;
-	c->cold = c->hot + (uint64_t)c->n_hot * g->stride;
+	c->cold = c->arena;
+	c->hot = c->cold + (uint64_t)c->n_cold * g->stride;
 
 	c->n_ffn = g->n_layer * g->n_expert;
 	uint32_t N = g->n_neurons;
@@ -536,7 +576,8 @@ static void ffn_teardown(struct nf_cache *c)
 	c->ev = NULL;
 	c->arena = c->hot = c->cold = NULL;
 	c->arena_bytes = c->meta_bytes = 0;
-	c->n_ffn = c->n_hot = c->n_cold = c->ev_cap = 0;
+	c->n_ffn = c->n_hot = c->n_cold = c->ev_cap = c->hot_floor = 0;
+	c->lend_bytes = c->lend_taken = c->lend_cost = 0;
 	c->has_ffn = false;
 }
 
@@ -612,6 +653,67 @@ static uint32_t clock_alloc(struct nf_cache *c, uint32_t k)
 		}
 	}
 	return NO_SLOT;
+}
+
+static int cmp_pair_asc(const void *a, const void *b);
+
+int nf_cache_give_back(struct nf_cache *c, uint64_t bytes)
+{
+	if (!c->has_ffn || !c->lend_bytes || !bytes)
+		return 0;
+	c->lend_taken += bytes;
+	/* what the loan's slots may still hold, the rounding and their tables
+	 * counted */
+	uint64_t left = c->lend_bytes > c->lend_taken + c->lend_cost ? c->lend_bytes - c->lend_taken - c->lend_cost : 0;
+	uint64_t keep = left / c->g.stride;
+	uint32_t n = c->hot_floor + (keep < c->n_hot - c->hot_floor ? (uint32_t)keep : c->n_hot - c->hot_floor);
+	if (n >= c->n_hot)
+		return 0;
+	if (c->n_pinned_list || atomic_load(&c->outstanding))
+		return -EBUSY;
+	pf_drain(c);
+	/* the n_hot - n least used hot neurons leave (empty slots first) */
+	uint32_t k = c->n_hot - n;
+	uint64_t *by = malloc((size_t)c->n_hot * sizeof(uint64_t));
+	if (!by)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < c->n_hot; i++) {
+		const struct slot_meta *m = &c->hot_meta[i];
+		uint64_t cnt = m->ffn == NO_SLOT ? 0 : 1ull + c->ffns[m->ffn].count[m->neuron];
+		by[i] = (cnt > UINT32_MAX ? UINT32_MAX : cnt) << 32 | i;
+	}
+	qsort(by, c->n_hot, sizeof(uint64_t), cmp_pair_asc);
+	for (uint32_t q = 0; q < k; q++) {
+		struct slot_meta *m = &c->hot_meta[(uint32_t)by[q]];
+		if (m->ffn != NO_SLOT)
+			c->ffns[m->ffn].loc[m->neuron] = NO_SLOT;
+		m->ffn = NO_SLOT;
+	}
+	free(by);
+	/* the tail's survivors move into the freed slots below n: bytes as
+	 * read, so nothing a kernel computes changes */
+	uint32_t to = 0;
+	for (uint32_t i = n; i < c->n_hot; i++) {
+		struct slot_meta *m = &c->hot_meta[i];
+		if (m->ffn == NO_SLOT)
+			continue;
+		while (c->hot_meta[to].ffn != NO_SLOT)
+			to++;
+		memcpy(c->hot + (uint64_t)to * c->g.stride, c->hot + (uint64_t)i * c->g.stride, c->g.stride);
+		c->hot_meta[to] = *m;
+		c->ffns[m->ffn].loc[m->neuron] = to | HOT_BIT;
+		m->ffn = NO_SLOT;
+	}
+	/* the pages wholly past the slots kept (a huge page's worth of
+	 * rounding is lend_cost's) go back to the system */
+	uintptr_t from = (uintptr_t)(c->hot + (uint64_t)n * c->g.stride);
+	uintptr_t end = (uintptr_t)(c->arena + c->arena_bytes);
+	from = (from + GIVE_BACK_ALIGN - 1) & ~(uintptr_t)(GIVE_BACK_ALIGN - 1);
+	if (from < end)
+		madvise((void *)from, end - from, MADV_DONTNEED);
+	c->n_hot = n;
+	c->st.hot_given_back += k;
+	return 0;
 }
 
 /* ---- events ------------------------------------------------------------------------ */
@@ -1780,7 +1882,8 @@ void nf_cache_layout_get(const struct nf_cache *c, struct nf_cache_layout *out)
 	*out = (struct nf_cache_layout){
 		.arena = c->arena_bytes, .meta = c->meta_bytes, .pinned_used = c->pinned_used, .pinned_cap = c->pinned_cap,
 		.hot = (uint64_t)c->n_hot * c->g.stride, .cold = (uint64_t)c->n_cold * c->g.stride,
-		.hot_slots = c->n_hot, .cold_slots = c->n_cold, .hugepages = c->hugepages, .numa = c->numa,
+		.hot_slots = c->n_hot, .cold_slots = c->n_cold, .hot_floor = c->hot_floor,
+		.lent = (uint64_t)(c->n_hot - c->hot_floor) * c->g.stride, .hugepages = c->hugepages, .numa = c->numa,
 		.hot_from_profile = c->hot_from_profile, .profile_error = c->profile_error,
 		.profile_tokens = c->profile_tokens,
 	};

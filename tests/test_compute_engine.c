@@ -95,8 +95,10 @@ Test(engine, kv_cache_is_f16_by_default_and_the_context_is_the_models)
 	cr_expect_eq(info.n_ctx, hp->n_ctx_train);
 	cr_expect(!info.n_ctx_fitted);
 	cr_expect_eq(nf_engine_opts(e)->kv_type, NF_KV_F16);
-	/* 2 (K and V) x layers x ctx x kv dim x 2 bytes */
-	uint64_t kv = 2ull * hp->n_layer * info.n_ctx * (hp->n_embd / hp->n_head * hp->n_head_kv) * 2;
+	/* 2 (K and V) x layers x ctx x kv dim x 2 bytes, each buffer on whole pages */
+	uint64_t buf = (uint64_t)info.n_ctx * (hp->n_embd / hp->n_head * hp->n_head_kv) * 2;
+	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t kv = 2ull * hp->n_layer * ((buf + pg - 1) / pg * pg);
 	cr_expect_eq(nf_ctx_bytes_kv(nf_engine_ctx(e)), kv);
 	nf_engine_close(e);
 }
@@ -138,7 +140,9 @@ Test(engine, context_fitted_to_the_budget_when_not_given, .fini = drop_model)
 	cr_expect(info.n_ctx_fitted);
 	cr_expect(info.n_ctx >= NF_ENGINE_MIN_CTX && info.n_ctx < 32768, "n_ctx %u", info.n_ctx);
 	cr_expect((info.n_ctx & (info.n_ctx - 1)) == 0, "n_ctx %u is not a power of two", info.n_ctx);
-	cr_expect(info.weights + info.arena + info.attn_buffers + info.reserved + info.overhead <= info.budget);
+	/* the loan is in both the arena and the KV cache reserved */
+	cr_expect(info.weights + info.arena + info.attn_buffers + info.reserved + info.overhead <=
+		  info.budget + info.kv_lent);
 	/* the fitted engine runs */
 	int32_t ids[] = { 1, 278, 263, 13 };
 	cr_expect_eq(nf_ctx_eval(nf_engine_ctx(e), ids, 4), 0);
@@ -147,6 +151,61 @@ Test(engine, context_fitted_to_the_budget_when_not_given, .fini = drop_model)
 	rc = open_engine(store, 160ull << 20, 32768, &e, &d);
 	cr_expect_eq(rc, NF_EBUDGET, "%s", nf_diag_msg(&d, rc));
 	cr_expect(strstr(d.msg, "-c 32768") != NULL, "%s", d.msg);
+}
+
+/* The file's text, whole (the caller frees it). */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert(f, "%s", path);
+	static char buf[1 << 16];
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	return strdup(buf);
+}
+
+/*
+ * Under a budget the KV cache's unwritten part is lent to the hot segment
+ * and given back as the context fills (docs/PIPELINE.md "The KV cache
+ * fills"): a prompt that fills the context runs within the budget, in a
+ * fresh process, with the logits of a run without a budget, bit for bit.
+ */
+Test(engine, kv_loan_is_given_back_as_the_context_fills, .fini = drop_model)
+{
+	if (access(PL_NFLASH, X_OK) != 0)
+		cr_skip_test("%s is not built", PL_NFLASH);
+	make_model(2048);
+	static char ids[16384], args[20000], out[1 << 16], err[1 << 16];
+	size_t at = 0;
+	for (int i = 0; i < 2040; i++)
+		at += (size_t)snprintf(ids + at, sizeof(ids) - at, "%s%d", i ? "," : "", 1 + (i * 37) % 250);
+	char la[256], lb[256];
+	pl_tmp_path(la, sizeof(la), "loan-a");
+	pl_tmp_path(lb, sizeof(lb), "loan-b");
+	snprintf(args, sizeof(args), "eval -m %s --ids %s -c 2048 -b 256 -t 2 --logits %s", store, ids, la);
+	cr_assert_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,2 -c 2048 -t 2 --memory-budget 4M", store);
+	cr_assert_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 1, "%s", err);
+	/* room beyond the minimum for a loan's lasting cost, less than the
+	 * FFN: the cache is the budget's */
+	unsigned long long budget = (unsigned long long)((stated_min_mib(err) + 6.0) * 1048576.0);
+	cr_assert(budget < store_ffn_bytes(store), "%llu", budget);
+	snprintf(args, sizeof(args), "eval -m %s --ids %s -c 2048 -b 256 -t 2 --memory-budget %llu --json --logits %s",
+		 store, ids, budget, lb);
+	cr_assert_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+	cr_expect(strstr(err, "on the KV cache's unwritten") != NULL, "no loan: %s", err);
+	cr_expect(pl_json_u64(out, "kv_lent_bytes") > (2ull << 20), "%s", out);
+	/* all of it given back: the context is full */
+	cr_expect_eq(pl_json_u64(out, "hot_slots_on_loan"), 0, "%s", out);
+	unsigned long long hwm = pl_json_u64(out, "vm_hwm_bytes");
+	cr_expect(hwm <= budget, "VmHWM %llu > budget %llu", hwm, budget);
+	char *a = slurp(la), *b = slurp(lb);
+	cr_expect_str_eq(a, b, "logits differ with the loan");
+	free(a);
+	free(b);
+	unlink(la);
+	unlink(lb);
 }
 
 /* The minimum, as a user meets it: fresh processes, so the fixed overhead

@@ -636,3 +636,85 @@ Test(pipeline, cache_prefetch_is_found_by_later_requests)
 	free(ids);
 	fx_close(&f);
 }
+
+/*
+ * The KV cache's loan (nf_cache_opts.lend_bytes): extra hot slots at the
+ * arena's tail. Giving the loan back keeps the most used hot neurons, at
+ * the right bytes, and never goes below the hot segment's own slots.
+ */
+Test(pipeline, cache_gives_back_the_loan_keeping_the_most_used)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	const struct nf_store_object *o = nf_store_ffn_find(f.store, 0, 0);
+	struct nf_cache_geom g;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_cache_geometry_of(f.store, &g, &d), 0);
+	uint32_t N = o->n_bundles, want = N / 2;
+	cr_assert(want >= 24, "%u neurons", N);
+	/* a loan of about want slots; no hot segment of its own */
+	uint64_t lend = (2ull << 20) + (uint64_t)want * (g.stride + 64);
+	uint32_t lent;
+	uint64_t cost = nf_cache_lend_cost(f.store, lend, &lent);
+	cr_assert(lent >= want && cost > (2ull << 20), "%u slots lent, cost %llu", lent, (unsigned long long)cost);
+	struct nf_cache_opts co;
+	nf_cache_opts_default(&co);
+	co.max_gap = 0;
+	co.arena_bytes = min;
+	co.hot_fraction = 0;
+	co.lend_bytes = lend;
+	co.io.quiet = true;
+	struct nf_cache *c = NULL;
+	int rc = nf_cache_open(f.store, &co, &c, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	struct nf_cache_layout L;
+	nf_cache_layout_get(c, &L);
+	cr_assert_eq(L.hot_floor, 0);
+	cr_assert_eq(L.hot_slots, lent);
+	cr_expect_eq(L.lent, (uint64_t)lent * g.stride);
+	/* layer 0's neuron j fires j + 1 times: the top `lent` are hot */
+	uint32_t *counts = calloc(N, sizeof(uint32_t));
+	for (uint32_t j = 0; j < N; j++)
+		counts[j] = j + 1;
+	cr_assert_eq(nf_cache_set_counts(c, 0, counts), 0);
+	cr_assert_eq(nf_cache_hot_load(c), 0);
+	/* give back all but 16 slots' worth */
+	uint32_t keep = 16;
+	cr_assert_eq(nf_cache_give_back(c, lend - cost - (uint64_t)keep * g.stride), 0);
+	nf_cache_layout_get(c, &L);
+	cr_assert_eq(L.hot_slots, keep, "%u hot slots", L.hot_slots);
+	/* the 16 most used stayed, with their bytes; the next ones left */
+	uint32_t top[16], next[8];
+	for (uint32_t i = 0; i < keep; i++)
+		top[i] = N - keep + i;
+	for (uint32_t i = 0; i < 8; i++)
+		next[i] = N - keep - 8 + i;
+	nf_cache_stats_reset(c);
+	fetch(&f, c, 0, top, keep);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.hits_hot, keep, "%llu hot hits", (unsigned long long)st.hits_hot);
+	cr_expect_eq(st.misses, 0);
+	check_bytes(&f, 0, top, keep);
+	cr_assert_eq(nf_cache_release(c), 0);
+	nf_cache_stats_reset(c);
+	fetch(&f, c, 0, next, 8);
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.hits_hot, 0);
+	cr_expect_eq(st.misses, 8);
+	check_bytes(&f, 0, next, 8);
+	cr_assert_eq(nf_cache_release(c), 0);
+	/* the rest, and more: never below the segment's own (none here) */
+	cr_assert_eq(nf_cache_give_back(c, lend), 0);
+	nf_cache_layout_get(c, &L);
+	cr_expect_eq(L.hot_slots, 0);
+	cr_expect_eq(L.lent, 0);
+	nf_cache_stats_reset(c);
+	fetch(&f, c, 0, top, keep);
+	check_bytes(&f, 0, top, keep);
+	cr_assert_eq(nf_cache_release(c), 0);
+	free(counts);
+	nf_cache_close(c);
+	fx_close(&f);
+}

@@ -277,10 +277,14 @@ void pl_import_with(const char *gguf, char *out, size_t len, bool gate_objects)
 
 int pl_run_cli(const char *args, char *out, size_t out_len, char *err, size_t err_len)
 {
-	char ef[256], cmd[1024];
+	char ef[256];
 	pl_tmp_path(ef, sizeof(ef), "cli-err");
-	snprintf(cmd, sizeof(cmd), PL_NFLASH_CMD " %s 2>%s", args, ef);
+	size_t len = strlen(PL_NFLASH_CMD) + strlen(args) + sizeof(ef) + 16;
+	char *cmd = malloc(len);
+	cr_assert_not_null(cmd);
+	snprintf(cmd, len, PL_NFLASH_CMD " %s 2>%s", args, ef);
 	FILE *p = popen(cmd, "r");
+	free(cmd);
 	cr_assert_not_null(p);
 	size_t n = fread(out, 1, out_len - 1, p);
 	out[n] = 0;

@@ -429,6 +429,9 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 		nf_json_u64(j, "profile_tokens", cl.profile_tokens);
 		nf_json_u64(j, "hot_bytes", c.hot_bytes);
 		nf_json_u64(j, "hot_requests", c.hot_requests);
+		nf_json_u64(j, "hot_slots", cl.hot_slots);
+		nf_json_u64(j, "hot_slots_on_loan", cl.hot_slots - cl.hot_floor);
+		nf_json_u64(j, "cold_slots", cl.cold_slots);
 		nf_json_dbl(j, "verify_ms", c.verify_ns / 1e6);
 	}
 	nf_json_u64(j, "hot_loads", st.hot_loads);
@@ -484,6 +487,7 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	}
 	nf_json_u64(j, "budget_bytes", mc->budget);
 	nf_json_u64(j, "reserved_bytes", mc->reserved);
+	nf_json_u64(j, "kv_lent_bytes", mc->kv_lent);
 	nf_json_u64(j, "overhead_bytes", mc->overhead);
 	nf_json_obj_end(j);
 	nf_json_u64(j, "vm_hwm_bytes", nf_model_cli_vm_hwm());
@@ -553,6 +557,7 @@ int nf_model_cli_open(struct nf_model_cli *mc)
 	mc->cache = nf_engine_cache(mc->engine);
 	mc->load_s = info.load_s;
 	mc->reserved = info.reserved;
+	mc->kv_lent = info.kv_lent;
 	mc->overhead = info.overhead;
 	mc->attn_streamed = info.attn_streamed;
 	mc->profile_rec = info.profile_rec;

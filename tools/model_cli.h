@@ -52,6 +52,7 @@ struct nf_model_cli {
 	struct nf_cache *cache;
 	double load_s;
 	uint64_t reserved;      /* KV cache + scratch + engine tables */
+	uint64_t kv_lent;       /* of the KV cache, the unwritten part lent to the hot segment */
 	uint64_t overhead;      /* fixed overhead beside the budget */
 	struct nf_sparse_stats last; /* at the previous per-token report */
 	struct nf_cache_stats clast;

@@ -60,6 +60,7 @@ extern "C" {
 
 struct nf_store;
 struct nf_store_object;
+struct nf_cache;
 
 struct nf_cache_opts {
 	uint64_t arena_bytes;      /* hot + cold; required */
@@ -95,9 +96,33 @@ struct nf_cache_opts {
 	 * batch into halves; a predictor-mode decode needs only its misses, so
 	 * the rest of a smaller cold segment can be hot. */
 	uint32_t min_cold_slots;
+	/* Memory lent to the hot segment beyond arena_bytes (default 0),
+	 * taken back by nf_cache_give_back: a budgeted engine lends the KV
+	 * cache's unwritten part. Of it, nf_cache_lend_cost's bytes (the lent
+	 * slots' tables, a page of rounding) must come out of arena_bytes. */
+	uint64_t lend_bytes;
 };
 
 void nf_cache_opts_default(struct nf_cache_opts *o);
+
+/*
+ * What lending lend_bytes costs for good: the lent slots' tables, which
+ * stay, and the rounding of a give-back to whole (huge) pages. *slots: the
+ * cold slots the loan adds. 0 when the loan adds no slot.
+ */
+uint64_t nf_cache_lend_cost(struct nf_store *s, uint64_t lend_bytes, uint32_t *slots);
+/*
+ * Take bytes of the loan back (cumulative over calls, at most lend_bytes
+ * in all). The loan's slots are hot slots at the arena's tail: the least
+ * used hot neurons leave (read again when asked for), the survivors move
+ * down into their slots, and the tail's pages go back to the system, so that
+ * the cache's resident arena and tables never exceed arena_bytes, the
+ * tables of arena_bytes and lend_bytes less what was taken back. Call
+ * between requests (after nf_cache_release), from the requesting thread;
+ * route-ahead reads in flight are waited for. Returns 0, or -EBUSY if a
+ * slot to empty is pinned (a request not released).
+ */
+int nf_cache_give_back(struct nf_cache *c, uint64_t bytes);
 
 /* The down part of a bundle (the values of enum nf_down_form in
  * nflash/bundle.h): a row of dim values in down_dtype, or QCOL quants. */
@@ -125,6 +150,7 @@ struct nf_cache_stats {
 	uint64_t errors;
 	uint64_t gap_bundles;      /* not requested, read to join two misses in one read */
 	uint64_t promotions;       /* neurons moved from the cold segment to the hot (rebalance) */
+	uint64_t hot_given_back;   /* hot slots given back to a filling KV cache (nf_cache_give_back) */
 	uint64_t verify_ns;        /* CPU time of crc32c checks in the completion path */
 	uint64_t verified;         /* bytes those checks covered */
 	/* route-ahead reads (nf_cache_prefetch), also counted in requests,
@@ -357,6 +383,8 @@ struct nf_cache_layout {
 	uint64_t arena, pinned_used, pinned_cap, hot, cold;
 	uint64_t meta;             /* the cache's tables beside the arena (bytes) */
 	uint32_t hot_slots, cold_slots;
+	uint32_t hot_floor;        /* hot slots without the loan (hot_slots once all is given back) */
+	uint64_t lent;             /* arena bytes of the loan's slots still held (in arena and hot) */
 	bool hugepages, numa;
 	/* Where the hot set came from: the store's profile (loaded at open),
 	 * or learned online. profile_error: why a profile present in the store

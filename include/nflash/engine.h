@@ -122,6 +122,9 @@ struct nf_engine_info {
 	uint64_t arena;          /* the neuron cache's arena (0: no store) */
 	uint64_t attn_buffers;   /* streamed attention's buffers (0: pinned) */
 	uint64_t reserved;       /* KV cache, scratch, the sparse engine's tables, the profile record */
+	/* of reserved's KV cache, the unwritten part lent to the hot segment
+	 * (in arena until the context fills: docs/PIPELINE.md "The KV cache fills") */
+	uint64_t kv_lent;
 	uint64_t profile_rec;    /* of reserved: --profile's co-activation record */
 	uint64_t profile_extra;  /* what a calibration run holds beyond a normal run's */
 	uint64_t overhead;       /* VmRSS at open + NF_ENGINE_SLACK */

@@ -341,6 +341,21 @@ uint64_t nf_ctx_bytes_kv(const struct nf_ctx *c);
 /* Forget the cache: the next eval starts at position 0. */
 void nf_ctx_reset(struct nf_ctx *c);
 
+/*
+ * The KV cache is one anonymous mapping whose pages become resident only
+ * as positions are written: a context of n tokens holds
+ * nf_ctx_kv_bytes_at(c, n) of it. A budgeted engine lends the rest to its
+ * neuron cache and takes it back as the context fills (docs/PIPELINE.md
+ * "The KV cache fills"): before a step writes past the positions already
+ * covered, grow(user, n) is called with n, the positions the step needs
+ * (this context's own rows only); a negative return fails the eval with
+ * that code before anything is written. NULL clears the hook.
+ */
+typedef int (*nf_ctx_kv_grow_fn)(void *user, uint32_t n_tokens);
+void nf_ctx_set_kv_grow(struct nf_ctx *c, nf_ctx_kv_grow_fn grow, void *user, uint32_t covered);
+/* Resident bytes of the KV cache once positions [0, n) are written. */
+uint64_t nf_ctx_kv_bytes_at(const struct nf_ctx *c, uint32_t n);
+
 /* ---- streamed attention (docs/PIPELINE.md) -------------------------------- */
 
 struct nf_stream_opts;
