@@ -50,6 +50,7 @@ void nf_engine_opts_default(struct nf_engine_opts *o)
 	o->cold_slots = -1;
 	o->replan_moves = -1;
 	o->route_prefetch = -1;
+	o->gate_first = -1;
 	o->profile_sig_tokens = 512;
 }
 
@@ -718,6 +719,10 @@ static void apply_plan(struct nf_engine *e)
 		if (!o->attn_pin)
 			o->attn_pin = pe->attn_pin;
 	}
+	if (o->gate_first < 0)
+		o->gate_first = (pe->flags & NF_STORE_PLAN_F_GATE_FIRST) != 0;
+	if (o->route_prefetch < 0 && (pe->flags & NF_STORE_PLAN_F_ROUTE_SET))
+		o->route_prefetch = (pe->flags & NF_STORE_PLAN_F_ROUTE_ON) != 0;
 	snprintf(e->info.plan_note, sizeof(e->info.plan_note),
 		 "plan for %.1f MiB: predicted %.2f tok/s, I/O wait %.2f, %.1f MiB read per token", mib(pe->budget),
 		 pe->tok_per_s, pe->io_wait_share, pe->bytes_per_token / 1048576.0);

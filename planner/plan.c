@@ -838,6 +838,30 @@ struct probe {
 	double bytes, verify;  /* per measured token: bytes read, seconds of crc32c over them */
 };
 
+/* Decode ids[0..PROBE_TOKENS) one token at a time; the counters and the
+ * wall time per token of the last PROBE_TOKENS - PROBE_WARM. */
+static int probe_decode(struct nf_engine *e, const int32_t *ids, struct nf_cache_stats *cs,
+			struct nf_sparse_stats *ss, double *t_tok)
+{
+	struct nf_cache *c = nf_engine_cache(e);
+	struct nf_sparse *sp = nf_engine_sparse(e);
+	double t0 = now_s();
+	for (size_t i = 0; i < PROBE_TOKENS; i++) {
+		if (i == PROBE_WARM) {
+			nf_cache_stats_reset(c);
+			nf_sparse_stats_reset(sp);
+			t0 = now_s();
+		}
+		int rc = nf_ctx_eval(nf_engine_ctx(e), &ids[i], 1);
+		if (rc < 0)
+			return rc;
+	}
+	*t_tok = (now_s() - t0) / (PROBE_TOKENS - PROBE_WARM);
+	nf_cache_stats_get(c, cs);
+	nf_sparse_stats_get(sp, ss);
+	return 0;
+}
+
 static int probe_one(const struct nf_plan_opts *o, uint64_t overhead, uint64_t budget, bool need_pinned,
 		     const int32_t *ids, struct probe *out)
 {
@@ -863,18 +887,11 @@ static int probe_one(const struct nf_plan_opts *o, uint64_t overhead, uint64_t b
 	rc = -EAGAIN;
 	if ((need_pinned && info.attn_streamed) || !c || !sp)
 		goto out;
-	for (size_t i = 0; i < PROBE_TOKENS; i++) {
-		if (i == PROBE_WARM) {
-			nf_cache_stats_reset(c);
-			nf_sparse_stats_reset(sp);
-		}
-		if ((rc = nf_ctx_eval(nf_engine_ctx(e), &ids[i], 1)) < 0)
-			goto out;
-	}
 	struct nf_cache_stats cs;
 	struct nf_sparse_stats ss;
-	nf_cache_stats_get(c, &cs);
-	nf_sparse_stats_get(sp, &ss);
+	double t_tok;
+	if ((rc = probe_decode(e, ids, &cs, &ss, &t_tok)) < 0)
+		goto out;
 	out->reads = (double)cs.requests / (PROBE_TOKENS - PROBE_WARM);
 	out->bytes = (double)cs.bytes_read / (PROBE_TOKENS - PROBE_WARM);
 	out->verify = (double)cs.verify_ns * 1e-9 / (PROBE_TOKENS - PROBE_WARM);
@@ -883,6 +900,139 @@ static int probe_one(const struct nf_plan_opts *o, uint64_t overhead, uint64_t b
 out:
 	nf_engine_close(e);
 	return rc;
+}
+
+/*
+ * What the cost model does not weigh, measured (docs/PLAN.md "Measured
+ * choices"): route-ahead prefetch for a mixture of experts, and gate-first
+ * reads for exact mode on a store imported with --gate-objects. Each
+ * variant decodes PROBE_TOKENS tokens under the budget with the settings
+ * chosen for it, in turn with the others, CHOICE_ROUNDS times; the fastest
+ * mean wins if it beats the engine's default by CHOICE_MARGIN, and the
+ * prediction is scaled by its time against plain reads' (what the model
+ * models).
+ */
+#define CHOICE_ROUNDS 2
+#define CHOICE_MARGIN 0.03
+
+struct choice {
+	int route, gate;            /* the engine options tried */
+	double t, bytes;            /* per token, summed over the rounds */
+	bool ok;
+};
+
+/* One variant's decode at entry pe's settings: seconds and bytes (bundles
+ * and gate rows) per token. NF_EUSAGE: the variant cannot run here. */
+static int decode_probe(const struct nf_plan_opts *o, uint64_t overhead, const struct nf_store_plan_entry *pe,
+			const struct choice *v, const int32_t *ids, double *t_tok, double *bytes_tok,
+			enum nf_sparse_mode *mode)
+{
+	struct nf_engine *e = NULL;
+	struct nf_diag d = { 0 };
+	struct nf_engine_opts eo;
+	nf_engine_opts_default(&eo);
+	eo.path = o->store;
+	eo.budget = pe->budget;
+	eo.n_threads = o->n_threads;
+	eo.use_plan = false;
+	eo.overhead = overhead;
+	eo.n_ctx = pe->n_ctx;
+	eo.kv_type = (int)pe->kv_type;
+	eo.n_batch = pe->n_batch;
+	eo.qd = pe->qd;
+	eo.read_gap = (int)pe->read_gap;
+	eo.cold_slots = (int)pe->cold_slots;
+	eo.stream_attn = pe->flags & NF_STORE_PLAN_F_STREAM_ATTN;
+	eo.attn_pin = pe->attn_pin;
+	eo.route_prefetch = v->route;
+	eo.gate_first = v->gate;
+	int rc = nf_engine_open(&eo, &e, &d);
+	if (rc < 0)
+		return rc;
+	struct nf_cache *c = nf_engine_cache(e);
+	struct nf_sparse *sp = nf_engine_sparse(e);
+	rc = -EAGAIN;
+	if (!c || !sp)
+		goto out;
+	*mode = nf_sparse_mode_of(sp);
+	struct nf_cache_stats cs;
+	struct nf_sparse_stats ss;
+	if ((rc = probe_decode(e, ids, &cs, &ss, t_tok)) < 0)
+		goto out;
+	*bytes_tok = (double)(cs.bytes_read + ss.gate_bytes) / (PROBE_TOKENS - PROBE_WARM);
+	rc = 0;
+out:
+	nf_engine_close(e);
+	return rc;
+}
+
+/* True when the store holds gate rows (import --gate-objects). */
+static bool has_gate_rows(const char *path)
+{
+	struct nf_store *s = NULL;
+	bool yes = false;
+	if (nf_store_open(path, NULL, &s, NULL) < 0)
+		return false;
+	for (uint32_t i = 0; i < nf_store_object_count(s) && !yes; i++)
+		yes = nf_store_is_gate_rows_name(nf_store_object_get(s, i)->name);
+	nf_store_close(s);
+	return yes;
+}
+
+static int measure_choices(const struct nf_plan_opts *o, uint64_t overhead, bool moe, bool gate_rows,
+			   const int32_t *ids, struct nf_store_plan_entry *pe, struct nf_diag *d)
+{
+	if (!moe && !gate_rows)
+		return 0;
+	/* plain reads first (what the cost model models), then route-ahead
+	 * (a mixture), then gate-first (refused but in exact mode) */
+	struct choice v[3] = { { 0, 0, 0, 0, true }, { 1, 0, 0, 0, moe }, { 0, 1, 0, 0, gate_rows } };
+	enum nf_sparse_mode mode = NF_SPARSE_PREDICTOR;
+	for (int r = 0; r < CHOICE_ROUNDS; r++)
+		for (int k = 0; k < 3; k++) {
+			if (!v[k].ok)
+				continue;
+			double t = 0, b = 0;
+			int rc = decode_probe(o, overhead, pe, &v[k], ids, &t, &b, &mode);
+			if (rc == NF_EUSAGE && k == 2) { /* no gate rows, or not exact mode */
+				v[k].ok = false;
+				continue;
+			}
+			if (rc < 0) {
+				if (k == 0)
+					return rc == -EAGAIN ? 0 : nf_diag_fail(d, rc, "%s: probing a decode under %.1f MiB",
+										  o->store, (double)pe->budget / 1048576.0);
+				v[k].ok = false;
+				continue;
+			}
+			v[k].t += t / CHOICE_ROUNDS;
+			v[k].bytes += b / CHOICE_ROUNDS;
+		}
+	if (!v[1].ok && !v[2].ok)
+		return 0;
+	/* the engine's default: route-ahead on for exact and dense experts */
+	int def = moe && mode != NF_SPARSE_PREDICTOR ? 1 : 0, best = def;
+	for (int k = 0; k < 3; k++)
+		if (v[k].ok && v[k].t < v[best].t * (1.0 - CHOICE_MARGIN))
+			best = k;
+	char what[160];
+	int n = snprintf(what, sizeof(what), "plain reads %.1f ms", v[0].t * 1e3);
+	if (v[1].ok)
+		n += snprintf(what + n, sizeof(what) - (size_t)n, ", route-ahead %.1f ms", v[1].t * 1e3);
+	if (v[2].ok)
+		snprintf(what + n, sizeof(what) - (size_t)n, ", gate-first %.1f ms", v[2].t * 1e3);
+	logf_(o, "%.1f MiB: a decode token measured with %s (means of %d): %s", (double)pe->budget / 1048576.0, what,
+	      CHOICE_ROUNDS, best == 0 ? "plain reads" : best == 1 ? "route-ahead on" : "gate-first");
+	if (best == 2)
+		pe->flags |= NF_STORE_PLAN_F_GATE_FIRST;
+	else if (moe)
+		pe->flags |= NF_STORE_PLAN_F_ROUTE_SET | (best == 1 ? NF_STORE_PLAN_F_ROUTE_ON : 0);
+	double f = v[best].t / v[0].t;
+	pe->t_token_s *= f;
+	pe->tok_per_s = pe->t_token_s > 0 ? 1.0 / pe->t_token_s : 0;
+	if (v[0].bytes > 0)
+		pe->bytes_per_token *= v[best].bytes / v[0].bytes;
+	return 0;
 }
 
 /* The engine probe's figures, solved from one pair of probes */
@@ -1345,6 +1495,17 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	}
 	nf_engine_close(cal);
 	cal = NULL;
+
+	/* 4b. the choices the model does not weigh, measured */
+	bool gate_rows = has_gate_rows(o->store);
+	if (n_ids >= PROBE_TOKENS)
+		for (uint32_t i = 0; i < o->n_budgets; i++) {
+			if (!bp[i].budget || (i && budgets[i] == budgets[i - 1]))
+				continue;
+			if ((rc = measure_choices(o, overhead, g.n_expert > 1, gate_rows, ids + n_ids - PROBE_TOKENS,
+						  &bp[i].chosen, d)) < 0)
+				goto out;
+		}
 
 	/* 5. choose and predict; keep earlier plans for other budgets */
 	uint32_t n_keep = 0;

@@ -98,7 +98,7 @@ int nf_store_plan_check(const struct nf_store_plan *p, const char *path, struct 
 				  : e->n_threads > 1024                ? "n_threads"
 				  : !e->qd || e->qd > 4096             ? "qd"
 				  : e->read_gap > 64                   ? "read_gap"
-				  : e->flags & ~NF_STORE_PLAN_F_STREAM_ATTN ? "flags"
+				  : e->flags & ~NF_STORE_PLAN_F_ALL ? "flags"
 								       : NULL;
 		for (size_t k = 0; !bad && k < sizeof(pred) / sizeof(pred[0]); k++)
 			if (!ok_num(pred[k]))

@@ -192,9 +192,49 @@ static int open_at(uint64_t budget, bool use_plan, const struct nf_store_plan_en
 		o.cold_slots = (int)as->cold_slots;
 		o.stream_attn = as->flags & NF_STORE_PLAN_F_STREAM_ATTN;
 		o.attn_pin = as->attn_pin;
+		o.gate_first = (as->flags & NF_STORE_PLAN_F_GATE_FIRST) != 0;
+		if (as->flags & NF_STORE_PLAN_F_ROUTE_SET)
+			o.route_prefetch = (as->flags & NF_STORE_PLAN_F_ROUTE_ON) != 0;
 	}
 	memset(d, 0, sizeof(*d));
 	return nf_engine_open(&o, e, d);
+}
+
+/* e1 and e2 give the same logits and ids for ids[0..8) and 6 greedy
+ * tokens; both are closed. */
+static void expect_same_run(struct nf_engine *e1, struct nf_engine *e2, const int32_t *ids)
+{
+	int32_t g1[6], g2[6];
+	uint32_t nv = nf_model_hparams(nf_engine_model(e1))->n_vocab;
+	float *l1 = malloc(nv * sizeof(float)), *l2 = malloc(nv * sizeof(float));
+	pl_run(nf_engine_ctx(e1), ids, 8, l1, g1, 6);
+	pl_run(nf_engine_ctx(e2), ids, 8, l2, g2, 6);
+	cr_expect(!memcmp(l1, l2, nv * sizeof(float)), "planned and unplanned logits differ");
+	cr_expect(!memcmp(g1, g2, sizeof(g1)), "planned and unplanned ids differ");
+	free(l1);
+	free(l2);
+	nf_engine_close(e1);
+	nf_engine_close(e2);
+}
+
+/* Plan the test store for n budgets: 32 calibration tokens, a one-second
+ * device curve. */
+static struct nf_store_plan *plan_quickly(const uint64_t *budgets, uint32_t n)
+{
+	struct nf_plan_opts o;
+	nf_plan_opts_default(&o);
+	o.store = store;
+	o.budgets = budgets;
+	o.n_budgets = n;
+	o.calib_tokens = 32;
+	o.n_threads = 2;
+	o.device.seconds = 1.0;
+	struct nf_store_plan *p = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_plan_run(&o, &p, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	cr_assert_eq(p->n_entries, n);
+	return p;
 }
 
 Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model)
@@ -205,19 +245,8 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	uint64_t base = nf_engine_overhead_now() >> 20 << 20;
 	/* the third holds every neuron in the hot segment */
 	uint64_t budgets[3] = { base + (72ull << 20), base + (136ull << 20), base + (1024ull << 20) };
-	struct nf_plan_opts o;
-	nf_plan_opts_default(&o);
-	o.store = store;
-	o.budgets = budgets;
-	o.n_budgets = 3;
-	o.calib_tokens = 32;
-	o.n_threads = 2;
-	o.device.seconds = 1.0;
-	struct nf_store_plan *p = NULL;
 	struct nf_diag d = { 0 };
-	int rc = nf_plan_run(&o, &p, &d);
-	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
-	cr_assert_eq(p->n_entries, 3);
+	struct nf_store_plan *p = plan_quickly(budgets, 3);
 	cr_expect(p->n_points > 0 && p->n_rates > 0 && p->mem_read_gb_s > 0);
 	/* leave one out: with every neuron the calibration saw hot, a new
 	 * token still brings neurons it never saw (the replay of a token
@@ -274,18 +303,8 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	struct nf_engine_info info2;
 	nf_engine_info(e2, &info2);
 	cr_expect_eq(info2.plan_budget, 0);
-	int32_t ids[8] = { 1, 278, 263, 13, 300, 72, 101, 259 };
-	int32_t g1[6], g2[6];
-	uint32_t nv = nf_model_hparams(nf_engine_model(e1))->n_vocab;
-	float *l1 = malloc(nv * sizeof(float)), *l2 = malloc(nv * sizeof(float));
-	pl_run(nf_engine_ctx(e1), ids, 8, l1, g1, 6);
-	pl_run(nf_engine_ctx(e2), ids, 8, l2, g2, 6);
-	cr_expect(!memcmp(l1, l2, nv * sizeof(float)), "planned and unplanned logits differ");
-	cr_expect(!memcmp(g1, g2, sizeof(g1)), "planned and unplanned ids differ");
-	free(l1);
-	free(l2);
-	nf_engine_close(e1);
-	nf_engine_close(e2);
+	static const int32_t ids[8] = { 1, 278, 263, 13, 300, 72, 101, 259 };
+	expect_same_run(e1, e2, ids);
 
 	/* below every plan: the engine decides at start and says so */
 	cr_assert_eq(open_at(budgets[0] - (8ull << 20), true, NULL, &e1, &d), 0, "%s", d.msg);
@@ -329,3 +348,44 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	cr_expect(hwm <= budgets[0], "VmHWM %llu above the %llu-byte budget", hwm, (unsigned long long)budgets[0]);
 }
 
+
+/*
+ * A mixture of experts in exact mode from a store with gate rows: the plan
+ * measures route-ahead prefetch and gate-first reads at each budget and
+ * records what won (docs/PLAN.md "Measured choices"); the engine follows
+ * it, with the bits of an unplanned run given the same settings.
+ */
+Test(planner, moe_plan_measures_route_ahead_and_gate_first, .fini = drop_model)
+{
+	pl_tmp_path(gguf, sizeof(gguf), "plan-moe-gguf");
+	cr_assert_eq(pl_synth_tiny_moe(gguf, "relu", NF_DTYPE_Q8_0, false, 4), 0);
+	pl_import_with(gguf, store, sizeof(store), true);
+	uint64_t budgets[1] = { (nf_engine_overhead_now() >> 20 << 20) + (64ull << 20) };
+	struct nf_diag d = { 0 };
+	struct nf_store_plan *p = plan_quickly(budgets, 1);
+	const struct nf_store_plan_entry *pe = &p->entries[0];
+	uint32_t fl = pe->flags;
+	/* decided by measurement: gate-first, or route-ahead on or off */
+	cr_expect((fl & NF_STORE_PLAN_F_GATE_FIRST) || (fl & NF_STORE_PLAN_F_ROUTE_SET), "flags %u", fl);
+	cr_expect(!((fl & NF_STORE_PLAN_F_GATE_FIRST) && (fl & NF_STORE_PLAN_F_ROUTE_ON)), "flags %u", fl);
+	cr_expect(pe->tok_per_s > 0 && pe->t_token_s > 0);
+	/* the flags survive the store: read back */
+	struct nf_store *s;
+	cr_assert_eq(nf_store_open(store, NULL, &s, &d), 0, "%s", d.msg);
+	struct nf_store_plan *back = NULL;
+	cr_assert_eq(nf_store_plan_read(s, &back, &d), 0, "%s", d.msg);
+	cr_expect_eq(back->entries[0].flags, fl);
+	nf_store_plan_free(back);
+	nf_store_close(s);
+	/* the engine follows the plan */
+	struct nf_engine *e1, *e2;
+	cr_assert_eq(open_at(budgets[0], true, NULL, &e1, &d), 0, "%s", d.msg);
+	const struct nf_engine_opts *eo = nf_engine_opts(e1);
+	cr_expect_eq(eo->gate_first, (fl & NF_STORE_PLAN_F_GATE_FIRST) ? 1 : 0);
+	if (fl & NF_STORE_PLAN_F_ROUTE_SET)
+		cr_expect_eq(eo->route_prefetch, (fl & NF_STORE_PLAN_F_ROUTE_ON) ? 1 : 0);
+	cr_assert_eq(open_at(budgets[0], false, pe, &e2, &d), 0, "%s", d.msg);
+	static const int32_t ids[8] = { 1, 7, 13, 29, 31, 42, 5, 9 };
+	expect_same_run(e1, e2, ids);
+	nf_store_plan_free(p);
+}

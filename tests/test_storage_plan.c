@@ -45,7 +45,8 @@ static void make_plan(struct nf_store_plan *p, struct nf_store_plan_entry *e, ui
 		e[i].qd = 256;
 		e[i].read_gap = 4;
 		e[i].cold_slots = 2752;
-		e[i].flags = i == 0 ? NF_STORE_PLAN_F_STREAM_ATTN : 0;
+		e[i].flags = i == 0 ? NF_STORE_PLAN_F_STREAM_ATTN | NF_STORE_PLAN_F_ROUTE_SET | NF_STORE_PLAN_F_ROUTE_ON
+				    : NF_STORE_PLAN_F_GATE_FIRST;
 		e[i].hot_slots = 1000 * (i + 1);
 		e[i].tok_per_s = 2.5 + i;
 		e[i].io_wait_share = 0.25;
@@ -147,7 +148,7 @@ Test(storage, plan_refused_before_writing_when_a_reader_would_refuse_it)
 	cr_assert_eq(ts_make_store(t.path, NF_DTYPE_F16, 8, 4096, NULL), 0);
 	struct nf_store_plan p;
 	struct nf_store_plan_entry e[2];
-	for (int k = 0; k < 5; k++) {
+	for (int k = 0; k < 6; k++) {
 		make_plan(&p, e, 2);
 		const char *want = NULL;
 		switch (k) {
@@ -156,6 +157,7 @@ Test(storage, plan_refused_before_writing_when_a_reader_would_refuse_it)
 		case 2: e[0].tok_per_s = NAN; want = "prediction"; break;
 		case 3: e[0].kv_type = 7; want = "kv_type"; break;
 		case 4: e[0].io_wait_share = 1.5; want = "io_wait_share"; break;
+		case 5: e[1].flags |= 16; want = "flags"; break;
 		}
 		struct nf_diag d = { 0 };
 		int rc = nf_store_update_plan(t.path, NULL, &p, &d);

@@ -28,7 +28,9 @@ static void usage(FILE *f)
 		"own continuation of it, to record which neurons fire together, lays the\n"
 		"store out in that order (in place, crash-safely), measures the device that\n"
 		"holds it, the kernels and the engine's own read pace, then chooses the\n"
-		"settings that minimise the predicted token time and stores the plan. After\n"
+		"settings that minimise the predicted token time, measures what the model\n"
+		"does not weigh (a mixture of experts' route-ahead prefetch, exact mode's\n"
+		"gate-first reads: each decoded on and off in turn) and stores the plan. After\n"
 		"it, `nflash generate -m STORE --memory-budget SIZE` needs no other flag.\n"
 		"\n"
 		"options:\n"
@@ -98,6 +100,10 @@ static void entry_json(struct nf_json *j, const struct nf_store_plan_entry *e, b
 	nf_json_u64(j, "hot_slots", e->hot_slots);
 	nf_json_str(j, "attention", e->flags & NF_STORE_PLAN_F_STREAM_ATTN ? "streamed" : "pinned");
 	nf_json_u64(j, "attn_pin_layers", e->attn_pin);
+	nf_json_bool(j, "gate_first", e->flags & NF_STORE_PLAN_F_GATE_FIRST);
+	nf_json_str(j, "route_ahead", !(e->flags & NF_STORE_PLAN_F_ROUTE_SET) ? "default"
+				      : e->flags & NF_STORE_PLAN_F_ROUTE_ON ? "on"
+									: "off");
 	const char *p = top ? "predicted_" : "";
 	char k[64];
 	snprintf(k, sizeof(k), "%stok_per_s", p);
@@ -116,15 +122,25 @@ static void entry_json(struct nf_json *j, const struct nf_store_plan_entry *e, b
 	nf_json_obj_end(j);
 }
 
+/* The measured choices of an entry (docs/PLAN.md "Measured choices"). */
+static const char *measured(const struct nf_store_plan_entry *e)
+{
+	if (e->flags & NF_STORE_PLAN_F_GATE_FIRST)
+		return ", gate-first (measured)";
+	if (e->flags & NF_STORE_PLAN_F_ROUTE_SET)
+		return e->flags & NF_STORE_PLAN_F_ROUTE_ON ? ", route-ahead on (measured)" : ", route-ahead off (measured)";
+	return "";
+}
+
 static void entry_line(FILE *f, const struct nf_store_plan_entry *e)
 {
 	fprintf(f,
-		"  %8.1f MiB: -c %u, -b %u, KV %s, attention %s, qd %u, read gap %u, cold %s, hot %u bundles -> "
+		"  %8.1f MiB: -c %u, -b %u, KV %s, attention %s, qd %u, read gap %u, cold %s, hot %u bundles%s -> "
 		"predicted %.2f tok/s, I/O wait %.2f, %.1f MiB and %.0f reads per token\n",
 		mib(e->budget), e->n_ctx, e->n_batch, e->kv_type ? "f16" : "f32",
 		e->flags & NF_STORE_PLAN_F_STREAM_ATTN ? "streamed" : "pinned", e->qd, e->read_gap,
-		e->cold_slots ? "part of a layer" : "one layer", e->hot_slots, e->tok_per_s, e->io_wait_share,
-		e->bytes_per_token / 1048576.0, e->reads_per_token);
+		e->cold_slots ? "part of a layer" : "one layer", e->hot_slots, measured(e), e->tok_per_s,
+		e->io_wait_share, e->bytes_per_token / 1048576.0, e->reads_per_token);
 }
 
 static void explain(FILE *f, const struct nf_store_plan_entry *e)
@@ -138,6 +154,11 @@ static void explain(FILE *f, const struct nf_store_plan_entry *e)
 		mib(e->budget), 1e3 * t, 1e3 * e->t_dense_s, 100 * e->t_dense_s / t, 1e3 * ffn_side,
 		100 * ffn_side / t, 1e3 * e->t_ffn_s, 1e3 * e->t_io_s, 1e3 * e->io_wait_share * t,
 		100 * e->io_wait_share);
+	if (*measured(e))
+		fprintf(f,
+			"  %8.1f MiB: the token time is the model's for plain reads scaled by what a decode measured "
+			"with the choice against without it (%s)\n",
+			mib(e->budget), measured(e) + 2);
 }
 
 int nf_cmd_plan(int argc, char **argv)

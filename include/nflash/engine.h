@@ -97,12 +97,14 @@ struct nf_engine_opts {
 	uint64_t overhead;
 	int replan_moves;       /* online re-planning: moves per step, every 16 tokens (-1: 1024; 0: off) */
 	/* a mixture of experts from a store: read layer L+1's guessed experts
-	 * ahead (nf_sparse_params route_prefetch; -1: the default, on for
-	 * exact and dense experts, off in predictor mode; 0: off; 1: on) */
+	 * ahead (nf_sparse_params route_prefetch; -1: the plan's when it
+	 * measured it, else on for exact and dense experts, off in predictor
+	 * mode; 0: off; 1: on) */
 	int route_prefetch;
 	/* exact mode from a store imported with --gate-objects: read each
 	 * routed FFN's gate rows first, then only the bundles of neurons whose
-	 * gate is positive (nf_sparse_params gate_first; 0: off (default), 1: on) */
+	 * gate is positive (nf_sparse_params gate_first; -1 (default): the
+	 * plan's, else off; 0: off; 1: on) */
 	int gate_first;
 	/* keep the dense matrices in their plain rows: no 8-row groups
 	 * (nf_model_repack), for A/B runs; the same bits either way */

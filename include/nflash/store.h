@@ -406,6 +406,10 @@ struct nf_store_kernel_rate {
 };
 /* Entry flags. Stored on disk: only ever append. */
 #define NF_STORE_PLAN_F_STREAM_ATTN 1u  /* attention streamed, not pinned */
+#define NF_STORE_PLAN_F_GATE_FIRST 2u   /* exact mode: gate rows first (measured faster) */
+#define NF_STORE_PLAN_F_ROUTE_SET 4u    /* route-ahead prefetch decided by measurement: */
+#define NF_STORE_PLAN_F_ROUTE_ON 8u     /* on (with ROUTE_SET), else off */
+#define NF_STORE_PLAN_F_ALL 15u
 struct nf_store_plan_entry {
 	uint64_t budget;            /* the memory budget it was planned for, bytes */
 	uint32_t n_ctx, kv_type, n_batch, n_threads, qd, read_gap, cold_slots, attn_pin, flags;
