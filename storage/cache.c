@@ -345,7 +345,7 @@ uint64_t nf_cache_lend_cost(struct nf_store *s, uint64_t lend_bytes, uint32_t *s
 	return n ? GIVE_BACK_ALIGN + (uint64_t)n * SLOT_TABLE_BYTES : 0;
 }
 
-static int hot_from_profile(struct nf_cache *c);
+static bool seed_from_profile(struct nf_cache *c);
 static void ffn_teardown(struct nf_cache *c);
 static void pf_drain(struct nf_cache *c);
 
@@ -433,27 +433,6 @@ static int ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct n
 			c->arena_bytes = o->arena_bytes;
 	}
 
-	c->arena = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (c->arena == MAP_FAILED) {
-		c->arena = NULL;
-		return nf_diag_fail(d, -ENOMEM, "cache: cannot map an arena of %llu bytes",
-				    (unsigned long long)c->arena_bytes);
-	}
-#ifdef MADV_HUGEPAGE
-	c->hugepages = madvise(c->arena, c->arena_bytes, MADV_HUGEPAGE) == 0;
-#endif
-	if (numa_available() >= 0) {
-		int node = o->numa_node >= 0 ? o->numa_node : numa_node_of_cpu(sched_getcpu());
-		if (node >= 0) {
-			numa_tonode_memory(c->arena, c->arena_bytes, node);
-			c->numa = true;
-		}
-	}
-	if (o->prefault)
-		prefault(c->arena, c->arena_bytes);
-	c->cold = c->arena;
-	c->hot = c->cold + (uint64_t)c->n_cold * g->stride;
-
 	c->n_ffn = g->n_layer * g->n_expert;
 	uint32_t N = g->n_neurons;
 	if (!(c->ffns = meta(c, c->n_ffn * sizeof(*c->ffns))) ||
@@ -501,14 +480,42 @@ static int ffn_setup(struct nf_cache *c, const struct nf_cache_opts *o, struct n
 			for (uint32_t j = 0; j < N; j++)
 				c->ffns[i].inv[c->ffns[i].obj->perm[j]] = j;
 	}
+	/* the profile's counts before the arena: reading and parsing the
+	 * section takes twice its size for a moment, which the arena's pages
+	 * would otherwise have to stand beside */
+	bool seeded = o->use_profile && nf_store_has_profile(s) && seed_from_profile(c);
+	c->arena = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c->arena == MAP_FAILED) {
+		c->arena = NULL;
+		return nf_diag_fail(d, -ENOMEM, "cache: cannot map an arena of %llu bytes",
+				    (unsigned long long)c->arena_bytes);
+	}
+#ifdef MADV_HUGEPAGE
+	c->hugepages = madvise(c->arena, c->arena_bytes, MADV_HUGEPAGE) == 0;
+#endif
+	if (numa_available() >= 0) {
+		int node = o->numa_node >= 0 ? o->numa_node : numa_node_of_cpu(sched_getcpu());
+		if (node >= 0) {
+			numa_tonode_memory(c->arena, c->arena_bytes, node);
+			c->numa = true;
+		}
+	}
+	if (o->prefault)
+		prefault(c->arena, c->arena_bytes);
+	c->cold = c->arena;
+	c->hot = c->cold + (uint64_t)c->n_cold * g->stride;
+
 	if ((rc = nf_cache_reopen_io(c, &o->io, d)) < 0)
 		return rc;
 	nf_cache_stats_reset(c);
 	c->max_coalesce = o->io.max_coalesce ? o->io.max_coalesce : (1u << 20);
 	c->max_gap = o->max_gap;
 	c->has_ffn = true;
-	if (o->use_profile && nf_store_has_profile(s) && (rc = hot_from_profile(c)) < 0)
-		return rc;
+	if (seeded) {
+		if ((rc = nf_cache_hot_load(c)) < 0)
+			return rc;
+		c->hot_from_profile = true;
+	}
 	return 0;
 }
 
@@ -1670,17 +1677,18 @@ const uint32_t *nf_cache_counts(const struct nf_cache *c, uint32_t layer, uint32
 }
 
 /*
- * Seed the counts from the store's profile and load the hot segment. A
- * profile that cannot be read (damaged) is not fatal: the hot set is then
- * learned online and profile_error says why. I/O errors of the load are.
+ * Seed the counts from the store's profile (ffn_setup then loads the hot
+ * segment from them). A profile that cannot be read (damaged) is not
+ * fatal: false, the hot set is then learned online and profile_error says
+ * why. I/O errors of the load are.
  */
-static int hot_from_profile(struct nf_cache *c)
+static bool seed_from_profile(struct nf_cache *c)
 {
 	struct nf_store_profile *p = NULL;
 	int rc = nf_store_profile_read(c->store, &p, NULL);
 	if (rc < 0) {
 		c->profile_error = rc;
-		return 0;
+		return false;
 	}
 	for (uint32_t i = 0; i < p->n_objects; i++) {
 		const struct nf_store_object *ob = nf_store_object_get(c->store, i);
@@ -1691,10 +1699,7 @@ static int hot_from_profile(struct nf_cache *c)
 	}
 	c->profile_tokens = p->tokens;
 	nf_store_profile_free(p);
-	if ((rc = nf_cache_hot_load(c)) < 0)
-		return rc;
-	c->hot_from_profile = true;
-	return 0;
+	return true;
 }
 
 /* ---- pinned -------------------------------------------------------------------------- */
