@@ -95,6 +95,29 @@ static double mib(uint64_t b)
 	return (double)b / (1024.0 * 1024.0);
 }
 
+/*
+ * What a memory cgroup charges beyond the resident set for a process that
+ * fills budget b: page tables (8 bytes per 4 KiB page: b/512, doubled for
+ * the tables' own rounding) and 4 MiB of kernel objects (I/O rings,
+ * thread stacks, slabs). On the 47B shape at 4 GiB the cgroup counted
+ * 11.8 MiB of kernel memory beside a VmHWM of 4089 MiB, and OOM-killed a
+ * run that had no room for it.
+ */
+static uint64_t kernel_allowance(uint64_t b)
+{
+	return (b / 256 + (4u << 20) + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
+}
+
+/* The least budget B with x + kernel_allowance(B) <= B: the minimum to
+ * state when x is what a run needs beside the allowance. */
+static uint64_t stated_min(uint64_t x)
+{
+	uint64_t b = (x + (4u << 20)) / 255 * 256;
+	while (x + kernel_allowance(b) > b)
+		b += 64u << 10;
+	return b;
+}
+
 static void say(const struct nf_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(const struct nf_engine *e, const char *fmt, ...)
 {
@@ -302,6 +325,9 @@ static int budget_error(const struct nf_engine *e, const struct fit *f, struct n
 {
 	const struct nf_engine_opts *o = &e->o;
 	uint64_t ctxb = nf_ctx_bytes(e->ctx);
+	/* the overhead's kernel allowance as it would be at the minimum */
+	uint64_t ka = kernel_allowance(o->budget), need = stated_min(f->need - ka);
+	uint64_t over = e->info.overhead - ka + kernel_allowance(need);
 	if (f->stream)
 		return nf_diag_fail(
 			d, NF_EBUDGET,
@@ -309,17 +335,17 @@ static int budget_error(const struct nf_engine *e, const struct fit *f, struct n
 			"needed (%.1f MiB pinned dense weights%s + %.1f MiB attention buffers + %.1f MiB KV cache and "
 			"scratch for -c %u + %.1f MiB engine and cache tables + %.1f MiB fixed overhead + %.1f MiB: %s "
 			"in the cache; a smaller -c or --kv-type f16 lowers the KV cache)",
-			mib(o->budget), e->store_path, mib(f->need), mib(f->dense + f->pin_bytes),
+			mib(o->budget), e->store_path, mib(need), mib(f->dense + f->pin_bytes),
 			f->pin ? " with --attn-pin-layers' attention" : "", mib(f->sbytes), mib(ctxb),
-			nf_ctx_n_ctx(e->ctx), mib(f->engine + f->meta + f->rec), mib(e->info.overhead),
-			mib(f->min_cold), f->cold_what);
+			nf_ctx_n_ctx(e->ctx), mib(f->engine + f->meta + f->rec), mib(over), mib(f->min_cold),
+			f->cold_what);
 	return nf_diag_fail(d, NF_EBUDGET,
 			    "--memory-budget %.1f MiB is too small for %s: at least %.1f MiB needed (%.1f MiB dense "
 			    "weights + %.1f MiB KV cache and scratch for -c %u + %.1f MiB engine and cache tables + "
 			    "%.1f MiB fixed overhead + %.1f MiB: %s in the cache; a smaller -c lowers the KV cache)",
-			    mib(o->budget), e->store_path, mib(f->need), mib(f->dense + f->attn), mib(ctxb),
-			    nf_ctx_n_ctx(e->ctx), mib(f->engine + f->meta + f->rec), mib(e->info.overhead),
-			    mib(f->min_cold), f->cold_what);
+			    mib(o->budget), e->store_path, mib(need), mib(f->dense + f->attn), mib(ctxb),
+			    nf_ctx_n_ctx(e->ctx), mib(f->engine + f->meta + f->rec), mib(over), mib(f->min_cold),
+			    f->cold_what);
 }
 
 /* The cache's options for fit f. */
@@ -653,14 +679,16 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 		    mib(o->budget), mib(weights), mib(e->info.reserved), mib(nf_ctx_bytes_kv(e->ctx)),
 		    o->kv_type == NF_KV_F16 ? "f16" : "f32", e->info.n_ctx, fitted,
 		    mib(e->info.reserved - nf_ctx_bytes_kv(e->ctx)), mib(e->info.overhead));
-		if (need > o->budget)
+		if (need > o->budget) {
+			uint64_t ka = kernel_allowance(o->budget), min = stated_min(need - ka);
 			return nf_diag_fail(d, NF_EBUDGET,
 					    "--memory-budget %.1f MiB is too small for %s: at least %.1f MiB needed "
 					    "(%.1f MiB of weights held in memory + %.1f MiB KV cache and scratch + "
 					    "%.1f MiB fixed overhead; a smaller -c lowers the KV cache, a store from "
 					    "`nflash import` streams the FFN)",
-					    mib(o->budget), o->path, mib(need), mib(weights), mib(e->info.reserved),
-					    mib(e->info.overhead));
+					    mib(o->budget), o->path, mib(min), mib(weights), mib(e->info.reserved),
+					    mib(e->info.overhead - ka + kernel_allowance(min)));
+		}
 	} else {
 		e->info.weights = weights;
 	}
@@ -804,6 +832,8 @@ int nf_engine_open(const struct nf_engine_opts *opts, struct nf_engine **out, st
 		e->info.overhead = ((rss0 + held + (4u << 20) - 1) & ~(uint64_t)((4u << 20) - 1)) + NF_ENGINE_SLACK;
 	else if (held)
 		e->info.overhead += (held + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
+	if (o->budget)
+		e->info.overhead += kernel_allowance(o->budget);
 	if (o->stream_attn && !nf_model_store(e->model)) {
 		rc = nf_diag_fail(d, NF_EUSAGE,
 				  "--stream-attn: %s is a GGUF; attention is streamed from a store (nflash import)",
