@@ -820,18 +820,15 @@ int nf_engine_open(const struct nf_engine_opts *opts, struct nf_engine **out, st
 	 * (open_cache pins or streams it). */
 	struct nf_model_opts mo = { .prefault = !o->ffn_store && !o->io_mmap, .store_unpack_ffn = off,
 				    .store_defer_attn = !off };
-	uint64_t rss0 = proc_status_bytes("VmRSS");
 	if ((rc = nf_model_load(o->path, &mo, &e->model, d)) < 0)
 		goto fail;
-	/* what the load holds beside the weights (a store's object table,
-	 * permutations and bundle checksums: 41 MiB on the 47B Mixtral shape)
-	 * is overhead too: measured, so that nothing is left to chance */
-	uint64_t rss1 = proc_status_bytes("VmRSS"), w = nf_model_weight_bytes(e->model);
-	uint64_t held = rss0 && rss1 > rss0 + w ? rss1 - rss0 - w : 0;
-	if (held && !o->overhead) /* rounded with the rest, as nf_engine_overhead_now rounds */
-		e->info.overhead = ((rss0 + held + (4u << 20) - 1) & ~(uint64_t)((4u << 20) - 1)) + NF_ENGINE_SLACK;
-	else if (held)
-		e->info.overhead += (held + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
+	/* what a store-backed model holds beside its weights (the store's
+	 * object table, permutations and bundle checksums: 30 MiB on the 47B
+	 * Mixtral shape) is overhead too; counted, not measured, so that two
+	 * opens in one process state the same minimum */
+	if (nf_model_store(e->model))
+		e->info.overhead += (nf_store_mem_bytes(nf_model_store(e->model)) + (1u << 20) - 1) &
+				    ~(uint64_t)((1u << 20) - 1);
 	if (o->budget)
 		e->info.overhead += kernel_allowance(o->budget);
 	if (o->stream_attn && !nf_model_store(e->model)) {

@@ -694,6 +694,11 @@ const struct nf_store_info *nf_store_info(const struct nf_store *s)
 	return &s->info;
 }
 
+uint64_t nf_store_mem_bytes(const struct nf_store *s)
+{
+	return sizeof(*s) + s->info.table_length + (uint64_t)s->info.n_objects * sizeof(*s->objs);
+}
+
 const char *nf_store_path(const struct nf_store *s)
 {
 	return s->path;

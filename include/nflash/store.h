@@ -152,6 +152,9 @@ void nf_store_close(struct nf_store *s);
 bool nf_store_probe(const char *path);
 
 const struct nf_store_info *nf_store_info(const struct nf_store *s);
+/* What an open store holds in memory: its object table (permutations,
+ * bundle and extent checksums) and the parsed objects. */
+uint64_t nf_store_mem_bytes(const struct nf_store *s);
 const char *nf_store_path(const struct nf_store *s);
 const struct nf_io_sys *nf_store_sys(const struct nf_store *s);
 uint32_t nf_store_object_count(const struct nf_store *s);
