@@ -68,7 +68,7 @@ Test(pipeline, budget_holds_and_too_small_is_refused)
 	 * rest goes hot), the logits are the same (windows and halved batches
 	 * are checked bit for bit in pipeline/store_backed_equals_memory) */
 	static char out2[1 << 16];
-	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13,300,72,101,259 -c 64 -t 2 --memory-budget 80M", store);
+	snprintf(args, sizeof(args), "eval -m %s --ids 1,278,263,13,300,72,101,259 -c 64 -t 2 --memory-budget 88M", store);
 	cr_assert_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 	cr_expect(strstr(err, "cold 32.0 MiB / 8192 slots"), "default: one layer cold: %s", err);
 	strncat(args, " --cold-slots 128", sizeof(args) - strlen(args) - 1);
