@@ -240,6 +240,11 @@ static int calib_ids(const struct nf_plan_opts *o, struct nf_engine *e, size_t w
 struct budget_plan {
 	uint64_t budget;
 	struct nf_store_plan_entry chosen; /* the best plan found for it */
+	/* when chosen streams attention: the best with attention pinned in a
+	 * shorter context (SHORT_CTX tokens), which a decode probe weighs
+	 * against it (measure_context) */
+	struct nf_store_plan_entry alt;
+	bool has_alt;
 	struct nf_engine_info info;   /* the engine's dry run at this budget */
 	uint64_t dense_bytes, attn_stream_bytes;
 	double *active;               /* [n_layer] */
@@ -261,6 +266,7 @@ struct variant {
 	uint32_t n_batch;
 	bool stream_attn;
 	int cold_slots;
+	uint32_t n_ctx; /* 0: the engine's fit */
 };
 
 static int dry_run(const struct nf_plan_opts *o, uint64_t overhead, const struct variant *v, struct budget_plan *b,
@@ -273,6 +279,7 @@ static int dry_run(const struct nf_plan_opts *o, uint64_t overhead, const struct
 	eo.n_batch = v->n_batch;
 	eo.stream_attn = v->stream_attn;
 	eo.cold_slots = v->cold_slots;
+	eo.n_ctx = v->n_ctx;
 	eo.n_threads = o->n_threads;
 	eo.use_plan = false;
 	eo.size_only = true;
@@ -1035,6 +1042,51 @@ static int measure_choices(const struct nf_plan_opts *o, uint64_t overhead, bool
 	return 0;
 }
 
+/*
+ * Where the engine's context fit leaves attention streamed, the search
+ * also finds the best plan with attention pinned in a context of
+ * SHORT_CTX tokens (budget_plan.alt): every token then reads its FFN
+ * misses alone, not behind the attention's megabytes. The cost model
+ * prices streamed attention from the device curve's large reads, which a
+ * throttled virtual disk serves at burst or at its sustained rate from one
+ * pass to the next (1 MiB reads at depth 8: 1.7 to 7.4 GB/s within one
+ * plan; the 7B at 1.5 GiB predicted 3.69 tok/s streamed and decoded 1.6-1.8,
+ * its FFN reads queued behind attention's), so the two are decoded in turn,
+ * CHOICE_ROUNDS times each, and the shorter context is taken only when it
+ * is CTX_MARGIN faster: a shorter context costs the user prompt room.
+ */
+#define SHORT_CTX 128u
+#define CTX_MARGIN 0.10
+
+static int measure_context(const struct nf_plan_opts *o, uint64_t overhead, const int32_t *ids,
+			   struct budget_plan *b, struct nf_diag *d)
+{
+	if (!b->has_alt)
+		return 0;
+	const struct choice plain = { 0, 0, 0, 0, true };
+	double t[2] = { 0, 0 };
+	for (int r = 0; r < CHOICE_ROUNDS; r++)
+		for (int k = 0; k < 2; k++) {
+			double tt = 0, bb = 0;
+			enum nf_sparse_mode mode;
+			int rc = decode_probe(o, overhead, k ? &b->alt : &b->chosen, &plain, ids, &tt, &bb, &mode);
+			if (rc < 0) {
+				if (k == 1 || rc == -EAGAIN)
+					return 0; /* keep the engine's context */
+				return nf_diag_fail(d, rc, "%s: probing a decode under %.1f MiB", o->store,
+						    (double)b->budget / 1048576.0);
+			}
+			t[k] += tt / CHOICE_ROUNDS;
+		}
+	bool take = t[1] < t[0] * (1.0 - CTX_MARGIN);
+	logf_(o, "%.1f MiB: a decode token measured with -c %u, attention streamed, %.1f ms; with -c %u, attention "
+		 "pinned, %.1f ms (means of %d): %s", (double)b->budget / 1048576.0, b->chosen.n_ctx, t[0] * 1e3,
+	      b->alt.n_ctx, t[1] * 1e3, CHOICE_ROUNDS, take ? "the shorter context taken" : "the engine's context kept");
+	if (take)
+		b->chosen = b->alt;
+	return 0;
+}
+
 /* The engine probe's figures, solved from one pair of probes */
 struct probe_fit {
 	double iops, layer_s, verify_spb;
@@ -1273,7 +1325,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 		return nf_diag_fail(d, NF_EUSAGE, "plan: a store and at least one --memory-budget are required");
 	/* what a run of the engine holds before it allocates: this process
 	 * now, before it measures and calibrates */
-	uint64_t overhead = nf_engine_overhead_now();
+	uint64_t overhead = o->overhead ? o->overhead : nf_engine_overhead_now();
 	if ((rc = nf_store_open(o->store, NULL, &s, d)) < 0)
 		return rc;
 	if (!(np = calloc(1, sizeof(*np))) || !(budgets = malloc(o->n_budgets * sizeof(uint64_t))) ||
@@ -1415,15 +1467,23 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	for (uint32_t i = 0; i < o->n_budgets; i++) {
 		struct nf_diag bd = { 0 };
 		bool found = false, found_windowed = false;
+		bool alt_windowed = false;
+		uint32_t def_ctx = 0;
 		struct {
 			uint32_t n_batch;
 			struct nf_engine_info info;
-		} seen[3 * 2 * 4];
+		} seen[2 * 3 * 2 * 4];
 		uint32_t n_seen = 0;
+		for (int cx = 0; cx < 2; cx++)
 		for (size_t nb = 0; nb < sizeof(k_batches) / sizeof(k_batches[0]); nb++)
 			for (int st = 0; st < 2; st++)
 				for (size_t kc = 0; kc < sizeof(k_colds) / sizeof(k_colds[0]); kc++) {
-					struct variant v = { k_batches[nb], st == 1, k_colds[kc] };
+					/* the shorter context only where the engine's
+					 * fit streams attention, and only pinned */
+					if (cx == 1 && (st == 1 || !found || def_ctx <= SHORT_CTX ||
+							!(bp[i].chosen.flags & NF_STORE_PLAN_F_STREAM_ATTN)))
+						continue;
+					struct variant v = { k_batches[nb], st == 1, k_colds[kc], cx ? SHORT_CTX : 0 };
 					struct budget_plan cand = { .budget = budgets[i] };
 					struct nf_diag vd = { 0 };
 					if ((rc = dry_run(o, overhead, &v, &cand, &vd)) < 0) {
@@ -1431,14 +1491,21 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 							nf_diag_fail(d, rc, "%s", nf_diag_msg(&vd, rc));
 							goto out;
 						}
-						if (kc == 0 && st == 0)
+						if (cx == 0 && kc == 0 && st == 0)
 							bd = vd;   /* the engine's own choice: its message */
+						continue;
+					}
+					if (cx == 0 && !def_ctx)
+						def_ctx = cand.info.n_ctx;
+					if (cx == 1 && cand.info.attn_streamed) {
+						budget_free(&cand);
 						continue;
 					}
 					/* the same decisions reached another way: replayed already */
 					bool dup = false;
 					for (uint32_t k = 0; k < n_seen && !dup; k++)
 						dup = seen[k].n_batch == v.n_batch &&
+						      seen[k].info.n_ctx == cand.info.n_ctx &&
 						      seen[k].info.attn_streamed == cand.info.attn_streamed &&
 						      seen[k].info.attn_pinned_layers == cand.info.attn_pinned_layers &&
 						      seen[k].info.cold_slots == cand.info.cold_slots &&
@@ -1471,6 +1538,18 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 					       engine_iops, layer_s, verify_spb, &e);
 					e.n_batch = k_batches[nb];
 					budget_free(&cand);
+					if (cx == 1) {
+						bool better = !bp[i].has_alt ||
+							      (windowed == alt_windowed
+								       ? e.t_token_s < bp[i].alt.t_token_s * 0.99
+								       : !windowed);
+						if (better) {
+							bp[i].alt = e;
+							bp[i].has_alt = true;
+							alt_windowed = windowed;
+						}
+						continue;
+					}
 					bool better = !found || (windowed == found_windowed
 									 ? e.t_token_s < bp[i].chosen.t_token_s * 0.99
 									 : !windowed);
@@ -1502,7 +1581,8 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 		for (uint32_t i = 0; i < o->n_budgets; i++) {
 			if (!bp[i].budget || (i && budgets[i] == budgets[i - 1]))
 				continue;
-			if ((rc = measure_choices(o, overhead, g.n_expert > 1, gate_rows, ids + n_ids - PROBE_TOKENS,
+			if ((rc = measure_context(o, overhead, ids + n_ids - PROBE_TOKENS, &bp[i], d)) < 0 ||
+			    (rc = measure_choices(o, overhead, g.n_expert > 1, gate_rows, ids + n_ids - PROBE_TOKENS,
 						  &bp[i].chosen, d)) < 0)
 				goto out;
 		}

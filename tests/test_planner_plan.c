@@ -349,6 +349,104 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 }
 
 
+/* The engine's own fit at budget b with n_ctx (0: its rule), sized only;
+ * lean: the smallest prompt batch and cold segment the planner tries. 1
+ * when attention streams, 0 when pinned, < 0 when refused. */
+static int streams_at(uint64_t b, uint32_t n_ctx, bool lean, uint64_t overhead)
+{
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.path = store;
+	o.budget = b;
+	o.n_ctx = n_ctx;
+	if (lean) {
+		o.n_batch = 16;
+		o.cold_slots = 128;
+	}
+	o.n_threads = 2;
+	o.use_plan = false;
+	o.size_only = true;
+	o.overhead = overhead;
+	struct nf_engine *e = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_engine_open(&o, &e, &d);
+	if (rc < 0)
+		return rc;
+	struct nf_engine_info info;
+	nf_engine_info(e, &info);
+	nf_engine_close(e);
+	return info.attn_streamed;
+}
+
+/*
+ * Where the engine's context fit leaves attention streamed and a context
+ * of 128 tokens would pin it, the plan decodes both in turn and keeps the
+ * faster (docs/PLAN.md "Measured choices"); either way the engine follows
+ * the entry with the bits of an unplanned run given its settings.
+ */
+Test(planner, streamed_attention_is_weighed_against_a_shorter_context, .fini = drop_model)
+{
+	pl_make_wide_model("plan-ctx", 4096, gguf, store, sizeof(gguf));
+	/* a budget in the window: streamed at the engine's context however
+	 * lean the other settings, pinned at 128 tokens */
+	uint64_t ov = nf_engine_overhead_now(), lo = 0, hi = 0;
+	for (uint64_t b = ov + (8ull << 20); b < ov + (256ull << 20); b += 1ull << 20) {
+		bool in = streams_at(b, 0, true, ov) == 1 && streams_at(b, 128, true, ov) == 0;
+		if (in && !lo)
+			lo = b;
+		if (in)
+			hi = b;
+		else if (lo)
+			break;
+	}
+	cr_assert(lo, "no budget streams attention at the engine's context and pins it at 128 tokens");
+	uint64_t budget = (lo + hi) / 2 >> 20 << 20;
+	budget = budget < lo ? lo : budget;
+
+	char logp[300];
+	pl_tmp_path(logp, sizeof(logp), "plan-ctx-log");
+	FILE *log = fopen(logp, "w+");
+	cr_assert_not_null(log);
+	struct nf_plan_opts o;
+	nf_plan_opts_default(&o);
+	o.store = store;
+	o.budgets = &budget;
+	o.n_budgets = 1;
+	o.calib_tokens = 32;
+	o.n_threads = 2;
+	o.device.seconds = 1.0;
+	o.overhead = ov; /* the window's, whatever this process holds by then */
+	o.log = log;
+	struct nf_store_plan *p = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_plan_run(&o, &p, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	static char text[1 << 16];
+	rewind(log);
+	size_t n = fread(text, 1, sizeof(text) - 1, log);
+	text[n] = 0;
+	fclose(log);
+	unlink(logp);
+	cr_expect(strstr(text, "attention streamed") && strstr(text, "with -c 128, attention pinned"),
+		  "budget %llu: the shorter context was not measured:\n%s", (unsigned long long)budget, text);
+	const struct nf_store_plan_entry *e = &p->entries[0];
+	bool pinned = !(e->flags & NF_STORE_PLAN_F_STREAM_ATTN);
+	cr_expect(pinned ? e->n_ctx == 128 : e->n_ctx > 128, "-c %u, attention %s", e->n_ctx,
+		  pinned ? "pinned" : "streamed");
+
+	struct nf_engine *e1, *e2;
+	cr_assert_eq(open_at(budget, true, NULL, &e1, &d), 0, "%s", d.msg);
+	struct nf_engine_info info;
+	nf_engine_info(e1, &info);
+	cr_expect_eq(info.plan_budget, budget);
+	cr_expect_eq(info.n_ctx, e->n_ctx);
+	cr_expect_eq(info.attn_streamed, !pinned);
+	cr_assert_eq(open_at(budget, false, e, &e2, &d), 0, "%s", d.msg);
+	static const int32_t ids[8] = { 1, 278, 263, 13, 300, 72, 101, 259 };
+	expect_same_run(e1, e2, ids);
+	nf_store_plan_free(p);
+}
+
 /*
  * A mixture of experts in exact mode from a store with gate rows: the plan
  * measures route-ahead prefetch and gate-first reads at each budget and

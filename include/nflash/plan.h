@@ -163,6 +163,10 @@ struct nf_plan_opts {
 	uint32_t bundle_align;
 	bool remeasure;             /* measure the device again even if the store has it */
 	int n_threads;              /* 0: all CPUs */
+	/* What a run of the engine holds before it allocates, counted in each
+	 * budget (nf_engine_opts.overhead); 0 (default): this process's now,
+	 * before it measures and calibrates */
+	uint64_t overhead;
 	struct nf_plan_device_opts device;
 	FILE *log;                  /* what it does, step by step; NULL: nothing */
 	const struct nf_plan_progress *progress;
