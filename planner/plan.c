@@ -35,6 +35,7 @@
 #include "nflash/sampler.h"
 #include "nflash/sparse.h"
 #include "nflash/store.h"
+#include "nflash/stream.h"
 #include "nflash/tokenizer.h"
 
 /* Read gaps and queue depths the planner chooses from. */
@@ -115,7 +116,7 @@ void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model
 	if (mem > 0 && gbs_ffn > mem)
 		gbs_ffn = mem;
 	double t_dense = gbs_dense > 0 ? m->dense_bytes / gbs_dense : 0;
-	double t_ffn = 0, t_io = 0, t_wait = 0, t_layers = 0, bytes = 0, reads = 0;
+	double t_ffn = 0, t_io = 0, t_layers = 0, bytes = 0, reads = 0;
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		double R = m->runs[l], N = m->bundles[l];
 		double b = N * m->stride;
@@ -148,7 +149,6 @@ void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model
 		 * first read's latency) */
 		double c = comp + cpu, r = R > 0 ? io + lat : 0;
 		t_layers += (c > r ? c : r) + m->layer_overhead_s;
-		t_wait += r > c ? r - c : 0;
 		t_ffn += c + m->layer_overhead_s; /* as the engine counts compute: all but the I/O wait */
 		t_io += r;
 		bytes += b;
@@ -156,20 +156,28 @@ void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model
 	}
 	double t_attn_io = 0;
 	if (m->attn_stream_bytes > 0) {
-		double mbs = nf_plan_device_mb_s(dev, 1 << 20, 4);
+		/* a layer's attention goes out as 1 MiB reads, a group of
+		 * them at once (docs/PIPELINE.md "Streamed attention") */
+		double mbs = m->attn_mb_s > 0 ? m->attn_mb_s : nf_plan_device_mb_s(dev, 1 << 20, 8);
 		t_attn_io = mbs > 0 ? m->attn_stream_bytes / (mbs * 1e6) : 0;
 		bytes += m->attn_stream_bytes;
 	}
-	/* streamed attention: layer L + 1 is read while layer L computes */
-	double t_d = t_dense > t_attn_io ? t_dense : t_attn_io;
-	double t = t_d + t_layers;
+	/* The compute path: dense work, then each layer's FFN as its reads
+	 * land. Streamed attention reads layer L + 1 through all of layer
+	 * L's work, attention and FFN alike, on the device that serves the
+	 * FFN's reads too: the token takes at least the device's time for
+	 * both (on the 7B at 1 GiB, 1.2 GB of attention a token, the FFN's
+	 * 6800 small reads waited behind it, and the old sum of dense time
+	 * or stream time, whichever longer, and the FFN's, was 1.4x the runs) */
+	double t_cpu = t_dense + t_layers, t_dev = t_attn_io + t_io;
+	double t = t_cpu > t_dev ? t_cpu : t_dev;
 	e->t_dense_s = t_dense;
 	e->t_ffn_s = t_ffn;
 	e->t_io_s = t_io + t_attn_io;
 	e->t_token_s = t;
 	e->tok_per_s = t > 0 ? 1.0 / t : 0;
-	double wait = t_wait + (t_attn_io > t_dense ? t_attn_io - t_dense : 0);
-	e->io_wait_share = t > 0 ? (wait / t > 1 ? 1 : wait / t) : 0;
+	double wait = t - (t_dense + t_ffn);
+	e->io_wait_share = t > 0 ? (wait < 0 ? 0 : wait / t > 1 ? 1 : wait / t) : 0;
 	e->bytes_per_token = bytes;
 	e->reads_per_token = reads;
 }
@@ -256,6 +264,7 @@ static void budget_free(struct budget_plan *b)
 	free(b->active);
 	free(b->runs);
 	free(b->bundles);
+	b->active = b->runs = b->bundles = NULL;
 }
 
 /* The engine's own decisions at budget b (nothing opened but the model and
@@ -772,26 +781,40 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* What the cost model takes beside a candidate's own figures: the same
+ * for every budget of one plan. */
+struct cost_in {
+	const struct nf_store_plan *dev;
+	uint32_t n_layer, ffn_dtype, dense_dtype, threads;
+	double neuron_bytes, engine_iops, layer_s, verify_spb;
+};
+
+/* The cost model's view of candidate b read with gap k_gaps[k]. */
+static void model_of(const struct cost_in *ci, const struct budget_plan *b, size_t k, struct nf_plan_model *m)
+{
+	*m = (struct nf_plan_model){
+		.n_layer = ci->n_layer, .stride = b->info.stride, .threads = ci->threads,
+		.dense_bytes = (double)b->dense_bytes, .attn_stream_bytes = (double)b->attn_stream_bytes,
+		.ffn_dtype = ci->ffn_dtype, .dense_dtype = ci->dense_dtype, .active = b->active,
+		.runs = b->runs + k * ci->n_layer, .bundles = b->bundles + k * ci->n_layer,
+		.compute_bytes_per_neuron = ci->neuron_bytes, .engine_iops = ci->engine_iops,
+		.layer_overhead_s = ci->layer_s, .verify_s_per_byte = ci->verify_spb,
+	};
+}
+
 /* Choose qd and gap for b; the entry records them and the engine's own
  * decisions. */
-static void choose(const struct nf_store_plan *dev, const struct budget_plan *b, const struct nf_engine_info *info,
-		   uint32_t n_layer, uint32_t ffn_dtype, uint32_t dense_dtype, uint32_t threads, double neuron_bytes,
-		   double engine_iops, double layer_s, double verify_spb, struct nf_store_plan_entry *best)
+static void choose(const struct cost_in *ci, const struct budget_plan *b, struct nf_store_plan_entry *best)
 {
+	const struct nf_engine_info *info = &b->info;
 	memset(best, 0, sizeof(*best));
 	best->t_token_s = INFINITY;
 	for (size_t k = 0; k < N_GAPS; k++)
 		for (size_t q = 0; q < N_QDS; q++) {
-			struct nf_plan_model m = {
-				.n_layer = n_layer, .stride = info->stride, .threads = threads,
-				.dense_bytes = (double)b->dense_bytes, .attn_stream_bytes = (double)b->attn_stream_bytes,
-				.ffn_dtype = ffn_dtype, .dense_dtype = dense_dtype, .active = b->active,
-				.runs = b->runs + k * n_layer, .bundles = b->bundles + k * n_layer,
-				.compute_bytes_per_neuron = neuron_bytes, .engine_iops = engine_iops,
-				.layer_overhead_s = layer_s, .verify_s_per_byte = verify_spb,
-			};
+			struct nf_plan_model m;
+			model_of(ci, b, k, &m);
 			struct nf_store_plan_entry e = { 0 };
-			nf_plan_predict(dev, &m, k_qds[q], &e);
+			nf_plan_predict(ci->dev, &m, k_qds[q], &e);
 
 			/* 1% better to take a wider gap; 20% (the model's own
 			 * accuracy) to take a shallower queue than the best's:
@@ -845,18 +868,28 @@ struct probe {
 	double bytes, verify;  /* per measured token: bytes read, seconds of crc32c over them */
 };
 
+/* Per measured token of a decode probe: streamed attention's bytes and
+ * the seconds compute waited for them (0 and 0 when attention is pinned). */
+struct attn_probe {
+	double bytes, t_wait;
+};
+
 /* Decode ids[0..PROBE_TOKENS) one token at a time; the counters and the
- * wall time per token of the last PROBE_TOKENS - PROBE_WARM. */
+ * wall time per token of the last PROBE_TOKENS - PROBE_WARM; attention's
+ * stream too if ap. */
 static int probe_decode(struct nf_engine *e, const int32_t *ids, struct nf_cache_stats *cs,
-			struct nf_sparse_stats *ss, double *t_tok)
+			struct nf_sparse_stats *ss, struct attn_probe *ap, double *t_tok)
 {
 	struct nf_cache *c = nf_engine_cache(e);
 	struct nf_sparse *sp = nf_engine_sparse(e);
+	struct nf_stream_stats a0 = { 0 }, a1 = { 0 };
+	bool streamed = false;
 	double t0 = now_s();
 	for (size_t i = 0; i < PROBE_TOKENS; i++) {
 		if (i == PROBE_WARM) {
 			nf_cache_stats_reset(c);
 			nf_sparse_stats_reset(sp);
+			streamed = nf_ctx_attn_stats(nf_engine_ctx(e), &a0);
 			t0 = now_s();
 		}
 		int rc = nf_ctx_eval(nf_engine_ctx(e), &ids[i], 1);
@@ -866,6 +899,13 @@ static int probe_decode(struct nf_engine *e, const int32_t *ids, struct nf_cache
 	*t_tok = (now_s() - t0) / (PROBE_TOKENS - PROBE_WARM);
 	nf_cache_stats_get(c, cs);
 	nf_sparse_stats_get(sp, ss);
+	if (ap) {
+		*ap = (struct attn_probe){ 0 };
+		if (streamed && nf_ctx_attn_stats(nf_engine_ctx(e), &a1)) {
+			ap->bytes = (double)(a1.bytes_read - a0.bytes_read) / (PROBE_TOKENS - PROBE_WARM);
+			ap->t_wait = (a1.t_wait - a0.t_wait) / (PROBE_TOKENS - PROBE_WARM);
+		}
+	}
 	return 0;
 }
 
@@ -897,7 +937,7 @@ static int probe_one(const struct nf_plan_opts *o, uint64_t overhead, uint64_t b
 	struct nf_cache_stats cs;
 	struct nf_sparse_stats ss;
 	double t_tok;
-	if ((rc = probe_decode(e, ids, &cs, &ss, &t_tok)) < 0)
+	if ((rc = probe_decode(e, ids, &cs, &ss, NULL, &t_tok)) < 0)
 		goto out;
 	out->reads = (double)cs.requests / (PROBE_TOKENS - PROBE_WARM);
 	out->bytes = (double)cs.bytes_read / (PROBE_TOKENS - PROBE_WARM);
@@ -932,7 +972,7 @@ struct choice {
  * and gate rows) per token. NF_EUSAGE: the variant cannot run here. */
 static int decode_probe(const struct nf_plan_opts *o, uint64_t overhead, const struct nf_store_plan_entry *pe,
 			const struct choice *v, const int32_t *ids, double *t_tok, double *bytes_tok,
-			enum nf_sparse_mode *mode)
+			enum nf_sparse_mode *mode, struct attn_probe *ap)
 {
 	struct nf_engine *e = NULL;
 	struct nf_diag d = { 0 };
@@ -964,7 +1004,7 @@ static int decode_probe(const struct nf_plan_opts *o, uint64_t overhead, const s
 	*mode = nf_sparse_mode_of(sp);
 	struct nf_cache_stats cs;
 	struct nf_sparse_stats ss;
-	if ((rc = probe_decode(e, ids, &cs, &ss, t_tok)) < 0)
+	if ((rc = probe_decode(e, ids, &cs, &ss, ap, t_tok)) < 0)
 		goto out;
 	*bytes_tok = (double)(cs.bytes_read + ss.gate_bytes) / (PROBE_TOKENS - PROBE_WARM);
 	rc = 0;
@@ -1000,7 +1040,7 @@ static int measure_choices(const struct nf_plan_opts *o, uint64_t overhead, bool
 			if (!v[k].ok)
 				continue;
 			double t = 0, b = 0;
-			int rc = decode_probe(o, overhead, pe, &v[k], ids, &t, &b, &mode);
+			int rc = decode_probe(o, overhead, pe, &v[k], ids, &t, &b, &mode, NULL);
 			if (rc == NF_EUSAGE && k == 2) { /* no gate rows, or not exact mode */
 				v[k].ok = false;
 				continue;
@@ -1058,18 +1098,28 @@ static int measure_choices(const struct nf_plan_opts *o, uint64_t overhead, bool
 #define SHORT_CTX 128u
 #define CTX_MARGIN 0.10
 
+/* The streamed plan's decode, measured: seconds a token and its stream's
+ * figures, means over the rounds; n: rounds taken (0: none). */
+struct stream_meas {
+	double t;
+	struct attn_probe a;
+	int n;
+};
+
 static int measure_context(const struct nf_plan_opts *o, uint64_t overhead, const int32_t *ids,
-			   struct budget_plan *b, struct nf_diag *d)
+			   struct budget_plan *b, struct stream_meas *sm, struct nf_diag *d)
 {
 	if (!b->has_alt)
 		return 0;
 	const struct choice plain = { 0, 0, 0, 0, true };
 	double t[2] = { 0, 0 };
+	struct stream_meas acc = { 0 };
 	for (int r = 0; r < CHOICE_ROUNDS; r++)
 		for (int k = 0; k < 2; k++) {
 			double tt = 0, bb = 0;
 			enum nf_sparse_mode mode;
-			int rc = decode_probe(o, overhead, k ? &b->alt : &b->chosen, &plain, ids, &tt, &bb, &mode);
+			struct attn_probe ap;
+			int rc = decode_probe(o, overhead, k ? &b->alt : &b->chosen, &plain, ids, &tt, &bb, &mode, &ap);
 			if (rc < 0) {
 				if (k == 1 || rc == -EAGAIN)
 					return 0; /* keep the engine's context */
@@ -1077,13 +1127,91 @@ static int measure_context(const struct nf_plan_opts *o, uint64_t overhead, cons
 						    (double)b->budget / 1048576.0);
 			}
 			t[k] += tt / CHOICE_ROUNDS;
+			if (k == 0) {
+				acc.t += tt / CHOICE_ROUNDS;
+				acc.a.bytes += ap.bytes / CHOICE_ROUNDS;
+				acc.a.t_wait += ap.t_wait / CHOICE_ROUNDS;
+				acc.n++;
+			}
 		}
 	bool take = t[1] < t[0] * (1.0 - CTX_MARGIN);
+	if (!take)
+		*sm = acc;
 	logf_(o, "%.1f MiB: a decode token measured with -c %u, attention streamed, %.1f ms; with -c %u, attention "
 		 "pinned, %.1f ms (means of %d): %s", (double)b->budget / 1048576.0, b->chosen.n_ctx, t[0] * 1e3,
 	      b->alt.n_ctx, t[1] * 1e3, CHOICE_ROUNDS, take ? "the shorter context taken" : "the engine's context kept");
 	if (take)
 		b->chosen = b->alt;
+	return 0;
+}
+
+/*
+ * Streamed attention's pace, measured where the plan streams it. The
+ * device curve's 1 MiB reads are a burst figure one pass and a sustained
+ * one the next on a throttled virtual disk (at depth 8: 1.3 to 7.4 GB/s
+ * between two plans of the 7B), and a token that streams 1.2 GB of
+ * attention meets the sustained one, beside its FFN's reads. So the
+ * chosen plan is decoded (measure_context's rounds, when it ran), and the
+ * stream's rate is solved from the cost model's own terms. When the token
+ * took longer than the compute path (by STREAM_BOUND), it is the device's
+ * time for the stream and the FFN's reads: the FFN's as predicted, the
+ * rest the stream's. Else the stream kept up, and its rate is at least what
+ * that leaves (the curve's, if higher). The entry is predicted again at
+ * that rate. Compute's own waits for attention do not tell: on the 7B at
+ * 1 GiB the stream's groups were ready when asked (0.0 ms of 728), while
+ * the FFN's small reads waited behind them.
+ */
+#define STREAM_BOUND 0.05
+
+static int measure_stream(const struct nf_plan_opts *o, uint64_t overhead, const int32_t *ids,
+			  const struct cost_in *ci, struct budget_plan *b, struct stream_meas *sm)
+{
+	struct nf_store_plan_entry *pe = &b->chosen;
+	if (!(pe->flags & NF_STORE_PLAN_F_STREAM_ATTN) || !b->attn_stream_bytes || !b->active)
+		return 0;
+	const struct choice plain = { 0, 0, 0, 0, true };
+	for (int r = sm->n; r < CHOICE_ROUNDS; r++) {
+		double tt = 0, bb = 0;
+		enum nf_sparse_mode mode;
+		struct attn_probe ap;
+		int rc = decode_probe(o, overhead, pe, &plain, ids, &tt, &bb, &mode, &ap);
+		if (rc < 0)
+			return rc == -EAGAIN || rc == NF_EBUDGET ? 0 : rc;
+		/* measure_context's rounds and these, averaged alike */
+		sm->t = (sm->t * sm->n + tt) / (sm->n + 1);
+		sm->a.bytes = (sm->a.bytes * sm->n + ap.bytes) / (sm->n + 1);
+		sm->a.t_wait = (sm->a.t_wait * sm->n + ap.t_wait) / (sm->n + 1);
+		sm->n++;
+	}
+	if (sm->t <= 0 || sm->a.bytes <= 0)
+		return 0;
+	size_t k = 0;
+	while (k + 1 < N_GAPS && k_gaps[k] != pe->read_gap)
+		k++;
+	struct nf_plan_model m;
+	model_of(ci, b, k, &m);
+	double curve = nf_plan_device_mb_s(ci->dev, 1 << 20, 8);
+	/* the compute path and the FFN's reads alone: the stream free */
+	struct nf_store_plan_entry e0 = { 0 };
+	m.attn_mb_s = 1e12;
+	nf_plan_predict(ci->dev, &m, pe->qd, &e0);
+	double left = sm->t - e0.t_io_s, floor_s = 0.1 * sm->t;
+	double mbs = m.attn_stream_bytes / ((left > floor_s ? left : floor_s) * 1e6);
+	bool bound = sm->t > e0.t_token_s * (1.0 + STREAM_BOUND);
+	if (!bound && curve > mbs)
+		mbs = curve;
+	m.attn_mb_s = mbs;
+	struct nf_store_plan_entry e = *pe;
+	nf_plan_predict(ci->dev, &m, pe->qd, &e);
+	logf_(o, "%.1f MiB: attention streamed %.0f MB a token at %.0f MB/s beside the FFN's reads (a decode of -c %u, "
+		 "%.1f ms a token, %.1f ms of it waiting for attention; the device curve's 1 MiB reads: %.0f MB/s): "
+		 "predicted %.2f tok/s, not %.2f",
+	      (double)b->budget / 1048576.0, sm->a.bytes / 1e6, mbs, pe->n_ctx, sm->t * 1e3, sm->a.t_wait * 1e3, curve,
+	      e.tok_per_s, pe->tok_per_s);
+	pe->tok_per_s = e.tok_per_s;
+	pe->io_wait_share = e.io_wait_share;
+	pe->t_io_s = e.t_io_s;
+	pe->t_token_s = e.t_token_s;
 	return 0;
 }
 
@@ -1095,10 +1223,19 @@ struct probe_fit {
 
 /* Which budgets the probes run under: the smallest that runs with
  * pinned attention (lo) and the largest that fits beside the calibration
- * engine (hi); found by the first pair, kept by the others. */
+ * engine (hi); found by the first pair, kept by the others. The budgets
+ * planned come first; where none of them pins attention (a plan of 1 GiB
+ * alone for the 7B), or none above lo fits, budgets of PROBE_EXTRA times the
+ * largest are tried too. The probe is of the engine's own pace, and
+ * streamed attention's reads would share its time: under the 7B's 1 GiB
+ * it took back 32K reads a second, against 172K with attention pinned.
+ * Only where no budget pins it does lo stream. */
+#define N_EXTRA 3
+static const double k_extra[N_EXTRA] = { 1.5, 2.0, 3.0 };
 struct probe_state {
-	uint32_t ilo, ihi;
-	bool searched;
+	uint64_t *b;
+	uint32_t n, n_listed, ilo, ihi;
+	bool searched, lo_streams;
 };
 
 static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uint64_t *budgets,
@@ -1108,22 +1245,37 @@ static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uin
 	*f = (struct probe_fit){ 0 };
 	if (!ps->searched) {
 		ps->searched = true;
-		ps->ilo = ps->ihi = o->n_budgets;
-		for (uint32_t i = 0; i < o->n_budgets && ps->ilo == o->n_budgets; i++)
-			if (probe_one(o, overhead, budgets[i], i + 1 < o->n_budgets, ids, &lo) == 0)
+		if (!(ps->b = malloc((o->n_budgets + N_EXTRA) * sizeof(*ps->b))))
+			return -EAGAIN;
+		uint64_t top = 0;
+		for (uint32_t i = 0; i < o->n_budgets; i++) {
+			ps->b[ps->n++] = budgets[i];
+			top = budgets[i] > top ? budgets[i] : top;
+		}
+		ps->n_listed = ps->n;
+		for (uint32_t k = 0; k < N_EXTRA; k++)
+			ps->b[ps->n++] = (uint64_t)(k_extra[k] * (double)top) >> 20 << 20;
+		ps->ilo = ps->ihi = ps->n;
+		for (uint32_t i = 0; i < ps->n && ps->ilo == ps->n; i++)
+			if (probe_one(o, overhead, ps->b[i], true, ids, &lo) == 0)
 				ps->ilo = i;
-		if (ps->ilo == o->n_budgets)
+		for (uint32_t i = 0; i < ps->n_listed && ps->ilo == ps->n; i++)
+			if (probe_one(o, overhead, ps->b[i], false, ids, &lo) == 0)
+				ps->ilo = i, ps->lo_streams = true;
+		if (ps->ilo == ps->n)
 			return -EAGAIN;
 		double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-		for (uint32_t i = o->n_budgets; i-- > ps->ilo + 1 && ps->ihi == o->n_budgets;)
-			if ((double)budgets[i] + (1u << 30) < avail &&
-			    probe_one(o, overhead, budgets[i], true, ids, &hi) == 0)
-				ps->ihi = i;
+		for (int pass = 0; pass < 2 && ps->ihi == ps->n; pass++) {
+			uint32_t from = pass ? ps->n : ps->n_listed, to = pass ? ps->n_listed : 0;
+			for (uint32_t i = from; i-- > to && i > ps->ilo && ps->ihi == ps->n;)
+				if ((double)ps->b[i] + (1u << 30) < avail && ps->b[i] > ps->b[ps->ilo] &&
+				    probe_one(o, overhead, ps->b[i], true, ids, &hi) == 0)
+					ps->ihi = i;
+		}
 	} else {
-		if (ps->ilo == o->n_budgets ||
-		    probe_one(o, overhead, budgets[ps->ilo], ps->ilo + 1 < o->n_budgets, ids, &lo) < 0)
+		if (ps->ilo == ps->n || probe_one(o, overhead, ps->b[ps->ilo], !ps->lo_streams, ids, &lo) < 0)
 			return -EAGAIN;
-		if (ps->ihi < o->n_budgets && probe_one(o, overhead, budgets[ps->ihi], true, ids, &hi) < 0)
+		if (ps->ihi < ps->n && probe_one(o, overhead, ps->b[ps->ihi], true, ids, &hi) < 0)
 			hi = (struct probe){ 0 };
 	}
 	if (lo.reads < 100 || lo.t_ffn <= 0)
@@ -1131,7 +1283,7 @@ static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uin
 	f->iops = lo.reads / lo.t_ffn;
 	if (lo.bytes > 0 && lo.verify > 0)
 		f->verify_spb = lo.verify / lo.bytes;
-	if (ps->ihi < o->n_budgets && hi.t_ffn > 0 && lo.reads > 2 * hi.reads && lo.t_ffn > hi.t_ffn) {
+	if (ps->ihi < ps->n && hi.t_ffn > 0 && lo.reads > 2 * hi.reads && lo.t_ffn > hi.t_ffn) {
 		double per_read = (lo.t_ffn - hi.t_ffn) / (lo.reads - hi.reads);
 		double fixed = (hi.t_ffn - hi.reads * per_read) / n_layer;
 		if (per_read > 0 && fixed > 0) {
@@ -1142,8 +1294,8 @@ static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uin
 	}
 	logf_(o, "engine probe: %.0f reads and %.1f ms of FFN a token under %.1f MiB, %.0f and %.1f ms under "
 		 "%.1f MiB: %.0f reads/s, %.2f ms a layer beside them, crc32c checks at %.1f GB/s",
-	      lo.reads, lo.t_ffn * 1e3, budgets[ps->ilo] / 1048576.0, hi.reads, hi.t_ffn * 1e3,
-	      ps->ihi < o->n_budgets ? budgets[ps->ihi] / 1048576.0 : 0.0, f->iops, f->layer_s * 1e3,
+	      lo.reads, lo.t_ffn * 1e3, ps->b[ps->ilo] / 1048576.0, hi.reads, hi.t_ffn * 1e3,
+	      ps->ihi < ps->n ? ps->b[ps->ihi] / 1048576.0 : 0.0, f->iops, f->layer_s * 1e3,
 	      f->verify_spb > 0 ? 1e-9 / f->verify_spb : 0.0);
 	return 0;
 }
@@ -1280,6 +1432,8 @@ static int measure_step(const struct nf_plan_opts *o, struct nf_store_plan *old,
 		else
 			can_probe = false;  /* it will not run this time either */
 	}
+	free(ps.b);
+	ps.b = NULL;
 	size_t n_used = probe_median(fit, n_fit, iops, layer_s, verify_spb);
 	if (n_used)
 		logf_(o, "engine probe, median of %zu of %u pairs%s: %.0f reads/s, %.2f ms a layer beside them, "
@@ -1299,6 +1453,7 @@ static int measure_step(const struct nf_plan_opts *o, struct nf_store_plan *old,
 	      now_s() - t0, nf_plan_device_mb_s(np, 4096, 32), nf_plan_device_mb_s(np, 1 << 20, 8), PLAN_PASSES,
 	      np->mem_read_gb_s);
 out:
+	free(ps.b);
 	for (uint32_t k = 0; k < PLAN_PASSES; k++)
 		free(pass[k].points);
 	nf_store_close(s);
@@ -1460,6 +1615,8 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	 *    quarter of one, or its floor (more of the budget hot).
 	 * A candidate must predict 1% faster than the one before it to be
 	 * taken, so the engine's own choices win ties. */
+	const struct cost_in ci = { np, n_layer, g.dtype, dense_dtype, threads, neuron_bytes, engine_iops, layer_s,
+				    verify_spb };
 	static const uint32_t k_batches[] = { 512, 64, 16 };
 	uint32_t quarter = g.n_neurons / 4 > 256 ? g.n_neurons / 4 : 256;
 	const int k_colds[] = { -1, 0, (int)quarter, 128 };
@@ -1534,11 +1691,10 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 						busiest = cand.active[l] > busiest ? cand.active[l] : busiest;
 					bool windowed = cand.info.cold_slots && cand.info.cold_slots < 1.5 * busiest;
 					struct nf_store_plan_entry e;
-					choose(np, &cand, &cand.info, n_layer, g.dtype, dense_dtype, threads, neuron_bytes,
-					       engine_iops, layer_s, verify_spb, &e);
+					choose(&ci, &cand, &e);
 					e.n_batch = k_batches[nb];
-					budget_free(&cand);
 					if (cx == 1) {
+						budget_free(&cand);
 						bool better = !bp[i].has_alt ||
 							      (windowed == alt_windowed
 								       ? e.t_token_s < bp[i].alt.t_token_s * 0.99
@@ -1554,9 +1710,20 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 									 ? e.t_token_s < bp[i].chosen.t_token_s * 0.99
 									 : !windowed);
 					if (better) {
+						/* its figures stay for the stream probe's
+						 * second prediction (measure_stream) */
+						budget_free(&bp[i]);
+						bp[i].info = cand.info;
+						bp[i].dense_bytes = cand.dense_bytes;
+						bp[i].attn_stream_bytes = cand.attn_stream_bytes;
+						bp[i].active = cand.active;
+						bp[i].runs = cand.runs;
+						bp[i].bundles = cand.bundles;
 						bp[i].chosen = e;
 						found = true;
 						found_windowed = windowed;
+					} else {
+						budget_free(&cand);
 					}
 				}
 		/* a budget below the minimum is reported, the others planned */
@@ -1581,8 +1748,15 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 		for (uint32_t i = 0; i < o->n_budgets; i++) {
 			if (!bp[i].budget || (i && budgets[i] == budgets[i - 1]))
 				continue;
-			if ((rc = measure_context(o, overhead, ids + n_ids - PROBE_TOKENS, &bp[i], d)) < 0 ||
-			    (rc = measure_choices(o, overhead, g.n_expert > 1, gate_rows, ids + n_ids - PROBE_TOKENS,
+			struct stream_meas sm = { 0 };
+			if ((rc = measure_context(o, overhead, ids + n_ids - PROBE_TOKENS, &bp[i], &sm, d)) < 0)
+				goto out;
+			if ((rc = measure_stream(o, overhead, ids + n_ids - PROBE_TOKENS, &ci, &bp[i], &sm)) < 0) {
+				rc = nf_diag_fail(d, rc, "%s: probing a decode under %.1f MiB", o->store,
+						  (double)bp[i].budget / 1048576.0);
+				goto out;
+			}
+			if ((rc = measure_choices(o, overhead, g.n_expert > 1, gate_rows, ids + n_ids - PROBE_TOKENS,
 						  &bp[i].chosen, d)) < 0)
 				goto out;
 		}

@@ -85,6 +85,27 @@ Test(planner, cost_model_matches_a_hand_computation)
 	dev.mem_read_gb_s = 50.0;
 	nf_plan_predict(&dev, &m, 32, &e);
 	cr_expect_float_eq(e.t_token_s, t, 1e-12, "%.9f", e.t_token_s);
+
+	/* streamed attention at a measured 1000 MB/s: 1e8 B take 0.1 s on
+	 * the device that serves the FFN's reads too, beside the compute
+	 * path (1 ms dense, the layers): the token is the device's time */
+	m.attn_stream_bytes = 1e8;
+	m.attn_mb_s = 1000.0;
+	nf_plan_predict(&dev, &m, 32, &e);
+	double t_dev = 0.1 + 2 * layer_r;
+	cr_expect_float_eq(e.t_token_s, t_dev, 1e-12, "%.9f", e.t_token_s);
+	cr_expect_float_eq(e.t_io_s, t_dev, 1e-12, "%.9f", e.t_io_s);
+	cr_expect_float_eq(e.io_wait_share, (t_dev - (1e-3 + 2 * layer_c)) / t_dev, 1e-9);
+	cr_expect_float_eq(e.bytes_per_token, 1e8 + 2 * 81920.0, 1e-6);
+	/* a stream that keeps up hides behind the compute path */
+	m.attn_mb_s = 1e9;
+	nf_plan_predict(&dev, &m, 32, &e);
+	cr_expect_float_eq(e.t_token_s, t, 1e-9, "%.9f", e.t_token_s);
+	/* unmeasured: the curve's 1 MiB reads at depth 8 (here its one point,
+	 * 100 MB/s): 1 s */
+	m.attn_mb_s = 0;
+	nf_plan_predict(&dev, &m, 32, &e);
+	cr_expect_float_eq(e.t_token_s, 1.0 + 2 * layer_r, 1e-9, "%.9f", e.t_token_s);
 }
 
 Test(planner, device_curve_interpolates_and_kernel_rate_picks_the_thread_count)
@@ -378,6 +399,36 @@ static int streams_at(uint64_t b, uint32_t n_ctx, bool lean, uint64_t overhead)
 	return info.attn_streamed;
 }
 
+/* nf_plan_run of store for one budget, quickly, with overhead ov (a
+ * window's, whatever this process holds by then); its log in text. */
+static struct nf_store_plan *plan_logged(uint64_t budget, uint64_t ov, char *text, size_t cap)
+{
+	char logp[300];
+	pl_tmp_path(logp, sizeof(logp), "plan-log");
+	FILE *log = fopen(logp, "w+");
+	cr_assert_not_null(log);
+	struct nf_plan_opts o;
+	nf_plan_opts_default(&o);
+	o.store = store;
+	o.budgets = &budget;
+	o.n_budgets = 1;
+	o.calib_tokens = 32;
+	o.n_threads = 2;
+	o.device.seconds = 1.0;
+	o.overhead = ov;
+	o.log = log;
+	struct nf_store_plan *p = NULL;
+	struct nf_diag d = { 0 };
+	int rc = nf_plan_run(&o, &p, &d);
+	rewind(log);
+	size_t n = fread(text, 1, cap - 1, log);
+	text[n] = 0;
+	fclose(log);
+	unlink(logp);
+	cr_assert_eq(rc, 0, "%s\n%s", nf_diag_msg(&d, rc), text);
+	return p;
+}
+
 /*
  * Where the engine's context fit leaves attention streamed and a context
  * of 128 tokens would pin it, the plan decodes both in turn and keeps the
@@ -403,30 +454,9 @@ Test(planner, streamed_attention_is_weighed_against_a_shorter_context, .fini = d
 	uint64_t budget = (lo + hi) / 2 >> 20 << 20;
 	budget = budget < lo ? lo : budget;
 
-	char logp[300];
-	pl_tmp_path(logp, sizeof(logp), "plan-ctx-log");
-	FILE *log = fopen(logp, "w+");
-	cr_assert_not_null(log);
-	struct nf_plan_opts o;
-	nf_plan_opts_default(&o);
-	o.store = store;
-	o.budgets = &budget;
-	o.n_budgets = 1;
-	o.calib_tokens = 32;
-	o.n_threads = 2;
-	o.device.seconds = 1.0;
-	o.overhead = ov; /* the window's, whatever this process holds by then */
-	o.log = log;
-	struct nf_store_plan *p = NULL;
-	struct nf_diag d = { 0 };
-	int rc = nf_plan_run(&o, &p, &d);
-	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
 	static char text[1 << 16];
-	rewind(log);
-	size_t n = fread(text, 1, sizeof(text) - 1, log);
-	text[n] = 0;
-	fclose(log);
-	unlink(logp);
+	struct nf_store_plan *p = plan_logged(budget, ov, text, sizeof(text));
+	struct nf_diag d = { 0 };
 	cr_expect(strstr(text, "attention streamed") && strstr(text, "with -c 128, attention pinned"),
 		  "budget %llu: the shorter context was not measured:\n%s", (unsigned long long)budget, text);
 	const struct nf_store_plan_entry *e = &p->entries[0];
@@ -444,6 +474,57 @@ Test(planner, streamed_attention_is_weighed_against_a_shorter_context, .fini = d
 	cr_assert_eq(open_at(budget, false, e, &e2, &d), 0, "%s", d.msg);
 	static const int32_t ids[8] = { 1, 278, 263, 13, 300, 72, 101, 259 };
 	expect_same_run(e1, e2, ids);
+	nf_store_plan_free(p);
+}
+
+/*
+ * Where every context streams attention, the plan decodes its choice and
+ * prices the stream at the rate that decode reached beside the FFN's reads
+ * (docs/PLAN.md "Measured choices"): the log says so, and the entry holds
+ * the prediction made at that rate, not the device curve's.
+ */
+Test(planner, streamed_attention_is_priced_from_a_decode, .fini = drop_model)
+{
+	/* a 128-token model: no shorter context to weigh; attention
+	 * streams in a window below the budget that pins it */
+	pl_make_wide_model("plan-stream", 128, gguf, store, sizeof(gguf));
+	uint64_t ov = nf_engine_overhead_now(), lo = 0, hi = 0;
+	uint64_t b = ov + (8ull << 20);
+	while (b < ov + (256ull << 20) && streams_at(b, 0, true, ov) < 0)
+		b += 1ull << 20;
+	/* the leanest settings the planner tries stream from the smallest
+	 * budget that opens up to a window's end (about 1.5 MiB here) */
+	for (b = b - (1ull << 20); b < ov + (256ull << 20); b += 64ull << 10) {
+		int st = streams_at(b, 0, true, ov);
+		if (st == 1 && !lo)
+			lo = b;
+		if (st == 1)
+			hi = b;
+		else if (lo)
+			break;
+	}
+	cr_assert(lo, "no budget streams attention");
+	uint64_t budget = (lo + hi) / 2 >> 16 << 16;
+
+	static char text[1 << 16];
+	struct nf_store_plan *p = plan_logged(budget, ov, text, sizeof(text));
+	const struct nf_store_plan_entry *e = &p->entries[0];
+	cr_assert(e->flags & NF_STORE_PLAN_F_STREAM_ATTN, "attention pinned at %llu:\n%s",
+		  (unsigned long long)budget, text);
+	const char *at = strstr(text, "beside the FFN's reads");
+	cr_assert(at, "the stream was not measured:\n%s", text);
+	double mbs = 0, pred = 0, before = 0;
+	const char *line = at;
+	while (line > text && line[-1] != '\n')
+		line--;
+	cr_assert(sscanf(strstr(line, "a token at "), "a token at %lf MB/s", &mbs) == 1, "%s", line);
+	const char *pp = strstr(at, "predicted ");
+	cr_assert(pp && sscanf(pp, "predicted %lf tok/s, not %lf", &pred, &before) == 2, "%s", at);
+	cr_expect(mbs > 0, "%s", line);
+	/* the entry is the second prediction, as logged */
+	cr_expect(fabs(e->tok_per_s - pred) < 0.006 * (pred > 1 ? pred : 1), "entry %.3f, log %.2f", e->tok_per_s,
+		  pred);
+	cr_expect_float_eq(e->tok_per_s, 1.0 / e->t_token_s, 1e-9);
 	nf_store_plan_free(p);
 }
 

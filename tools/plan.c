@@ -31,7 +31,8 @@ static void usage(FILE *f)
 		"settings that minimise the predicted token time, measures what the model\n"
 		"does not weigh (where attention would stream, a 128-token context with it\n"
 		"pinned; a mixture of experts' route-ahead prefetch; exact mode's gate-first\n"
-		"reads: each decoded in turn) and stores the plan. After it,\n"
+		"reads: each decoded in turn; streamed attention's read rate beside the FFN's\n"
+		"reads, from a decode) and stores the plan. After it,\n"
 		"`nflash generate -m STORE --memory-budget SIZE` needs no other flag.\n"
 		"\n"
 		"options:\n"
@@ -155,6 +156,12 @@ static void explain(FILE *f, const struct nf_store_plan_entry *e)
 		mib(e->budget), 1e3 * t, 1e3 * e->t_dense_s, 100 * e->t_dense_s / t, 1e3 * ffn_side,
 		100 * ffn_side / t, 1e3 * e->t_ffn_s, 1e3 * e->t_io_s, 1e3 * e->io_wait_share * t,
 		100 * e->io_wait_share);
+	if (e->flags & NF_STORE_PLAN_F_STREAM_ATTN)
+		fprintf(f,
+			"  %8.1f MiB: attention streamed: its reads and the FFN's share the device, %.1f ms a token "
+			"together, at the stream rate a decode of these settings measured (the plan's log); the token "
+			"takes that or the compute path, whichever is longer\n",
+			mib(e->budget), 1e3 * e->t_io_s);
 	if (*measured(e))
 		fprintf(f,
 			"  %8.1f MiB: the token time is the model's for plain reads scaled by what a decode measured "

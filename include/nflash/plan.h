@@ -112,6 +112,10 @@ struct nf_plan_model {
 	uint32_t ffn_dtype, dense_dtype;
 	double dense_bytes;         /* dense weights one decode step reads (nf_model_step_dense_bytes) */
 	double attn_stream_bytes;   /* attention read from the store per step (streamed layers) */
+	/* the rate those reads reach beside the FFN's, MB/s (the planner's
+	 * decode probe of a streamed plan); 0: the device curve's 1 MiB
+	 * reads at depth 8 */
+	double attn_mb_s;
 	double compute_bytes_per_neuron; /* bundle bytes the kernels read per computed neuron */
 	const double *active;       /* [n_layer] neurons computed per token */
 	const double *runs;         /* [n_layer] read requests per token (the misses' runs) */
@@ -135,9 +139,11 @@ struct nf_plan_model {
  * land, so a layer takes the longer of its compute (the active neurons'
  * bytes at the FFN kernel's GB/s, plus the reads' CPU time shared over
  * the threads and their checksums') and its reads (bytes at the device's MB/s for that request size
- * and depth, plus one latency); dense compute (and streamed attention's
- * reads, overlapped with it) comes on top. Fills e's predictions
- * (tok_per_s, io_wait_share, bytes_per_token, reads_per_token, t_*).
+ * and depth, plus one latency); dense compute comes on top. Streamed
+ * attention's reads overlap all of that, but share the device with the
+ * FFN's: the token takes the longer of the compute path and the device's
+ * time for both. Fills e's predictions (tok_per_s, io_wait_share,
+ * bytes_per_token, reads_per_token, t_*).
  */
 void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model *m, uint32_t qd,
 		     struct nf_store_plan_entry *e);
