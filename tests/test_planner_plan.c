@@ -568,3 +568,56 @@ Test(planner, moe_plan_measures_route_ahead_and_gate_first, .fini = drop_model)
 	expect_same_run(e1, e2, ids);
 	nf_store_plan_free(p);
 }
+
+/*
+ * The command line: `nflash plan --json` gives the plans and, at top level,
+ * the first budget's predictions; `--explain` says where each budget's
+ * token time goes; a bad flag or budget is a usage error (exit 2) naming
+ * it; a budget below the minimum is reported and, alone, fails (exit 1).
+ */
+Test(planner, cli_json_explain_and_errors, .fini = drop_model)
+{
+	if (access(PL_NFLASH, X_OK) != 0)
+		cr_skip_test("%s is not built", PL_NFLASH);
+	pl_make_wide_model("plan-cli", 256, gguf, store, sizeof(gguf));
+	static char out[1 << 16], err[1 << 16];
+	char args[1024];
+	/* the child's own overhead is below this process's */
+	unsigned long long mib = (nf_engine_overhead_now() >> 20) + 136;
+	snprintf(args, sizeof(args), "plan %s --memory-budget %lluM --calib-tokens 32 -t 2 --device-seconds 1 --json",
+		 store, mib);
+	int rc = pl_run_cli(args, out, sizeof(out), err, sizeof(err));
+	cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+	cr_expect_eq(pl_json_u64(out, "budget_bytes"), mib << 20);
+	cr_expect(strstr(out, "\"predicted_tok_per_s\":") && strstr(out, "\"predicted_io_wait_share\":") &&
+		  strstr(out, "\"predicted_bytes_per_token\":") && strstr(out, "\"plans\":["), "%s", out);
+
+	/* a second plan for another budget keeps the first; --explain */
+	snprintf(args, sizeof(args), "plan %s --memory-budget %lluM --calib-tokens 32 -t 2 --no-relayout --explain",
+		 store, mib + 64);
+	rc = pl_run_cli(args, out, sizeof(out), err, sizeof(err));
+	cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+	char want[64];
+	snprintf(want, sizeof(want), "%.1f MiB: -c", (double)mib);
+	cr_expect(strstr(out, want), "the earlier plan is gone: %s", out);
+	snprintf(want, sizeof(want), "%.1f MiB: token", (double)(mib + 64));
+	cr_expect(strstr(out, "where the predicted time goes") && strstr(out, want), "%s", out);
+
+	/* errors name what is wrong */
+	snprintf(args, sizeof(args), "plan %s --memory-budget 12Q", store);
+	cr_expect_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 2, "%s", err);
+	cr_expect(strstr(err, "--memory-budget"), "%s", err);
+	snprintf(args, sizeof(args), "plan %s --memory-budget 1G --no-such-flag", store);
+	cr_expect_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 2, "%s", err);
+	cr_expect(strstr(err, "--no-such-flag"), "%s", err);
+	snprintf(args, sizeof(args), "plan %s", store);
+	cr_expect_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 2, "%s", err);
+	cr_expect(strstr(err, "--memory-budget"), "%s", err);
+	snprintf(args, sizeof(args), "plan %s-missing --memory-budget 1G", store);
+	rc = pl_run_cli(args, out, sizeof(out), err, sizeof(err));
+	cr_expect(rc == 1 || rc == 2, "exit %d: %s", rc, err);
+	cr_expect(strstr(err, "-missing"), "the file is not named: %s", err);
+	snprintf(args, sizeof(args), "plan %s --memory-budget 4M --calib-tokens 32 -t 2 --no-relayout", store);
+	cr_expect_eq(pl_run_cli(args, out, sizeof(out), err, sizeof(err)), 1, "%s", err);
+	cr_expect(strstr(err, "at least") || strstr(err, "minimum"), "no minimum stated: %s", err);
+}
