@@ -149,19 +149,22 @@ static void explain(FILE *f, const struct nf_store_plan_entry *e)
 {
 	double t = e->t_token_s > 0 ? e->t_token_s : 1;
 	double ffn_side = t - e->t_dense_s;
-	fprintf(f,
-		"  %8.1f MiB: token %.1f ms = dense compute %.1f ms (attention, output, predictors; %.0f%%) + FFN "
-		"layers %.1f ms (%.0f%%): compute %.1f ms and reads %.1f ms overlapped per layer, the reads "
-		"exceeding compute by %.1f ms in all (the I/O wait, %.0f%%)\n",
-		mib(e->budget), 1e3 * t, 1e3 * e->t_dense_s, 100 * e->t_dense_s / t, 1e3 * ffn_side,
-		100 * ffn_side / t, 1e3 * e->t_ffn_s, 1e3 * e->t_io_s, 1e3 * e->io_wait_share * t,
-		100 * e->io_wait_share);
 	if (e->flags & NF_STORE_PLAN_F_STREAM_ATTN)
 		fprintf(f,
-			"  %8.1f MiB: attention streamed: its reads and the FFN's share the device, %.1f ms a token "
-			"together, at the stream rate a decode of these settings measured (the plan's log); the token "
-			"takes that or the compute path, whichever is longer\n",
-			mib(e->budget), 1e3 * e->t_io_s);
+			"  %8.1f MiB: token %.1f ms = the longer of the compute path (dense compute %.1f ms, FFN "
+			"compute %.1f ms and the FFN's waits) and the device's time for streamed attention and the "
+			"FFN's reads together (%.1f ms, the stream at the rate a decode of these settings measured: "
+			"the plan's log); I/O wait %.1f ms (%.0f%%)\n",
+			mib(e->budget), 1e3 * t, 1e3 * e->t_dense_s, 1e3 * e->t_ffn_s, 1e3 * e->t_io_s,
+			1e3 * e->io_wait_share * t, 100 * e->io_wait_share);
+	else
+		fprintf(f,
+			"  %8.1f MiB: token %.1f ms = dense compute %.1f ms (attention, output, predictors; %.0f%%) + "
+			"FFN layers %.1f ms (%.0f%%): compute %.1f ms and reads %.1f ms overlapped per layer, the "
+			"reads exceeding compute by %.1f ms in all (the I/O wait, %.0f%%)\n",
+			mib(e->budget), 1e3 * t, 1e3 * e->t_dense_s, 100 * e->t_dense_s / t, 1e3 * ffn_side,
+			100 * ffn_side / t, 1e3 * e->t_ffn_s, 1e3 * e->t_io_s, 1e3 * e->io_wait_share * t,
+			100 * e->io_wait_share);
 	if (*measured(e))
 		fprintf(f,
 			"  %8.1f MiB: the token time is the model's for plain reads scaled by what a decode measured "
