@@ -11,12 +11,15 @@
  *   gemv_list   one gemv_list call
  *   axpy_cols   one axpy per row as a down column into the chunk's output
  *   axpy_list   one axpy_list call
+ * Q4_0 and Q8_0 run all four; Q4_K and Q6_K the two gemv ops (their downs
+ * are K-quant columns, kcol_madd, not rows).
  * GB/s counts the active rows' bytes; every figure is the median of REPS
  * passes over the whole set after one warm-up pass, and ratio compares the
  * list kernel to the per-row calls measured in the same repetitions.
  *
  *	make bench BENCH=bench_gather   # or: build/bench/bench_gather [avx512|avx2|neon-dot|neon...]
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,9 +87,16 @@ static void job_fn(void *arg, int ith, int nth)
 
 int main(int argc, char **argv)
 {
-	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0 };
-	static const char *const type_names[] = { "q4_0", "q8_0" };
-	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0 };
+	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_Q4_K, NF_KT_Q6_K };
+	static const char *const type_names[] = { "q4_0", "q8_0", "q4_K", "q6_K" };
+	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_Q4_K, NF_DTYPE_Q6_K };
+	/* per block: its size, values, and where its fp16 scales sit */
+	static const size_t type_bs[] = { sizeof(struct nf_block_q4_0), sizeof(struct nf_block_q8_0),
+					  sizeof(struct nf_block_q4_K), sizeof(struct nf_block_q6_K) };
+	static const size_t type_qk[] = { NF_QK, NF_QK, NF_QK_K, NF_QK_K };
+	static const size_t type_d0[] = { 0, 0, 0, offsetof(struct nf_block_q6_K, d) };
+	static const int type_nd[] = { 1, 1, 2, 1 };  /* q4_K: d and dmin */
+	const int ntypes = (int)(sizeof(types) / sizeof(types[0]));
 	const char *all_isas[] = NF_BENCH_ISAS;
 	const char **isas = all_isas;
 	int nisa = (int)(sizeof(all_isas) / sizeof(all_isas[0]));
@@ -115,7 +125,7 @@ int main(int argc, char **argv)
 
 	printf("op\tisa\ttype\tthreads\tGB_per_s\tratio_to_per_row\n");
 	fflush(stdout);
-	for (int ti = 0; ti < 2; ti++) {
+	for (int ti = 0; ti < ntypes; ti++) {
 		enum nf_ktype kt = types[ti];
 		size_t rb = nf_dtype_row_size(type_dtypes[ti], N_COLS), mat = rb * N_ROWS;
 		size_t nmat = (SET_BYTES + mat - 1) / mat;
@@ -127,12 +137,13 @@ int main(int argc, char **argv)
 			uint64_t v = nf_bench_rng(&s);
 			memcpy(w + i, &v, 8);
 		}
-		size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
+		size_t bs = type_bs[ti];
 		for (size_t r = 0; r < nmat * N_ROWS; r++)
-			for (size_t b = 0; b < N_COLS / NF_QK; b++) {
-				uint16_t d = nf_fp32_to_fp16(0.001f * (float)(1 + (b + r) % 7));
-				memcpy(w + r * rb + b * bs, &d, 2);
-			}
+			for (size_t b = 0; b < N_COLS / type_qk[ti]; b++)
+				for (int f = 0; f < type_nd[ti]; f++) {
+					uint16_t d = nf_fp32_to_fp16(0.001f * (float)(1 + (b + r + f) % 7));
+					memcpy(w + r * rb + b * bs + type_d0[ti] + 2 * (size_t)f, &d, 2);
+				}
 		size_t n_active = 0;
 		for (uint32_t r = 0; r < N_ROWS; r++)
 			if (nf_bench_rng(&s) % 1000 < ACTIVE_PER_1000) {
@@ -144,10 +155,12 @@ int main(int argc, char **argv)
 			if (!k)
 				continue;
 			k->act_prepare[kt](x, xq, N_COLS);
+			/* K-quant downs go through kcol_madd (QCOL form), not axpy */
+			int nops = kt == NF_KT_Q4_0 || kt == NF_KT_Q8_0 ? OP_COUNT : OP_AXPY_COLS;
 			for (int nt = 1; nt <= 2; nt++) {
 				double t[OP_COUNT][REPS];
 				for (int rep = -1; rep < REPS; rep++)
-					for (int op = 0; op < OP_COUNT; op++) {
+					for (int op = 0; op < nops; op++) {
 						struct job j = { .k = k, .kt = kt, .op = (enum op)op, .row_bytes = rb,
 								 .active = active, .n_active = n_active, .xq = xq,
 								 .y = y, .out = out, .coef = coef };
@@ -160,9 +173,9 @@ int main(int argc, char **argv)
 							t[op][rep] = nf_cli_now() - t0;
 					}
 				double bytes = (double)n_active * (double)rb * (double)nmat, med[OP_COUNT];
-				for (int op = 0; op < OP_COUNT; op++)
+				for (int op = 0; op < nops; op++)
 					med[op] = nf_bench_median(t[op], REPS);
-				for (int op = 0; op < OP_COUNT; op++)
+				for (int op = 0; op < nops; op++)
 					printf("%s\t%s\t%s\t%d\t%.2f\t%.2f\n", op_names[op], k->isa, type_names[ti], nt,
 					       bytes / med[op] / 1e9, med[op & ~1] / med[op]);
 				fflush(stdout);

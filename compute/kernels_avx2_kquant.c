@@ -82,27 +82,65 @@ void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n)
 
 /* ---- dot products ---------------------------------------------------------- */
 
-/* A q4_K/q5_K block against b: d, dmin, the 8 scales and the per-32 min
- * products m[2k] s[2k] + m[2k+1] s[2k+1], k = 0..3. */
-static inline void k4_head(const uint8_t *scales, uint16_t hd, uint16_t hdmin,
-			   const struct nf_block_q8_K *b, float *d, float *dmin, uint8_t sc[8],
-			   int32_t p[4])
+/* The lines of block i of the row at pf into L1: gemv_list passes the
+ * row two ahead, which the hardware prefetcher cannot guess (2.5x on
+ * scattered Q4_K rows); gemv and gemm, whose rows follow each other, the
+ * row itself. (With a NULL test in place of that, GCC 12 dropped the
+ * prefetches altogether.) */
+static inline void kq_prefetch(const char *pf, size_t i, size_t bs)
 {
-	uint8_t mn[8];
+	const char *p = pf + i * bs;
+	for (size_t o = 0; o < bs; o += 64)
+		_mm_prefetch(p + o, _MM_HINT_T0);
+	_mm_prefetch(p + bs - 1, _MM_HINT_T0);
+}
+
+/*
+ * A q4_K/q5_K block against b: d, dmin, the 8 six-bit scales as int16
+ * (both 128-bit lanes alike) and the per-32 min products p[k] = m[2k]
+ * s[2k] + m[2k+1] s[2k+1], k = 0..3, as int32 (s: bsums summed in pairs).
+ * The scale bytes are unpacked four at a time in 32-bit words, as
+ * nf_kq_scales_k4 does byte by byte; all the integers are exact, so p is
+ * the reference's.
+ */
+static inline void k4_head(const uint8_t *scales, uint16_t hd, uint16_t hdmin,
+			   const struct nf_block_q8_K *b, float *d, float *dmin, __m256i *sc, __m128i *p)
+{
+	uint32_t w[3];
+	memcpy(w, scales, sizeof(w));
+	const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+	uint32_t sc_lo = w[0] & m6, mn_lo = w[1] & m6;
+	uint32_t sc_hi = (w[2] & m4) | ((w[0] >> 6) & m2) << 4;
+	uint32_t mn_hi = ((w[2] >> 4) & m4) | ((w[1] >> 6) & m2) << 4;
 	*d = b->d * _cvtsh_ss(hd);
 	*dmin = -b->d * _cvtsh_ss(hdmin);
-	nf_kq_scales_k4(scales, sc, mn);
-	for (int k = 0; k < 4; k++) {
-		int32_t s0 = b->bsums[4 * k] + b->bsums[4 * k + 1];
-		int32_t s1 = b->bsums[4 * k + 2] + b->bsums[4 * k + 3];
-		p[k] = mn[2 * k] * s0 + mn[2 * k + 1] * s1;
-	}
+	*sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+	const __m128i mn = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo));
+	const __m128i s = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)b->bsums),
+					 _mm_loadu_si128((const __m128i *)(b->bsums + 8)));
+	*p = _mm_madd_epi16(mn, s);
+}
+
+/* pshufb indexes: int16 element j of a vector, in every element */
+static const uint8_t k4_bw[8][32] __attribute__((aligned(32))) = {
+#define K4_BW(j) { 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+		   2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+		   2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+		   2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1 }
+	K4_BW(0), K4_BW(1), K4_BW(2), K4_BW(3), K4_BW(4), K4_BW(5), K4_BW(6), K4_BW(7),
+#undef K4_BW
+};
+
+/* scale j of k4_head's sc in every int16 */
+static inline __m256i k4_scale(__m256i sc, int j)
+{
+	return _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)k4_bw[j]));
 }
 
 /* sc * (4-consecutive sums of q * x) as 8 int32 lanes */
-static inline __m256i lanes(__m256i q, __m256i x, int sc)
+static inline __m256i lanes(__m256i q, __m256i x, __m256i sc)
 {
-	return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16((int16_t)sc));
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), sc);
 }
 
 /* sc0 * (sums of 4 of the low 16 products) | sc1 * (of the high 16): the
@@ -116,13 +154,14 @@ static inline __m256i lanes2(__m256i p, int sc0, int sc1)
 /* Q2_K: value 128h + 32k + l is (qs[32h + l] >> 2k) & 3; per 16 values a
  * 4-bit scale and a 4-bit min whose products with the bsums go into the
  * lanes before the quants (dot_kquant). */
-static float dot_q2_K(size_t n, const void *w, const void *xq)
+static float dot_q2_K(size_t n, const void *w, const void *xq, const char *pf)
 {
 	const struct nf_block_q2_K *a = w;
 	const struct nf_block_q8_K *b = xq;
 	const __m256i m3 = _mm256_set1_epi8(3);
 	__m256 acc = _mm256_setzero_ps();
 	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		kq_prefetch(pf, i, sizeof(a[0]));
 		const float d = b[i].d * _cvtsh_ss(a[i].d), dmin = -b[i].d * _cvtsh_ss(a[i].dmin);
 		const __m128i sm = _mm_loadu_si128((const __m128i *)a[i].scales);
 		/* lane m: mn[2m] bsums[2m] + mn[2m+1] bsums[2m+1] */
@@ -148,13 +187,14 @@ static float dot_q2_K(size_t n, const void *w, const void *xq)
 
 /* Q3_K: Q2_K's low bits, bit g of hmask[l] the high bit of value 32g + l,
  * value (low | hbit << 2) - 4, 16 signed 6-bit scales; no mins. */
-static float dot_q3_K(size_t n, const void *w, const void *xq)
+static float dot_q3_K(size_t n, const void *w, const void *xq, const char *pf)
 {
 	const struct nf_block_q3_K *a = w;
 	const struct nf_block_q8_K *b = xq;
 	const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
 	__m256 acc = _mm256_setzero_ps();
 	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		kq_prefetch(pf, i, sizeof(a[0]));
 		const float d = b[i].d * _cvtsh_ss(a[i].d);
 		int8_t sc[16];
 		nf_kq_scales_k3(a[i].scales, sc);
@@ -178,35 +218,37 @@ static float dot_q3_K(size_t n, const void *w, const void *xq)
 	return reduce8(acc);
 }
 
-static float dot_q4_K(size_t n, const void *w, const void *xq)
+static float dot_q4_K(size_t n, const void *w, const void *xq, const char *pf)
 {
 	const struct nf_block_q4_K *a = w;
 	const struct nf_block_q8_K *b = xq;
 	const __m256i m4 = _mm256_set1_epi8(0xf);
 	__m256 acc = _mm256_setzero_ps();
-	float accm[4] = { 0 };
+	__m128 accm = _mm_setzero_ps(); /* the reference's four min chains */
 	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		kq_prefetch(pf, i, sizeof(a[0]));
 		float d, dmin;
-		uint8_t sc[8];
-		int32_t p[4];
-		k4_head(a[i].scales, a[i].d, a[i].dmin, &b[i], &d, &dmin, sc, p);
-		for (int k = 0; k < 4; k++)
-			accm[k] = fmaf(dmin, (float)p[k], accm[k]);
+		__m256i sc;
+		__m128i p;
+		k4_head(a[i].scales, a[i].d, a[i].dmin, &b[i], &d, &dmin, &sc, &p);
+		accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(p), accm);
 		__m256i sumi = _mm256_setzero_si256();
 		for (int j = 0; j < 4; j++) {
 			__m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * j));
 			__m256i x0 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j));
 			__m256i x1 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j + 32));
-			__m256i lo = lanes(_mm256_and_si256(q, m4), x0, sc[2 * j]);
-			__m256i hi = lanes(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), x1, sc[2 * j + 1]);
+			__m256i lo = lanes(_mm256_and_si256(q, m4), x0, k4_scale(sc, 2 * j));
+			__m256i hi = lanes(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), x1, k4_scale(sc, 2 * j + 1));
 			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
 		}
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
 	}
-	return reduce8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+	/* (m0 + m2) + (m1 + m3), as the reference adds them */
+	__m128 h = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+	return reduce8(acc) + _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-static float dot_q5_K(size_t n, const void *w, const void *xq)
+static float dot_q5_K(size_t n, const void *w, const void *xq, const char *pf)
 {
 	const struct nf_block_q5_K *a = w;
 	const struct nf_block_q8_K *b = xq;
@@ -214,11 +256,14 @@ static float dot_q5_K(size_t n, const void *w, const void *xq)
 	__m256 acc = _mm256_setzero_ps();
 	float summs = 0.0f;
 	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		kq_prefetch(pf, i, sizeof(a[0]));
 		float d, dmin;
-		uint8_t sc[8];
-		int32_t p[4];
-		k4_head(a[i].scales, a[i].d, a[i].dmin, &b[i], &d, &dmin, sc, p);
-		summs = fmaf(dmin, (float)(p[0] + p[1] + p[2] + p[3]), summs);
+		__m256i sc;
+		__m128i p;
+		k4_head(a[i].scales, a[i].d, a[i].dmin, &b[i], &d, &dmin, &sc, &p);
+		p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+		p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 1));
+		summs = fmaf(dmin, (float)_mm_cvtsi128_si32(p), summs);
 		const __m256i qh = _mm256_loadu_si256((const __m256i *)a[i].qh);
 		__m256i sumi = _mm256_setzero_si256();
 		for (int j = 0; j < 4; j++) {
@@ -228,9 +273,9 @@ static float dot_q5_K(size_t n, const void *w, const void *xq)
 			__m256i hh = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), sixteen);
 			__m256i x0 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j));
 			__m256i x1 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j + 32));
-			__m256i lo = lanes(_mm256_or_si256(_mm256_and_si256(q, m4), hl), x0, sc[2 * j]);
+			__m256i lo = lanes(_mm256_or_si256(_mm256_and_si256(q, m4), hl), x0, k4_scale(sc, 2 * j));
 			__m256i hi = lanes(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hh), x1,
-					   sc[2 * j + 1]);
+					   k4_scale(sc, 2 * j + 1));
 			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
 		}
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -238,7 +283,7 @@ static float dot_q5_K(size_t n, const void *w, const void *xq)
 	return reduce8(acc) + summs;
 }
 
-static float dot_q6_K(size_t n, const void *w, const void *xq)
+static float dot_q6_K(size_t n, const void *w, const void *xq, const char *pf)
 {
 	const struct nf_block_q6_K *a = w;
 	const struct nf_block_q8_K *b = xq;
@@ -246,6 +291,7 @@ static float dot_q6_K(size_t n, const void *w, const void *xq)
 	const __m256i m32 = _mm256_set1_epi8(32);
 	__m256 acc = _mm256_setzero_ps();
 	for (size_t i = 0; i < n / NF_QK_K; i++) {
+		kq_prefetch(pf, i, sizeof(a[0]));
 		const float d = b[i].d * _cvtsh_ss(a[i].d);
 		__m256i sumi = _mm256_setzero_si256();
 		for (int h = 0; h < 2; h++) {
@@ -271,13 +317,13 @@ static float dot_q6_K(size_t n, const void *w, const void *xq)
 	return reduce8(acc);
 }
 
-typedef float (*kdot_fn)(size_t n, const void *w, const void *xq);
+typedef float (*kdot_fn)(size_t n, const void *w, const void *xq, const char *pf);
 
 static inline void gemv_with(kdot_fn dot, size_t n, size_t nrows, const void *w, size_t row_bytes,
 			     const void *xq, float *y)
 {
 	for (size_t r = 0; r < nrows; r++)
-		y[r] = dot(n, (const char *)w + r * row_bytes, xq);
+		y[r] = dot(n, (const char *)w + r * row_bytes, xq, (const char *)w + r * row_bytes);
 }
 
 /* Tokens inner: each weight row stays in L1 while every token passes it. */
@@ -286,7 +332,8 @@ static inline void gemm_with(kdot_fn dot, size_t n, size_t nrows, const void *w,
 {
 	for (size_t r = 0; r < nrows; r++)
 		for (size_t t = 0; t < nb; t++)
-			y[t * ldy + r] = dot(n, (const char *)w + r * row_bytes, (const char *)xq + t * xq_stride);
+			y[t * ldy + r] = dot(n, (const char *)w + r * row_bytes, (const char *)xq + t * xq_stride,
+					     (const char *)w + r * row_bytes);
 }
 
 #define AVX2_K(T)                                                                               \
@@ -304,7 +351,7 @@ static inline void gemm_with(kdot_fn dot, size_t n, size_t nrows, const void *w,
 				    const void *xq, float *y)                                   \
 	{                                                                                       \
 		for (size_t r = 0; r < nrows; r++)                                              \
-			y[r] = dot_##T(n, rows[r], xq);                                         \
+			y[r] = dot_##T(n, rows[r], xq, rows[r + 2 < nrows ? r + 2 : r]);      \
 	}
 
 AVX2_K(q2_K)
