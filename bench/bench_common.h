@@ -12,6 +12,32 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+/*
+ * The command line of a bench program: -h/--help anywhere prints usage to
+ * stdout and exits 0. With isas given (bench_kernels, bench_gather), the
+ * arguments must be kernel tables (those names or "scalar"; one the CPU
+ * lacks is skipped); without, a program takes none. Anything else is
+ * named on stderr, with the usage, and the exit status is 2.
+ */
+static inline void nf_bench_args(int argc, char **argv, const char *usage, const char *const *isas, int nisa)
+{
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			fputs(usage, stdout);
+			exit(0);
+		}
+	for (int i = 1; i < argc; i++) {
+		int ok = nisa && !strcmp(argv[i], "scalar");
+		for (int j = 0; j < nisa && !ok; j++)
+			ok = !strcmp(argv[i], isas[j]);
+		if (!ok) {
+			fprintf(stderr, "%s: unknown %s '%s'\n%s", argv[0], nisa ? "kernel table" : "argument", argv[i],
+				usage);
+			exit(2);
+		}
+	}
+}
+
 static inline void nf_bench_header(const char *name, const char *extra)
 {
 	char model[256] = "unknown";

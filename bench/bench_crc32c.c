@@ -11,6 +11,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "nflash/crc32c.h"
 
 static double now(void)
@@ -26,8 +27,14 @@ static int cmp_d(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	nf_bench_args(argc, argv,
+		"usage: bench_crc32c\n"
+		"\n"
+		"Throughput of the CRC-32C versions on extent-sized buffers (4 KiB to\n"
+		"1 MiB): the cost of verifying reads (docs/STORAGE.md).\n",
+		NULL, 0);
 	static const size_t sizes[] = { 4096, 8192, 131072, 1 << 20 };
 	const size_t total = 256u << 20;   /* bytes checksummed per repetition */
 	uint8_t *buf = malloc(1 << 20);

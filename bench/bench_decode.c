@@ -289,8 +289,23 @@ static void report_llama(const char *phase, size_t tokens, int threads, double *
 	fflush(stdout);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	nf_bench_args(argc, argv,
+		"usage: bench_decode\n"
+		"\n"
+		"Decode and prefill tokens/s of a LLaMA-7B-shaped model in memory (the dense\n"
+		"forward pass, or predictor mode on a file with predictors), beside\n"
+		"llama.cpp's llama-bench on the same file when LLAMA_BENCH is set.\n"
+		"Without NFLASH_BENCH_MODEL it writes a 3.8 GB Q4_0 model to\n"
+		"/tmp/nflash-bench-7b-q4_0.gguf first (once).\n"
+		"\n"
+		"Environment: NFLASH_BENCH_MODEL, NFLASH_BENCH_REPEATS (3),\n"
+		"NFLASH_BENCH_DECODE (32), NFLASH_BENCH_PREFILL (512; 0: none),\n"
+		"NFLASH_BENCH_THREADS (2), NFLASH_BENCH_REPACK (0: plain rows),\n"
+		"NFLASH_BENCH_SPARSE, NFLASH_ISA, LLAMA_BENCH. The opening comment of\n"
+		"bench/bench_decode.c says what each does; docs/KERNELS.md has runs.\n",
+		NULL, 0);
 	const char *path = getenv("NFLASH_BENCH_MODEL");
 	if (!path || !*path)
 		path = "/tmp/nflash-bench-7b-q4_0.gguf";

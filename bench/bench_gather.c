@@ -100,6 +100,14 @@ int main(int argc, char **argv)
 	const char *all_isas[] = NF_BENCH_ISAS;
 	const char **isas = all_isas;
 	int nisa = (int)(sizeof(all_isas) / sizeof(all_isas[0]));
+	nf_bench_args(argc, argv,
+		      "usage: bench_gather [TABLE...]\n"
+		      "\n"
+		      "The sparse FFN's gather kernels (gemv_list, axpy_list) against one call\n"
+		      "per row, on 13% of the rows of 7B-shaped matrices streaming from DRAM,\n"
+		      "per kernel table (default: the SIMD ones this CPU has; TABLE: avx512,\n"
+		      "avx2, scalar, neon-dot, neon) and type (bench/bench_gather.c).\n",
+		      all_isas, nisa);
 	if (argc > 1) {
 		isas = (const char **)argv + 1;
 		nisa = argc - 1;

@@ -261,6 +261,15 @@ int main(int argc, char **argv)
 	const char *all_isas[] = NF_BENCH_ISAS; /* scalar: name it on the command line */
 	const char **isas = all_isas;
 	int nisa = (int)(sizeof(all_isas) / sizeof(all_isas[0]));
+	nf_bench_args(argc, argv,
+		      "usage: bench_kernels [TABLE...]\n"
+		      "\n"
+		      "gemv and gemm GB/s of each kernel table (default: the SIMD ones this CPU\n"
+		      "has; TABLE: avx512, avx2, scalar, neon-dot, neon) per type, beside a plain\n"
+		      "memory read by as many threads. Environment: NFLASH_BENCH_TYPES (e.g.\n"
+		      "q4_0,q6_K), LLAMA_BENCH and LLAMA_BENCH_MODELS (llama.cpp beside it);\n"
+		      "bench/bench_kernels.c's opening comment, docs/KERNELS.md.\n",
+		      all_isas, nisa);
 	if (argc > 1) {
 		isas = (const char **)argv + 1;
 		nisa = argc - 1;

@@ -25,8 +25,14 @@ static void empty_fn(void *arg, int ith, int nth)
 	(void)nth;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	nf_bench_args(argc, argv,
+		"usage: bench_pool\n"
+		"\n"
+		"What one nf_pool_run costs: an empty job back to back (workers still\n"
+		"spinning), and one after the workers fell asleep (futex wake-up).\n",
+		NULL, 0);
 	nf_bench_header("bench_pool", "empty jobs");
 	printf("threads\tback_to_back_us_per_job\tafter_sleep_us_per_job\tper_token_250_jobs_us\n");
 	for (int nt = 1; nt <= 2; nt++) {

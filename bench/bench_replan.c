@@ -194,8 +194,17 @@ static int run(const char *store, uint64_t budget, int replan, uint32_t n, struc
 	return rc;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	nf_bench_args(argc, argv,
+		"usage: bench_replan\n"
+		"\n"
+		"Online re-planning when the hot set drifts: a store calibrated on one\n"
+		"token distribution decodes another, re-planning on and off, interleaved;\n"
+		"the hit rate's recovery and the decode speed while it recovers.\n"
+		"Environment: NFLASH_BENCH_DIR (/tmp) and the BENCH_REPLAN_* variables\n"
+		"in bench/bench_replan.c's opening comment (docs/PLAN.md).\n",
+		NULL, 0);
 	const char *dir = getenv("NFLASH_BENCH_DIR") ? getenv("NFLASH_BENCH_DIR") : "/tmp";
 	uint32_t layers = (uint32_t)env_long("BENCH_REPLAN_LAYERS", 4);
 	uint32_t n = (uint32_t)env_long("BENCH_REPLAN_N", 256);
