@@ -1025,7 +1025,7 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
 		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
-		NF_KREF_KQUANT(axpy),
+		NF_KAVX2_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16,
@@ -1037,7 +1037,7 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8_0,
 		[NF_KT_Q4_0] = axpy_list_q4_0,
-		NF_KREF_KQUANT(axpy_list),
+		NF_KAVX2_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,
 	.qcol_down = { [NF_KT_Q8_0] = nf_kavx2_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx2_qcol_down_q4_0 },

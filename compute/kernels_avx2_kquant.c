@@ -1,6 +1,7 @@
 /*
  * kernels_avx2_kquant.c - AVX2 K-quant kernels: Q8_K activation preparation,
- * the Q2_K..Q6_K dot products (gemv, gemm, gemv_list), and the sparse FFN's
+ * the Q2_K..Q6_K dot products (gemv, gemm, gemv_list), their axpys (y += a *
+ * row, with the reference's bits), and the sparse FFN's
  * K-quant down columns (kcol_madd).
  *
  * Invariants:
@@ -359,6 +360,93 @@ AVX2_K(q3_K)
 AVX2_K(q4_K)
 AVX2_K(q5_K)
 AVX2_K(q6_K)
+
+/* ---- axpy: y += a * row (the sparse FFN's down rows, PowerInfer layout) ---------- */
+
+/* Q4_K's and Q6_K's quants of one super-block as signed values, in order
+ * (value 64c + l is qs[32c + l]'s low nibble, 64c + 32 + l its high one;
+ * Q6_K's value 128h + 32k + l: ql and qh as dot_q6_K reads them, - 32). */
+static void kq_quants(uint32_t t, const void *blk, int8_t q[NF_QK_K])
+{
+	const __m256i m4 = _mm256_set1_epi8(0xf);
+	if (t == NF_DTYPE_Q4_K) {
+		const struct nf_block_q4_K *b = blk;
+		for (int c = 0; c < 4; c++) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+			_mm256_storeu_si256((__m256i *)(q + 64 * c), _mm256_and_si256(v, m4));
+			_mm256_storeu_si256((__m256i *)(q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+		}
+		return;
+	}
+	const struct nf_block_q6_K *b = blk;
+	const __m256i m2 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+	for (int h = 0; h < 2; h++) {
+		__m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+		__m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+		__m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+		__m256i lo[4] = { _mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+				  _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+				  _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4) };
+		for (int k = 0; k < 4; k++) {
+			__m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+			__m256i v = _mm256_or_si256(lo[k], _mm256_slli_epi16(hb, 4));
+			_mm256_storeu_si256((__m256i *)(q + 128 * h + 32 * k), _mm256_sub_epi8(v, m32));
+		}
+	}
+}
+
+/*
+ * The reference's axpy_kquant with its bits: per 16 values dl = d * sc and
+ * ml = dmin * mn (the same scalar products), value = dl * q - ml rounded
+ * twice (the reference's C has no contraction), y = fma(a, value, y).
+ * The quants of Q4_K and Q6_K are unpacked with vector ops, the other
+ * types' by nf_kblock_unpack; every type's scales by nf_kblock_unpack_scales.
+ */
+static void axpy_kq(uint32_t t, size_t n, float a, const void *wrow, float *y)
+{
+	const size_t bs = nf_dtype_block_size(t);
+	const __m256 va = _mm256_set1_ps(a);
+	for (size_t i = 0; i < n / NF_QK_K; i++, y += NF_QK_K) {
+		const char *blk = (const char *)wrow + i * bs;
+		struct nf_kblock kb;
+		if (t == NF_DTYPE_Q4_K || t == NF_DTYPE_Q6_K) {
+			nf_kblock_unpack_scales(t, blk, &kb);
+			kq_quants(t, blk, kb.q);
+		} else {
+			nf_kblock_unpack(t, blk, &kb);
+		}
+		for (int j = 0; j < 16; j++) {
+			const __m256 dl = _mm256_set1_ps(kb.d * (float)kb.sc[j]);
+			const __m256 ml = _mm256_set1_ps(kb.dmin * (float)kb.mn[j]);
+			const __m128i q = _mm_loadu_si128((const __m128i *)(kb.q + 16 * j));
+			const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+			const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)));
+			float *yj = y + 16 * j;
+			_mm256_storeu_ps(yj, _mm256_fmadd_ps(va, _mm256_sub_ps(_mm256_mul_ps(dl, q0), ml),
+							      _mm256_loadu_ps(yj)));
+			_mm256_storeu_ps(yj + 8, _mm256_fmadd_ps(va, _mm256_sub_ps(_mm256_mul_ps(dl, q1), ml),
+								  _mm256_loadu_ps(yj + 8)));
+		}
+	}
+}
+
+#define AVX2_KAXPY(T, DT)                                                                             \
+	void nf_kavx2_axpy_##T(size_t n, float a, const void *wrow, float *y)                         \
+	{                                                                                             \
+		axpy_kq(DT, n, a, wrow, y);                                                           \
+	}                                                                                             \
+	void nf_kavx2_axpy_list_##T(size_t n, size_t ncols, const float *a, const void *const *cols, \
+				    float *y)                                                         \
+	{                                                                                             \
+		for (size_t c = 0; c < ncols; c++)                                                    \
+			axpy_kq(DT, n, a[c], cols[c], y);                                             \
+	}
+
+AVX2_KAXPY(q2_K, NF_DTYPE_Q2_K)
+AVX2_KAXPY(q3_K, NF_DTYPE_Q3_K)
+AVX2_KAXPY(q4_K, NF_DTYPE_Q4_K)
+AVX2_KAXPY(q5_K, NF_DTYPE_Q5_K)
+AVX2_KAXPY(q6_K, NF_DTYPE_Q6_K)
 
 /* ---- K-quant down columns ------------------------------------------------------ */
 

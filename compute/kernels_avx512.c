@@ -794,7 +794,7 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,
 		[NF_KT_Q4_0] = axpy_q4,
-		NF_KREF_KQUANT(axpy),
+		NF_KAVX2_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
@@ -805,7 +805,7 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8,
 		[NF_KT_Q4_0] = axpy_list_q4,
-		NF_KREF_KQUANT(axpy_list),
+		NF_KAVX2_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,
 	.qcol_down = { [NF_KT_Q8_0] = nf_kavx512_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx512_qcol_down_q4_0 },

@@ -173,7 +173,7 @@ static inline void nf_kq_scales_k3(const uint8_t *s, int8_t sc[16])
 
 /* AVX2 K-quant kernels (kernels_avx2_kquant.c), for the AVX2 and AVX-512
  * tables: Q8_K preparation and Q2_K..Q6_K products with the reference's
- * bits; the axpys stay the reference's. */
+ * bits, and the axpys (y += a * row) with the reference's bits too. */
 void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n);
 #define NF_KAVX2_KQUANT_DECL(T)                                                                 \
 	void nf_kavx2_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
@@ -181,7 +181,10 @@ void nf_kavx2_prepare_q8_K(const float *x, void *xq, size_t n);
 	void nf_kavx2_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,        \
 			       size_t nb, const void *xq, size_t xq_stride, float *y, size_t ldy); \
 	void nf_kavx2_gemv_list_##T(size_t n, size_t nrows, const void *const *rows,           \
-				    const void *xq, float *y);
+				    const void *xq, float *y);                                  \
+	void nf_kavx2_axpy_##T(size_t n, float a, const void *wrow, float *y);                 \
+	void nf_kavx2_axpy_list_##T(size_t n, size_t ncols, const float *a,                     \
+				    const void *const *cols, float *y);
 NF_KAVX2_KQUANT_DECL(q2_K)
 NF_KAVX2_KQUANT_DECL(q3_K)
 NF_KAVX2_KQUANT_DECL(q4_K)
@@ -278,8 +281,9 @@ void nf_kneon_axpy_f32v(size_t n, float a, const float *x, float *y);
 	.dot_f32 = nf_kneon_dot_f32v, .axpy_f32 = nf_kneon_axpy_f32v,                              \
 	.qcol_down[NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, .qcol_down[NF_KT_Q4_0] = nf_kref_qcol_down_q4_0, \
 	NF_KREF_KQUANT_AXPY
-/* The K-quant axpys stay the reference's on every SIMD table; the arm64
- * tables' other K-quant entries are kernels_neon_kquant.h's. */
+/* The K-quant axpys stay the reference's on the arm64 tables (x86 has
+ * kernels_avx2_kquant.c's); their other K-quant entries are
+ * kernels_neon_kquant.h's. */
 #define NF_KREF_KQUANT_AXPY NF_KREF_KQUANT_AT(axpy), NF_KREF_KQUANT_AT(axpy_list)
 #define NF_KREF_KQUANT_AT(op)                                                                      \
 	.op[NF_KT_Q2_K] = nf_kref_##op##_q2_K, .op[NF_KT_Q3_K] = nf_kref_##op##_q3_K,              \
