@@ -279,15 +279,8 @@ void nf_kneon_axpy_f32v(size_t n, float a, const float *x, float *y);
 	.rmsnorm = nf_kneon_rmsnorm, .softmax = nf_kneon_softmax, .silu_mul = nf_kneon_silu_mul,  \
 	.relu_mul = nf_kref_relu_mul, .drelu_mul = nf_kref_drelu_mul,                              \
 	.dot_f32 = nf_kneon_dot_f32v, .axpy_f32 = nf_kneon_axpy_f32v,                              \
-	.qcol_down[NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, .qcol_down[NF_KT_Q4_0] = nf_kref_qcol_down_q4_0, \
-	NF_KREF_KQUANT_AXPY
-/* The K-quant axpys stay the reference's on the arm64 tables (x86 has
- * kernels_avx2_kquant.c's); their other K-quant entries are
- * kernels_neon_kquant.h's. */
-#define NF_KREF_KQUANT_AXPY NF_KREF_KQUANT_AT(axpy), NF_KREF_KQUANT_AT(axpy_list)
-#define NF_KREF_KQUANT_AT(op)                                                                      \
-	.op[NF_KT_Q2_K] = nf_kref_##op##_q2_K, .op[NF_KT_Q3_K] = nf_kref_##op##_q3_K,              \
-	.op[NF_KT_Q4_K] = nf_kref_##op##_q4_K, .op[NF_KT_Q5_K] = nf_kref_##op##_q5_K,              \
-	.op[NF_KT_Q6_K] = nf_kref_##op##_q6_K
+	.qcol_down[NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, .qcol_down[NF_KT_Q4_0] = nf_kref_qcol_down_q4_0
+/* (the arm64 tables' K-quant entries, axpys included, are
+ * kernels_neon_kquant.h's) */
 
 #endif /* NF_KERNELS_IMPL_H */

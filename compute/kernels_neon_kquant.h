@@ -1,7 +1,8 @@
 /*
  * kernels_neon_kquant.h - private to compute/kernels_neon.c and
  * compute/kernels_neondot.c: the K-quant kernels of both arm64 tables, Q8_K
- * activation preparation, the Q2_K..Q6_K products (gemv, gemm, gemv_list),
+ * activation preparation, the Q2_K..Q6_K products (gemv, gemm, gemv_list)
+ * and axpys (y += a * row, the reference's bits),
  * written once over the integer block product dot16 that each file
  * defines before including this (see kernels_neon_q.h), and the sparse
  * FFN's K-quant down columns (kcol_madd, exact integers).
@@ -384,8 +385,90 @@ static void nk_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t 
 	NF_KCOL_BY_BITS(nk_kcol_madd_b, bits, off, col, n, sc, xq, acc);
 }
 
-/* The table entries this header defines; the K-quant axpys stay the
- * reference's (as on x86). */
+/* ---- axpy: y += a * row (the sparse FFN's down rows, PowerInfer layout) ---------- */
+
+/* Q4_K's and Q6_K's quants of one super-block as signed values, in order
+ * (as kernels_avx2_kquant.c's kq_quants: Q4_K value 64c + l is qs[32c +
+ * l]'s low nibble, 64c + 32 + l its high one; Q6_K value 128h + 32k + l
+ * from ql and qh, - 32). */
+static void nk_kq_quants(uint32_t t, const void *blk, int8_t q[NF_QK_K])
+{
+	const uint8x16_t m4 = vdupq_n_u8(0xf);
+	if (t == NF_DTYPE_Q4_K) {
+		const struct nf_block_q4_K *b = blk;
+		for (int c = 0; c < 4; c++)
+			for (int p = 0; p < 2; p++) {
+				uint8x16_t v = vld1q_u8(b->qs + 32 * c + 16 * p);
+				vst1q_s8(q + 64 * c + 16 * p, vreinterpretq_s8_u8(vandq_u8(v, m4)));
+				vst1q_s8(q + 64 * c + 32 + 16 * p, vreinterpretq_s8_u8(vshrq_n_u8(v, 4)));
+			}
+		return;
+	}
+	const struct nf_block_q6_K *b = blk;
+	const uint8x16_t m2 = vdupq_n_u8(3);
+	const int8x16_t m32 = vdupq_n_s8(32);
+	for (int h = 0; h < 2; h++)
+		for (int p = 0; p < 2; p++) {
+			uint8x16_t l0 = vld1q_u8(b->ql + 64 * h + 16 * p);
+			uint8x16_t l1 = vld1q_u8(b->ql + 64 * h + 32 + 16 * p);
+			uint8x16_t qh = vld1q_u8(b->qh + 32 * h + 16 * p);
+			uint8x16_t lo[4] = { vandq_u8(l0, m4), vandq_u8(l1, m4), vshrq_n_u8(l0, 4), vshrq_n_u8(l1, 4) };
+			uint8x16_t hb[4] = { vandq_u8(qh, m2), vandq_u8(vshrq_n_u8(qh, 2), m2),
+					     vandq_u8(vshrq_n_u8(qh, 4), m2), vshrq_n_u8(qh, 6) };
+			for (int k = 0; k < 4; k++) {
+				int8x16_t v = vreinterpretq_s8_u8(vorrq_u8(lo[k], vshlq_n_u8(hb[k], 4)));
+				vst1q_s8(q + 128 * h + 32 * k + 16 * p, vsubq_s8(v, m32));
+			}
+		}
+}
+
+/* The reference's axpy_kquant with its bits (per 16 values the same scalar
+ * dl and ml, dl * q - ml rounded twice, one fma), as the x86 tables do. */
+static void nk_axpy_kq(uint32_t t, size_t n, float a, const void *wrow, float *y)
+{
+	const size_t bs = nf_dtype_block_size(t);
+	for (size_t i = 0; i < n / NF_QK_K; i++, y += NF_QK_K) {
+		const char *blk = (const char *)wrow + i * bs;
+		struct nf_kblock kb;
+		if (t == NF_DTYPE_Q4_K || t == NF_DTYPE_Q6_K) {
+			nf_kblock_unpack_scales(t, blk, &kb);
+			nk_kq_quants(t, blk, kb.q);
+		} else {
+			nf_kblock_unpack(t, blk, &kb);
+		}
+		for (int j = 0; j < 16; j++) {
+			const float32x4_t dl = vdupq_n_f32(kb.d * (float)kb.sc[j]);
+			const float32x4_t ml = vdupq_n_f32(kb.dmin * (float)kb.mn[j]);
+			const int8x16_t q = vld1q_s8(kb.q + 16 * j);
+			const int16x8_t h[2] = { vmovl_s8(vget_low_s8(q)), vmovl_s8(vget_high_s8(q)) };
+			for (int r = 0; r < 4; r++) {
+				int32x4_t qi = r % 2 ? vmovl_s16(vget_high_s16(h[r / 2])) : vmovl_s16(vget_low_s16(h[r / 2]));
+				float32x4_t v = vsubq_f32(vmulq_f32(dl, vcvtq_f32_s32(qi)), ml);
+				float *yr = y + 16 * j + 4 * r;
+				vst1q_f32(yr, vfmaq_n_f32(vld1q_f32(yr), v, a));
+			}
+		}
+	}
+}
+
+#define NK_KAXPY(T, DT)                                                                              \
+	static void nk_axpy_##T(size_t n, float a, const void *wrow, float *y)                       \
+	{                                                                                            \
+		nk_axpy_kq(DT, n, a, wrow, y);                                                       \
+	}                                                                                            \
+	static void nk_axpy_list_##T(size_t n, size_t ncols, const float *a, const void *const *cols, \
+				     float *y)                                                       \
+	{                                                                                            \
+		for (size_t c = 0; c < ncols; c++)                                                   \
+			nk_axpy_kq(DT, n, a[c], cols[c], y);                                         \
+	}
+NK_KAXPY(q2_K, NF_DTYPE_Q2_K)
+NK_KAXPY(q3_K, NF_DTYPE_Q3_K)
+NK_KAXPY(q4_K, NF_DTYPE_Q4_K)
+NK_KAXPY(q5_K, NF_DTYPE_Q5_K)
+NK_KAXPY(q6_K, NF_DTYPE_Q6_K)
+
+/* The table entries this header defines. */
 #define NK_ENTRIES(op)                                                                           \
 	.op[NF_KT_Q2_K] = nk_##op##_q2_K, .op[NF_KT_Q3_K] = nk_##op##_q3_K,                      \
 	.op[NF_KT_Q4_K] = nk_##op##_q4_K, .op[NF_KT_Q5_K] = nk_##op##_q5_K,                      \
@@ -394,6 +477,6 @@ static void nk_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t 
 	.act_prepare[NF_KT_Q2_K] = nk_prepare_q8_K, .act_prepare[NF_KT_Q3_K] = nk_prepare_q8_K,  \
 	.act_prepare[NF_KT_Q4_K] = nk_prepare_q8_K, .act_prepare[NF_KT_Q5_K] = nk_prepare_q8_K,  \
 	.act_prepare[NF_KT_Q6_K] = nk_prepare_q8_K, NK_ENTRIES(gemv), NK_ENTRIES(gemm),          \
-	NK_ENTRIES(gemv_list), .kcol_madd = nk_kcol_madd
+	NK_ENTRIES(gemv_list), NK_ENTRIES(axpy), NK_ENTRIES(axpy_list), .kcol_madd = nk_kcol_madd
 
 #endif /* NF_KERNELS_NEON_KQUANT_H */
