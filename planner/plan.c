@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <libgen.h>
 #include <malloc.h>
 #include <math.h>
@@ -1215,6 +1216,138 @@ static int measure_stream(const struct nf_plan_opts *o, uint64_t overhead, const
 	return 0;
 }
 
+/*
+ * The read gap, measured. The search prices each gap's reads on the device
+ * curve and the engine probe's read pace, each a figure of the minute it
+ * was measured in, and a wider gap trades reads for bytes at exactly the
+ * rates that move most from minute to minute. On the 7B shape at 1.5 GiB
+ * (session 15) it took a gap of 8, 512 MiB read a token, that the curve's
+ * burst rate priced at an I/O wait of 0.21; the runs waited 0.37-0.44 of
+ * their time and decoded 0.87x the hand-tuned gap of 4. So the gap chosen
+ * and its neighbours in k_gaps (one narrower, one wider) are decoded in
+ * turn; when a neighbour was GAP_MARGIN faster, that neighbour and the
+ * chosen gap are decoded again, in the other order, and the neighbour is
+ * taken if the faster of each one's two rounds still says so: the host's
+ * noise only ever adds time, and the first decode after the calibration
+ * can be the slowest (the 7B at 1 GiB: gap 8 decoded 1121 ms a token, then
+ * 501; gap 16 603, then 534), which a mean would hold against the gap
+ * chosen, always decoded first. The entry then holds
+ * the model's prediction for the gap taken, and measure_stream prices a
+ * streamed attention's reads from the decodes of that gap. Skipped where
+ * a token is predicted to read less than once a layer: there the gap has
+ * nothing to join.
+ */
+#define GAP_MARGIN 0.03
+
+struct gap_cand {
+	struct nf_store_plan_entry e;
+	size_t k;                   /* index in k_gaps */
+	struct stream_meas m;       /* its decodes: mean seconds a token, stream figures */
+	double best;                /* its fastest decode, seconds a token */
+	bool ok;
+};
+
+/* One more decode of candidate c, folded into its means. */
+static int gap_round(const struct nf_plan_opts *o, uint64_t overhead, const int32_t *ids, struct gap_cand *c)
+{
+	const struct choice plain = { 0, 0, 0, 0, true };
+	double tt = 0, bb = 0;
+	enum nf_sparse_mode mode;
+	struct attn_probe ap;
+	int rc = decode_probe(o, overhead, &c->e, &plain, ids, &tt, &bb, &mode, &ap);
+	if (rc < 0)
+		return rc;
+	struct stream_meas *m = &c->m;
+	c->best = m->n && c->best < tt ? c->best : tt;
+	m->t = (m->t * m->n + tt) / (m->n + 1);
+	m->a.bytes = (m->a.bytes * m->n + ap.bytes) / (m->n + 1);
+	m->a.t_wait = (m->a.t_wait * m->n + ap.t_wait) / (m->n + 1);
+	m->n++;
+	return 0;
+}
+
+/* sm: measure_context's decodes of the chosen settings (n = 0: none); on
+ * return, the decodes of the settings kept, for measure_stream. */
+static int measure_gap(const struct nf_plan_opts *o, uint64_t overhead, const int32_t *ids, const struct cost_in *ci,
+		       struct budget_plan *b, struct stream_meas *sm, struct nf_diag *d)
+{
+	struct nf_store_plan_entry *pe = &b->chosen;
+	if (!b->active || !b->runs || pe->reads_per_token < ci->n_layer)
+		return 0;
+	size_t k0 = 0;
+	while (k0 + 1 < N_GAPS && k_gaps[k0] != pe->read_gap)
+		k0++;
+	struct gap_cand c[3] = { { .e = *pe, .k = k0, .m = *sm, .best = sm->t, .ok = true } };
+	uint32_t n = 1;
+	if (k0 > 0)
+		c[n++] = (struct gap_cand){ .e = *pe, .k = k0 - 1, .ok = true };
+	if (k0 + 1 < N_GAPS)
+		c[n++] = (struct gap_cand){ .e = *pe, .k = k0 + 1, .ok = true };
+	for (uint32_t j = 0; j < n; j++) {
+		c[j].e.read_gap = k_gaps[c[j].k];
+		if (j == 0 && c[0].m.n)
+			continue; /* measure_context decoded it */
+		int rc = gap_round(o, overhead, ids, &c[j]);
+		if (rc == -EAGAIN || rc == NF_EBUDGET) {
+			if (j == 0)
+				return 0;
+			c[j].ok = false;
+		} else if (rc < 0) {
+			return nf_diag_fail(d, rc, "%s: probing a decode under %.1f MiB with read gap %u", o->store,
+					    (double)b->budget / 1048576.0, k_gaps[c[j].k]);
+		}
+	}
+	uint32_t alt = 0;
+	for (uint32_t j = 1; j < n; j++)
+		if (c[j].ok && c[j].best < c[alt].best * (1.0 - GAP_MARGIN))
+			alt = j;
+	char what[256];
+	int w = 0;
+	for (uint32_t j = 0; j < n; j++)
+		if (c[j].ok)
+			w += snprintf(what + w, sizeof(what) - (size_t)w, "%sgap %u %.1f ms", w ? ", " : "",
+				      k_gaps[c[j].k], c[j].best * 1e3);
+	uint32_t take = 0;
+	if (alt) {
+		/* again, the neighbour first this time */
+		int rc = gap_round(o, overhead, ids, &c[alt]);
+		if (rc >= 0)
+			rc = gap_round(o, overhead, ids, &c[0]);
+		if (rc < 0 && rc != -EAGAIN && rc != NF_EBUDGET)
+			return nf_diag_fail(d, rc, "%s: probing a decode under %.1f MiB", o->store,
+					    (double)b->budget / 1048576.0);
+		if (rc == 0 && c[alt].best < c[0].best * (1.0 - GAP_MARGIN))
+			take = alt;
+		if (rc == 0)
+			snprintf(what + w, sizeof(what) - (size_t)w, "; again, the faster of two: gap %u %.1f ms, gap %u %.1f ms",
+				 k_gaps[c[alt].k], c[alt].best * 1e3, k_gaps[c[0].k], c[0].best * 1e3);
+	}
+	if (!take) {
+		*sm = c[0].m;
+		logf_(o, "%.1f MiB: read gap %u and its neighbours, a decode token each: %s: gap %u kept",
+		      (double)b->budget / 1048576.0, pe->read_gap, what, pe->read_gap);
+		return 0;
+	}
+	struct nf_plan_model m;
+	model_of(ci, b, c[take].k, &m);
+	struct nf_store_plan_entry e = { 0 };
+	nf_plan_predict(ci->dev, &m, pe->qd, &e);
+	logf_(o, "%.1f MiB: read gap %u and its neighbours, a decode token each: %s: gap %u taken, predicted %.2f "
+		 "tok/s, not %.2f",
+	      (double)b->budget / 1048576.0, pe->read_gap, what, k_gaps[c[take].k], e.tok_per_s, pe->tok_per_s);
+	pe->read_gap = k_gaps[c[take].k];
+	pe->tok_per_s = e.tok_per_s;
+	pe->io_wait_share = e.io_wait_share;
+	pe->bytes_per_token = e.bytes_per_token;
+	pe->reads_per_token = e.reads_per_token;
+	pe->t_dense_s = e.t_dense_s;
+	pe->t_ffn_s = e.t_ffn_s;
+	pe->t_io_s = e.t_io_s;
+	pe->t_token_s = e.t_token_s;
+	*sm = c[take].m;
+	return 0;
+}
+
 /* The engine probe's figures, solved from one pair of probes */
 struct probe_fit {
 	double iops, layer_s, verify_spb;
@@ -1237,6 +1370,26 @@ struct probe_state {
 	uint32_t n, n_listed, ilo, ihi;
 	bool searched, lo_streams;
 };
+
+/* Memory a new allocation can have: MemAvailable (free pages and the page
+ * cache the kernel would drop for it). Free pages alone leave out the page
+ * cache that files read earlier hold: with 13.9 GB of it and 9.8 GB free
+ * on a 24 GB machine, the 7B's probe at 3 GiB did not run beside the
+ * calibration engine, and the model lost its fixed cost per layer. */
+static double avail_bytes(void)
+{
+	double pages = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+	FILE *f = fopen("/proc/meminfo", "r");
+	if (!f)
+		return pages;
+	char line[128];
+	unsigned long long kb = 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb ? (double)kb * 1024.0 : pages;
+}
 
 static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uint64_t *budgets,
 		      const int32_t *ids, uint32_t n_layer, struct probe_state *ps, struct probe_fit *f)
@@ -1264,7 +1417,7 @@ static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uin
 				ps->ilo = i, ps->lo_streams = true;
 		if (ps->ilo == ps->n)
 			return -EAGAIN;
-		double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+		double avail = avail_bytes();
 		for (int pass = 0; pass < 2 && ps->ihi == ps->n; pass++) {
 			uint32_t from = pass ? ps->n : ps->n_listed, to = pass ? ps->n_listed : 0;
 			for (uint32_t i = from; i-- > to && i > ps->ilo && ps->ihi == ps->n;)
@@ -1272,6 +1425,10 @@ static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uin
 				    probe_one(o, overhead, ps->b[i], true, ids, &hi) == 0)
 					ps->ihi = i;
 		}
+		if (ps->ihi == ps->n)
+			logf_(o, "engine probe: no budget above %.1f MiB decoded with attention pinned beside the "
+				 "calibration engine (%.0f MiB available): no fixed cost per layer",
+			      ps->b[ps->ilo] / 1048576.0, avail / 1048576.0);
 	} else {
 		if (ps->ilo == ps->n || probe_one(o, overhead, ps->b[ps->ilo], !ps->lo_streams, ids, &lo) < 0)
 			return -EAGAIN;
@@ -1750,6 +1907,8 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 				continue;
 			struct stream_meas sm = { 0 };
 			if ((rc = measure_context(o, overhead, ids + n_ids - PROBE_TOKENS, &bp[i], &sm, d)) < 0)
+				goto out;
+			if ((rc = measure_gap(o, overhead, ids + n_ids - PROBE_TOKENS, &ci, &bp[i], &sm, d)) < 0)
 				goto out;
 			if ((rc = measure_stream(o, overhead, ids + n_ids - PROBE_TOKENS, &ci, &bp[i], &sm)) < 0) {
 				rc = nf_diag_fail(d, rc, "%s: probing a decode under %.1f MiB", o->store,

@@ -478,6 +478,59 @@ Test(planner, streamed_attention_is_weighed_against_a_shorter_context, .fini = d
 }
 
 /*
+ * Where a token reads, the plan decodes the read gap it chose against the
+ * gaps beside it in its list and keeps the faster (docs/PLAN.md "The read
+ * gap, measured"): the log names each gap with its time, the entry holds
+ * the gap the log says was kept or taken, and a gap taken carries the
+ * model's prediction for it.
+ */
+Test(planner, read_gap_is_decoded_against_its_neighbours, .fini = drop_model)
+{
+	pl_make_wide_model("plan-gap", 256, gguf, store, sizeof(gguf));
+	uint64_t ov = nf_engine_overhead_now();
+	uint64_t budget = (ov >> 20 << 20) + (72ull << 20);
+	static char text[1 << 16];
+	struct nf_store_plan *p = plan_logged(budget, ov, text, sizeof(text));
+	const struct nf_store_plan_entry *e = &p->entries[0];
+	cr_assert(e->reads_per_token >= 4, "no reads to join at this budget (%.1f a token):\n%s", e->reads_per_token,
+		  text);
+	const char *at = strstr(text, "and its neighbours, a decode token each: ");
+	cr_assert(at, "the gap was not measured:\n%s", text);
+	const char *eol = strchr(at, '\n');
+	cr_assert(eol);
+	char line[512];
+	snprintf(line, sizeof(line), "%.*s", (int)(eol - at), at);
+	cr_log_info("%s", line);
+	/* the chosen gap and at least one neighbour, each with a time */
+	unsigned g0 = 0, g1 = 0;
+	double t0 = 0, t1 = 0;
+	cr_assert(sscanf(line, "and its neighbours, a decode token each: gap %u %lf ms, gap %u %lf ms", &g0, &t0, &g1,
+			 &t1) == 4,
+		  "%s", line);
+	cr_expect(t0 > 0 && t1 > 0 && g0 != g1, "%s", line);
+	unsigned kept = 0;
+	double pred = 0, before = 0;
+	const char *k = strstr(line, ": gap ");
+	while (k && strstr(k + 1, ": gap "))
+		k = strstr(k + 1, ": gap ");
+	cr_assert(k, "%s", line);
+	if (strstr(k, "kept")) {
+		cr_assert(sscanf(k, ": gap %u kept", &kept) == 1, "%s", line);
+		cr_expect_eq(kept, g0, "%s", line);
+	} else {
+		cr_assert(sscanf(k, ": gap %u taken, predicted %lf tok/s, not %lf", &kept, &pred, &before) == 3, "%s",
+			  line);
+		cr_expect_neq(kept, g0, "%s", line);
+		cr_expect(strstr(line, "again, the faster of two"), "a neighbour taken on one round: %s", line);
+		cr_expect(fabs(e->tok_per_s - pred) < 0.006 * (pred > 1 ? pred : 1), "entry %.3f, log %.2f",
+			  e->tok_per_s, pred);
+	}
+	cr_expect_eq(e->read_gap, kept, "entry gap %u, log: %s", e->read_gap, line);
+	cr_expect_float_eq(e->tok_per_s, 1.0 / e->t_token_s, 1e-9);
+	nf_store_plan_free(p);
+}
+
+/*
  * Where every context streams attention, the plan decodes its choice and
  * prices the stream at the rate that decode reached beside the FFN's reads
  * (docs/PLAN.md "Measured choices"): the log says so, and the entry holds
