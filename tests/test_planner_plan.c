@@ -258,6 +258,57 @@ static struct nf_store_plan *plan_quickly(const uint64_t *budgets, uint32_t n)
 	return p;
 }
 
+static struct nf_store_plan *plan_logged_n(const uint64_t *budgets, uint32_t n_budgets, uint64_t ov, char *text,
+					   size_t cap);
+
+/*
+ * Where a token reads, the plan decodes the read gap it chose against the
+ * gaps beside it in its list and keeps the faster (docs/PLAN.md "The read
+ * gap, measured"): the log names each gap with its time, the entry holds
+ * the gap the log says was kept or taken, and a gap taken carries the
+ * model's prediction for it.
+ */
+static void expect_gap_measured(const char *text, const struct nf_store_plan_entry *e)
+{
+	char head[64];
+	snprintf(head, sizeof(head), "%.1f MiB: read gap ", (double)e->budget / 1048576.0);
+	const char *at = strstr(text, head);
+	cr_assert(at, "the gap was not measured at %s:\n%s", head, text);
+	at = strstr(at, "and its neighbours, a decode token each: ");
+	cr_assert(at);
+	const char *eol = strchr(at, '\n');
+	cr_assert(eol);
+	char line[512];
+	snprintf(line, sizeof(line), "%.*s", (int)(eol - at), at);
+	cr_log_info("%s", line);
+	/* the chosen gap and at least one neighbour, each with a time */
+	unsigned g0 = 0, g1 = 0;
+	double t0 = 0, t1 = 0;
+	cr_assert(sscanf(line, "and its neighbours, a decode token each: gap %u %lf ms, gap %u %lf ms", &g0, &t0, &g1,
+			 &t1) == 4,
+		  "%s", line);
+	cr_expect(t0 > 0 && t1 > 0 && g0 != g1, "%s", line);
+	unsigned kept = 0;
+	double pred = 0, before = 0;
+	const char *k = strstr(line, ": gap ");
+	while (k && strstr(k + 1, ": gap "))
+		k = strstr(k + 1, ": gap ");
+	cr_assert(k, "%s", line);
+	if (strstr(k, "kept")) {
+		cr_assert(sscanf(k, ": gap %u kept", &kept) == 1, "%s", line);
+		cr_expect_eq(kept, g0, "%s", line);
+	} else {
+		cr_assert(sscanf(k, ": gap %u taken, predicted %lf tok/s, not %lf", &kept, &pred, &before) == 3, "%s",
+			  line);
+		cr_expect_neq(kept, g0, "%s", line);
+		cr_expect(strstr(line, "again, the faster of two"), "a neighbour taken on one round: %s", line);
+		cr_expect(fabs(e->tok_per_s - pred) < 0.006 * (pred > 1 ? pred : 1), "entry %.3f, log %.2f",
+			  e->tok_per_s, pred);
+	}
+	cr_expect_eq(e->read_gap, kept, "entry gap %u, log: %s", e->read_gap, line);
+	cr_expect_float_eq(e->tok_per_s, 1.0 / e->t_token_s, 1e-9);
+}
+
 Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model)
 {
 	pl_make_wide_model("plan", 256, gguf, store, sizeof(gguf));
@@ -267,8 +318,13 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	/* the third holds every neuron in the hot segment */
 	uint64_t budgets[3] = { base + (72ull << 20), base + (136ull << 20), base + (1024ull << 20) };
 	struct nf_diag d = { 0 };
-	struct nf_store_plan *p = plan_quickly(budgets, 3);
+	static char text[1 << 16];
+	struct nf_store_plan *p = plan_logged_n(budgets, 3, 0, text, sizeof(text));
+	cr_assert_eq(p->n_entries, 3);
 	cr_expect(p->n_points > 0 && p->n_rates > 0 && p->mem_read_gb_s > 0);
+	/* the first budget's tokens read: its gap was decoded */
+	cr_assert(p->entries[0].reads_per_token >= 4, "%.1f reads a token:\n%s", p->entries[0].reads_per_token, text);
+	expect_gap_measured(text, &p->entries[0]);
 	/* leave one out: with every neuron the calibration saw hot, a new
 	 * token still brings neurons it never saw (the replay of a token
 	 * against the hot set chosen without it); without it the replay
@@ -401,7 +457,8 @@ static int streams_at(uint64_t b, uint32_t n_ctx, bool lean, uint64_t overhead)
 
 /* nf_plan_run of store for one budget, quickly, with overhead ov (a
  * window's, whatever this process holds by then); its log in text. */
-static struct nf_store_plan *plan_logged(uint64_t budget, uint64_t ov, char *text, size_t cap)
+static struct nf_store_plan *plan_logged_n(const uint64_t *budgets, uint32_t n_budgets, uint64_t ov, char *text,
+					   size_t cap)
 {
 	char logp[300];
 	pl_tmp_path(logp, sizeof(logp), "plan-log");
@@ -410,8 +467,8 @@ static struct nf_store_plan *plan_logged(uint64_t budget, uint64_t ov, char *tex
 	struct nf_plan_opts o;
 	nf_plan_opts_default(&o);
 	o.store = store;
-	o.budgets = &budget;
-	o.n_budgets = 1;
+	o.budgets = budgets;
+	o.n_budgets = n_budgets;
 	o.calib_tokens = 32;
 	o.n_threads = 2;
 	o.device.seconds = 1.0;
@@ -427,6 +484,11 @@ static struct nf_store_plan *plan_logged(uint64_t budget, uint64_t ov, char *tex
 	unlink(logp);
 	cr_assert_eq(rc, 0, "%s\n%s", nf_diag_msg(&d, rc), text);
 	return p;
+}
+
+static struct nf_store_plan *plan_logged(uint64_t budget, uint64_t ov, char *text, size_t cap)
+{
+	return plan_logged_n(&budget, 1, ov, text, cap);
 }
 
 /*
@@ -474,59 +536,6 @@ Test(planner, streamed_attention_is_weighed_against_a_shorter_context, .fini = d
 	cr_assert_eq(open_at(budget, false, e, &e2, &d), 0, "%s", d.msg);
 	static const int32_t ids[8] = { 1, 278, 263, 13, 300, 72, 101, 259 };
 	expect_same_run(e1, e2, ids);
-	nf_store_plan_free(p);
-}
-
-/*
- * Where a token reads, the plan decodes the read gap it chose against the
- * gaps beside it in its list and keeps the faster (docs/PLAN.md "The read
- * gap, measured"): the log names each gap with its time, the entry holds
- * the gap the log says was kept or taken, and a gap taken carries the
- * model's prediction for it.
- */
-Test(planner, read_gap_is_decoded_against_its_neighbours, .fini = drop_model)
-{
-	pl_make_wide_model("plan-gap", 256, gguf, store, sizeof(gguf));
-	uint64_t ov = nf_engine_overhead_now();
-	uint64_t budget = (ov >> 20 << 20) + (72ull << 20);
-	static char text[1 << 16];
-	struct nf_store_plan *p = plan_logged(budget, ov, text, sizeof(text));
-	const struct nf_store_plan_entry *e = &p->entries[0];
-	cr_assert(e->reads_per_token >= 4, "no reads to join at this budget (%.1f a token):\n%s", e->reads_per_token,
-		  text);
-	const char *at = strstr(text, "and its neighbours, a decode token each: ");
-	cr_assert(at, "the gap was not measured:\n%s", text);
-	const char *eol = strchr(at, '\n');
-	cr_assert(eol);
-	char line[512];
-	snprintf(line, sizeof(line), "%.*s", (int)(eol - at), at);
-	cr_log_info("%s", line);
-	/* the chosen gap and at least one neighbour, each with a time */
-	unsigned g0 = 0, g1 = 0;
-	double t0 = 0, t1 = 0;
-	cr_assert(sscanf(line, "and its neighbours, a decode token each: gap %u %lf ms, gap %u %lf ms", &g0, &t0, &g1,
-			 &t1) == 4,
-		  "%s", line);
-	cr_expect(t0 > 0 && t1 > 0 && g0 != g1, "%s", line);
-	unsigned kept = 0;
-	double pred = 0, before = 0;
-	const char *k = strstr(line, ": gap ");
-	while (k && strstr(k + 1, ": gap "))
-		k = strstr(k + 1, ": gap ");
-	cr_assert(k, "%s", line);
-	if (strstr(k, "kept")) {
-		cr_assert(sscanf(k, ": gap %u kept", &kept) == 1, "%s", line);
-		cr_expect_eq(kept, g0, "%s", line);
-	} else {
-		cr_assert(sscanf(k, ": gap %u taken, predicted %lf tok/s, not %lf", &kept, &pred, &before) == 3, "%s",
-			  line);
-		cr_expect_neq(kept, g0, "%s", line);
-		cr_expect(strstr(line, "again, the faster of two"), "a neighbour taken on one round: %s", line);
-		cr_expect(fabs(e->tok_per_s - pred) < 0.006 * (pred > 1 ? pred : 1), "entry %.3f, log %.2f",
-			  e->tok_per_s, pred);
-	}
-	cr_expect_eq(e->read_gap, kept, "entry gap %u, log: %s", e->read_gap, line);
-	cr_expect_float_eq(e->tok_per_s, 1.0 / e->t_token_s, 1e-9);
 	nf_store_plan_free(p);
 }
 
