@@ -742,11 +742,14 @@ static inline __m256i kx8_k6_dot(__m256i v, const int8_t *xq, const struct kx8_t
  * 8h + m), which the hardware prefetcher follows badly: streamed from
  * memory the loop ran at 16 GB/s on one Zen 5 core against 28 from L2.
  * So each super-block prefetches the whole block KX8_PF6 blocks ahead
- * (blocks are contiguous across groups; a prefetch past the end is
- * harmless), and h is the outer loop so that each half of the block is
- * done before the next is touched.
+ * into L2 (blocks are contiguous across groups; a prefetch past the end
+ * is harmless), and h is the outer loop so that each half of the block is
+ * done before the next is touched. Into L2, not L1: on a Zen 4 core the
+ * 27 L1 prefetches two blocks ahead held the loop at 0.4-0.55 of the
+ * memory read (0.6-0.9 with none), where 4 blocks ahead into L2 reaches
+ * 0.8-1.0 (docs/KERNELS.md, session 18).
  */
-#define KX8_PF6 2
+#define KX8_PF6 4
 static inline __attribute__((always_inline)) void kx8_k6(const unsigned char *b, const struct nf_block_q8_K *x,
 							  const struct kx8_tab *t, size_t nsb, __m256 acc[8])
 {
@@ -755,7 +758,7 @@ static inline __attribute__((always_inline)) void kx8_k6(const unsigned char *b,
 		const __m256 dv = kx8_d(b, t[i].d);
 		const int8_t *xq = x[i].qs;
 		for (size_t l = 0; l < bs; l += 64)
-			_mm_prefetch((const char *)b + KX8_PF6 * bs + l, _MM_HINT_T0);
+			_mm_prefetch((const char *)b + KX8_PF6 * bs + l, _MM_HINT_T1);
 		__m256i sumi[8];
 		for (int m = 0; m < 8; m++)
 			sumi[m] = _mm256_setzero_si256();
