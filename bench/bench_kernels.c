@@ -39,8 +39,8 @@
 
 #define REPS 5
 #define SET_BYTES (320ull << 20) /* matrix set per type, well above L3 */
-#define N_COLS 4096
-#define N_ROWS 11008
+/* gemv shape: NFLASH_BENCH_SHAPE=COLSxROWS, e.g. 11008x4096 (a down matrix) */
+static size_t n_cols = 4096, n_rows = 11008;
 #define GEMM_ROWS 2048
 #define GEMM_BATCH 512
 
@@ -139,12 +139,12 @@ static void fill_weights(enum nf_ktype kt, uint32_t dt, char *w, size_t rows, si
 		char *row = w + r * row_bytes;
 		if (kt == NF_KT_F16) {
 			uint16_t *h = (uint16_t *)row;
-			for (size_t i = 0; i < N_COLS; i++)
+			for (size_t i = 0; i < n_cols; i++)
 				h[i] = (uint16_t)((h[i] & 0x83ff) | 0x2c00); /* |v| in [1/16, 1/8) */
 		} else if (kt >= NF_KT_Q2_K && kt <= NF_KT_Q6_K) {
 			/* random quants and scales; finite d (and dmin) at their offsets */
 			size_t bs = nf_dtype_block_size(dt), doff = kq_d_offset(kt);
-			for (size_t b = 0; b < N_COLS / NF_QK_K; b++) {
+			for (size_t b = 0; b < n_cols / NF_QK_K; b++) {
 				uint16_t d = nf_fp32_to_fp16(0.001f * (float)(1 + (b + r) % 7));
 				memcpy(row + b * bs + doff, &d, 2);
 				if (kt == NF_KT_Q2_K || kt == NF_KT_Q4_K || kt == NF_KT_Q5_K)
@@ -152,7 +152,7 @@ static void fill_weights(enum nf_ktype kt, uint32_t dt, char *w, size_t rows, si
 			}
 		} else {
 			size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
-			for (size_t b = 0; b < N_COLS / NF_QK; b++) {
+			for (size_t b = 0; b < n_cols / NF_QK; b++) {
 				uint16_t d = nf_fp32_to_fp16(0.001f * (float)(1 + (b + r) % 7));
 				memcpy(row + b * bs, &d, 2);
 			}
@@ -267,25 +267,42 @@ int main(int argc, char **argv)
 		      "gemv and gemm GB/s of each kernel table (default: the SIMD ones this CPU\n"
 		      "has; TABLE: avx512, avx2, scalar, neon-dot, neon) per type, beside a plain\n"
 		      "memory read by as many threads. Environment: NFLASH_BENCH_TYPES (e.g.\n"
-		      "q4_0,q6_K), LLAMA_BENCH and LLAMA_BENCH_MODELS (llama.cpp beside it);\n"
+		      "q4_0,q6_K), NFLASH_BENCH_SHAPE (COLSxROWS, default 4096x11008),\n"
+		      "LLAMA_BENCH and LLAMA_BENCH_MODELS (llama.cpp beside it);\n"
 		      "bench/bench_kernels.c's opening comment, docs/KERNELS.md.\n",
 		      all_isas, nisa);
 	if (argc > 1) {
 		isas = (const char **)argv + 1;
 		nisa = argc - 1;
 	}
+	const char *shape = getenv("NFLASH_BENCH_SHAPE");
+	if (shape) {
+		char *end;
+		unsigned long long c = strtoull(shape, &end, 10), r = 0;
+		if (*end == 'x')
+			r = strtoull(end + 1, &end, 10);
+		if (*end || c == 0 || c % NF_QK_K || c > (1u << 20) || r == 0 || r % 64 || r > (1u << 20)) {
+			fprintf(stderr,
+				"bench_kernels: NFLASH_BENCH_SHAPE='%s': want COLSxROWS, columns a multiple of "
+				"256, rows of 64 (e.g. 11008x4096)\n",
+				shape);
+			return 2;
+		}
+		n_cols = (size_t)c;
+		n_rows = (size_t)r;
+	}
 	char extra[128];
-	snprintf(extra, sizeof(extra), "best isa %s; gemv %dx%d, set %llu MiB per type",
-		 nf_kernels_get()->isa, N_ROWS, N_COLS, SET_BYTES >> 20);
+	snprintf(extra, sizeof(extra), "best isa %s; gemv %zux%zu, set %llu MiB per type",
+		 nf_kernels_get()->isa, n_rows, n_cols, SET_BYTES >> 20);
 	nf_bench_header("bench_kernels", extra);
 
-	float *x = malloc(N_COLS * sizeof(float));
-	float *y = malloc(N_ROWS * (size_t)GEMM_BATCH * sizeof(float));
-	char *xq = alloc_huge(GEMM_BATCH * nf_act_size(NF_KT_F32, N_COLS));
+	float *x = malloc(n_cols * sizeof(float));
+	float *y = malloc((n_rows > GEMM_ROWS ? n_rows : GEMM_ROWS) * (size_t)GEMM_BATCH * sizeof(float));
+	char *xq = alloc_huge(GEMM_BATCH * nf_act_size(NF_KT_F32, n_cols));
 	if (!x || !y)
 		return 1;
 	uint64_t s = 42;
-	for (size_t i = 0; i < N_COLS; i++)
+	for (size_t i = 0; i < n_cols; i++)
 		x[i] = (float)(nf_bench_rng(&s) % 2001) / 1000.0f - 1.0f;
 
 	/* memory-read reference: the same bytes as a matrix set, read by the
@@ -311,16 +328,16 @@ int main(int argc, char **argv)
 		enum nf_ktype kt = types[ti];
 		if (only && !nf_bench_list_has(only, type_names[ti]))
 			continue;
-		size_t rb = nf_dtype_row_size(type_dtypes[ti], N_COLS), mat = rb * N_ROWS;
+		size_t rb = nf_dtype_row_size(type_dtypes[ti], n_cols), mat = rb * n_rows;
 		size_t nmat = (SET_BYTES + mat - 1) / mat;
 		char *w = alloc_huge(nmat * mat), *wp = NULL;
-		fill_weights(kt, type_dtypes[ti], w, nmat * N_ROWS, rb, 7 + ti);
+		fill_weights(kt, type_dtypes[ti], w, nmat * n_rows, rb, 7 + ti);
 		/* Q4_0, Q8_0, Q4_K, Q5_K and Q6_K also in 8-row groups (the form
 		 * nf_model_repack gives matrices in memory), for the tables that
 		 * have kernels */
 		if (nf_x8_supported(kt)) {
 			wp = alloc_huge(nmat * mat);
-			nf_repack_x8(kt, wp, w, N_COLS, nmat * N_ROWS);
+			nf_repack_x8(kt, wp, w, n_cols, nmat * n_rows);
 		}
 		for (int vi = 0; vi < 2 * nisa; vi++) {
 			const struct nf_kernels *k = nf_kernels_isa(isas[vi / 2]);
@@ -330,9 +347,9 @@ int main(int argc, char **argv)
 			char tname[16];
 			snprintf(tname, sizeof(tname), "%s%s", type_names[ti], pk ? "x8" : "");
 			const char *wv = pk ? wp : w;
-			k->act_prepare[kt](x, xq, N_COLS);
+			k->act_prepare[kt](x, xq, n_cols);
 			for (int nt = 1; nt <= 2; nt++) {
-				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = N_ROWS,
+				struct gemv_job j = { .k = k, .kt = kt, .n = n_cols, .rows = n_rows,
 						      .row_bytes = rb, .xq = xq, .y = y, .packed = pk };
 				double t[REPS], c[REPS], mt[REPS], mc[REPS], d0, d1;
 				gemv_pass(pools[nt], &j, wv, nmat, mat, &d0, &d1); /* warm-up */
@@ -346,7 +363,7 @@ int main(int argc, char **argv)
 				double cgbps = bytes / nf_bench_median(c, REPS) / 1e9;
 				double mgbps = (double)SET_BYTES / nf_bench_median(mt, REPS) / 1e9;
 				double mcgbps = (double)SET_BYTES / nf_bench_median(mc, REPS) / 1e9;
-				double flop = 2.0 * N_COLS * N_ROWS * (double)nmat;
+				double flop = 2.0 * n_cols * n_rows * (double)nmat;
 				printf("gemv\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\n", k->isa,
 				       tname, nt, gbps, mgbps, gbps / mgbps, cgbps, mcgbps, cgbps / mcgbps,
 				       flop / nf_bench_median(t, REPS) / 1e9, flop / nf_bench_median(c, REPS) / 1e9);
@@ -354,14 +371,14 @@ int main(int argc, char **argv)
 			}
 			if (!strcmp(k->isa, "scalar"))
 				continue; /* a 512-row scalar gemm takes minutes */
-			size_t as = nf_act_size(kt, N_COLS);
+			size_t as = nf_act_size(kt, n_cols);
 			for (size_t b = 0; b < GEMM_BATCH; b++) {
-				for (size_t i = 0; i < N_COLS; i++)
+				for (size_t i = 0; i < n_cols; i++)
 					x[i] = (float)(nf_bench_rng(&s) % 2001) / 1000.0f - 1.0f;
-				k->act_prepare[kt](x, xq + b * as, N_COLS);
+				k->act_prepare[kt](x, xq + b * as, n_cols);
 			}
 			for (int nt = 1; nt <= 2; nt++) {
-				struct gemv_job j = { .k = k, .kt = kt, .n = N_COLS, .rows = GEMM_ROWS,
+				struct gemv_job j = { .k = k, .kt = kt, .n = n_cols, .rows = GEMM_ROWS,
 						      .row_bytes = rb, .w = wv, .xq = xq, .y = y,
 						      .nb = GEMM_BATCH, .xq_stride = as, .packed = pk };
 				double t[3], c[3];
@@ -373,7 +390,7 @@ int main(int argc, char **argv)
 						c[r] = max_cpu(j.cpu, nt);
 					}
 				}
-				double flop = 2.0 * N_COLS * GEMM_ROWS * GEMM_BATCH;
+				double flop = 2.0 * n_cols * GEMM_ROWS * GEMM_BATCH;
 				printf("gemm%d\t%s\t%s\t%d\t-\t-\t-\t-\t-\t-\t%.1f\t%.1f\n", GEMM_BATCH, k->isa,
 				       tname, nt, flop / nf_bench_median(t, 3) / 1e9,
 				       flop / nf_bench_median(c, 3) / 1e9);

@@ -22,6 +22,7 @@
  *     tokens one by one).
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,34 +99,84 @@ struct mm_job {
 	size_t n_mm;
 	const void *xq;
 	size_t xq_stride, nb;
+	size_t cs[4];          /* rows per chunk of each product */
+	size_t c0[5];          /* first chunk of each product; c0[n_mm]: total */
+	_Atomic size_t next;   /* next chunk to take */
+	int even;              /* NFLASH_MM_EVEN: one chunk a thread, in thread order */
 };
+
+/* Rows [r0, r1) of one product. */
+static void mm_rows(const struct mm_job *j, const struct nf_mm *m, size_t r0, size_t r1)
+{
+	const struct nf_weight *w = m->w;
+	const char *wr = (const char *)w->data + r0 * w->row_bytes;
+	if (w->packed) {
+		/* packed by nf_model_repack for the best table */
+		const struct nf_kernels *k = j->k->gemv_x8[w->kt] ? j->k : nf_kernels_get();
+		if (j->nb == 1)
+			k->gemv_x8[w->kt](w->n, r1 - r0, wr, j->xq, m->y + r0);
+		else
+			k->gemm_x8[w->kt](w->n, r1 - r0, wr, j->nb, j->xq, j->xq_stride, m->y + r0, m->ldy);
+	} else if (j->nb == 1)
+		j->k->gemv[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->xq, m->y + r0);
+	else
+		j->k->gemm[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->nb, j->xq, j->xq_stride, m->y + r0,
+				  m->ldy);
+}
+
+/*
+ * The products' rows are cut into chunks (MM_CHUNKS per thread and
+ * product, in multiples of 16 rows so SIMD kernels stay on full tiles and
+ * 8-row groups are never cut) that the threads take in turn from one
+ * counter: a thread slowed by the host or by memory takes fewer, where an
+ * even split left the other waiting at the end of every product. A row's
+ * sum does not depend on who computes it, so the bits are the same.
+ */
+#define MM_CHUNKS 4
 
 static void mm_worker(void *arg, int ith, int nth)
 {
 	struct mm_job *j = arg;
-	for (size_t i = 0; i < j->n_mm; i++) {
-		const struct nf_mm *m = &j->mm[i];
-		const struct nf_weight *w = m->w;
-		size_t r0, r1;
-		/* Row slices in multiples of 16 keep SIMD kernels on full tiles;
-		 * 8-row groups are never cut. */
-		nf_split(w->nrows, w->nrows >= 16 * (size_t)nth ? 16 : w->packed ? 8 : 1, ith, nth, &r0, &r1);
-		if (r0 >= r1)
-			continue;
-		const char *wr = (const char *)w->data + r0 * w->row_bytes;
-		if (w->packed) {
-			/* packed by nf_model_repack for the best table */
-			const struct nf_kernels *k = j->k->gemv_x8[w->kt] ? j->k : nf_kernels_get();
-			if (j->nb == 1)
-				k->gemv_x8[w->kt](w->n, r1 - r0, wr, j->xq, m->y + r0);
-			else
-				k->gemm_x8[w->kt](w->n, r1 - r0, wr, j->nb, j->xq, j->xq_stride, m->y + r0, m->ldy);
-		} else if (j->nb == 1)
-			j->k->gemv[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->xq, m->y + r0);
-		else
-			j->k->gemm[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->nb, j->xq, j->xq_stride,
-					  m->y + r0, m->ldy);
+	size_t i = 0, total = j->c0[j->n_mm];
+	if (j->even) {
+		for (size_t q = 0; q < j->n_mm; q++) {
+			const struct nf_mm *m = &j->mm[q];
+			size_t r0 = (size_t)ith * j->cs[q], r1 = r0 + j->cs[q];
+			if (r0 < m->w->nrows)
+				mm_rows(j, m, r0, r1 < m->w->nrows ? r1 : m->w->nrows);
+		}
+		return;
 	}
+	for (;;) {
+		size_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		if (c >= total)
+			break;
+		while (c >= j->c0[i + 1])
+			i++;
+		const struct nf_mm *m = &j->mm[i];
+		size_t r0 = (c - j->c0[i]) * j->cs[i], r1 = r0 + j->cs[i];
+		mm_rows(j, m, r0, r1 < m->w->nrows ? r1 : m->w->nrows);
+	}
+}
+
+/* Chunk each product of j for nth threads. */
+static void mm_chunk(struct mm_job *j, int nth)
+{
+	static _Atomic int even = -1; /* the old even split, for benchmarks against it */
+	if (even < 0)
+		even = getenv("NFLASH_MM_EVEN") != NULL;
+	j->even = even;
+	j->c0[0] = 0;
+	for (size_t i = 0; i < j->n_mm; i++) {
+		const struct nf_weight *w = j->mm[i].w;
+		size_t align = w->nrows >= 16 * (size_t)nth ? 16 : w->packed ? 8 : 1;
+		size_t units = (w->nrows + align - 1) / align;
+		size_t per = nth > 1 ? (size_t)nth * (even ? 1 : MM_CHUNKS) : 1;
+		size_t cs = (units + per - 1) / per * align;
+		j->cs[i] = cs;
+		j->c0[i + 1] = j->c0[i] + (w->nrows + cs - 1) / cs;
+	}
+	atomic_init(&j->next, 0);
 }
 
 void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const float *x,
@@ -156,6 +207,7 @@ void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const 
 		}
 		struct mm_job j = { .k = c->k, .mm = grp, .n_mm = ng, .xq = xq, .xq_stride = stride,
 				    .nb = nb };
+		mm_chunk(&j, c->pool ? nf_pool_nthreads(c->pool) : 1);
 		nf_ctx_run(c, mm_worker, &j);
 	}
 }
