@@ -21,6 +21,7 @@
  *     product, and only then.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "nflash/dtype.h"
@@ -32,6 +33,7 @@ struct att_job {
 	uint32_t il;
 	size_t nb;
 	const float *norm_w;
+	_Atomic size_t next; /* attend: (row, head) pairs taken */
 };
 
 static void norm_rows(void *arg, size_t b0, size_t b1)
@@ -107,9 +109,18 @@ static void attend(void *arg, int ith, int nth)
 	void *qh = (char *)c->qh + (size_t)ith * c->qh_row;
 	bool f16 = c->kv_type == NF_KV_F16;
 
-	size_t p0, p1;
-	nf_split(j->nb * hp->n_head, 1, ith, nth, &p0, &p1);
-	for (size_t p = p0; p < p1; p++) {
+	/* A row's cost grows with its position (a causal prefill's last row
+	 * reads 512 keys, its first one), so an even split of the rows gave
+	 * the thread with the later half three times the work: the threads
+	 * take (row, head) pairs from one counter instead, from the
+	 * batch's last row back (the longest first). Each pair's sums are the same whoever computes them. */
+	(void)nth;
+	size_t np = j->nb * hp->n_head;
+	for (;;) {
+		size_t taken = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		if (taken >= np)
+			break;
+		size_t p = np - 1 - taken;
 		size_t b = p / hp->n_head, h = p % hp->n_head, hk = h / group;
 		size_t n_t = (size_t)c->row_pos[b] + 1;
 		const struct nf_ctx *sq = c->row_seq[b];
@@ -179,6 +190,7 @@ int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb)
 	};
 	nf_ctx_matmul(c, qkv, 3, c->xn, E, nb);
 	nf_ctx_parallel(c, nb, rope_store_rows, &j);
+	atomic_init(&j.next, 0);
 	nf_ctx_run(c, attend, &j);
 	struct nf_mm o = { .w = &wo, .y = c->tmp, .ldy = E };
 	nf_ctx_matmul(c, &o, 1, c->att, E, nb);
