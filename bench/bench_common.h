@@ -65,7 +65,7 @@ static inline void nf_bench_header(const char *name, const char *extra)
 }
 
 /*
- * Sum of the 64-bit words of p[0..bytes) (bytes a multiple of 256, p
+ * Sum of the 64-bit words of p[0..bytes) (bytes a multiple of 64, p
  * aligned to 64) with the widest loads the CPU has: the memory-read
  * bandwidth the gemv benchmarks are compared with.
  */
@@ -80,6 +80,8 @@ __attribute__((target("avx512f"))) static inline uint64_t nf_bench_sum_avx512(co
 		s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(p + i + 128)));
 		s3 = _mm512_add_epi64(s3, _mm512_load_si512((const void *)(p + i + 192)));
 	}
+	for (size_t i = bytes & ~(size_t)255; i + 64 <= bytes; i += 64)
+		s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)(p + i)));
 	return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1),
 								  _mm512_add_epi64(s2, s3)));
 }
@@ -92,6 +94,10 @@ __attribute__((target("avx2"))) static inline uint64_t nf_bench_sum_avx2(const c
 		s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 32)));
 		s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + i + 64)));
 		s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+	}
+	for (size_t i = bytes & ~(size_t)127; i + 64 <= bytes; i += 64) {
+		s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(p + i)));
+		s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 32)));
 	}
 	s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
 	uint64_t l[4];

@@ -11,14 +11,19 @@
  *   gemv_list   one gemv_list call
  *   axpy_cols   one axpy per row as a down column into the chunk's output
  *   axpy_list   one axpy_list call
+ *   read_rows   the peer: a plain sum of the same rows' cache lines, no
+ *               arithmetic, in the same chunks and threads (what DRAM gives
+ *               to reads scattered like these)
  * Q4_0 and Q8_0 run all four; Q4_K and Q6_K the two gemv ops (their downs
  * are K-quant columns, kcol_madd, not rows).
  * GB/s counts the active rows' bytes; every figure is the median of REPS
- * passes over the whole set after one warm-up pass, and ratio compares the
- * list kernel to the per-row calls measured in the same repetitions.
+ * passes over the whole set after one warm-up pass. ratio_to_per_row
+ * compares the list kernel to the per-row calls, of_read_rows each op to
+ * the plain read of the same rows, measured in the same repetitions.
  *
  *	make bench BENCH=bench_gather   # or: build/bench/bench_gather [avx512|avx2|neon-dot|neon...]
  */
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,8 +42,9 @@
 #define CHUNK 64
 #define ACTIVE_PER_1000 130
 
-enum op { OP_GEMV_ROWS, OP_GEMV_LIST, OP_AXPY_COLS, OP_AXPY_LIST, OP_COUNT };
-static const char *const op_names[OP_COUNT] = { "gemv_rows", "gemv_list", "axpy_cols", "axpy_list" };
+enum op { OP_GEMV_ROWS, OP_GEMV_LIST, OP_AXPY_COLS, OP_AXPY_LIST, OP_READ_ROWS, OP_COUNT };
+static const char *const op_names[OP_COUNT] = { "gemv_rows", "gemv_list", "axpy_cols", "axpy_list",
+						 "read_rows" };
 
 struct job {
 	const struct nf_kernels *k;
@@ -52,6 +58,7 @@ struct job {
 	float *y;               /* N_ROWS: gemv outputs */
 	float *out;             /* per thread N_COLS: chunk output */
 	const float *coef;      /* per active row */
+	uint64_t sink[2];       /* read_rows' sums, per thread */
 };
 
 static void job_fn(void *arg, int ith, int nth)
@@ -77,9 +84,17 @@ static void job_fn(void *arg, int ith, int nth)
 			for (size_t i = 0; i < an; i++)
 				j->k->axpy[j->kt](N_COLS, j->coef[a0 + i], rows[i], out);
 			break;
-		default:
+		case OP_AXPY_LIST:
 			memset(out, 0, N_COLS * sizeof(float));
 			j->k->axpy_list[j->kt](N_COLS, an, j->coef + a0, rows, out);
+			break;
+		default:
+			/* every cache line a row touches */
+			for (size_t i = 0; i < an; i++) {
+				uintptr_t p0 = (uintptr_t)rows[i] & ~(uintptr_t)63;
+				uintptr_t p1 = ((uintptr_t)rows[i] + j->row_bytes + 63) & ~(uintptr_t)63;
+				j->sink[ith & 1] += nf_bench_memsum((const char *)p0, p1 - p0);
+			}
 			break;
 		}
 	}
@@ -104,7 +119,8 @@ int main(int argc, char **argv)
 		      "usage: bench_gather [TABLE...]\n"
 		      "\n"
 		      "The sparse FFN's gather kernels (gemv_list, axpy_list) against one call\n"
-		      "per row, on 13% of the rows of 7B-shaped matrices streaming from DRAM,\n"
+		      "per row and against a plain read of the same rows (read_rows), on 13%\n"
+		      "of the rows of 7B-shaped matrices streaming from DRAM,\n"
 		      "per kernel table (default: the SIMD ones this CPU has; TABLE: avx512,\n"
 		      "avx2, scalar, neon-dot, neon) and type (bench/bench_gather.c).\n",
 		      all_isas, nisa);
@@ -131,7 +147,7 @@ int main(int argc, char **argv)
 		if (nf_pool_open(nt, -1, &pools[nt]) < 0)
 			return 1;
 
-	printf("op\tisa\ttype\tthreads\tGB_per_s\tratio_to_per_row\n");
+	printf("op\tisa\ttype\tthreads\tGB_per_s\tratio_to_per_row\tof_read_rows\n");
 	fflush(stdout);
 	for (int ti = 0; ti < ntypes; ti++) {
 		enum nf_ktype kt = types[ti];
@@ -164,11 +180,13 @@ int main(int argc, char **argv)
 				continue;
 			k->act_prepare[kt](x, xq, N_COLS);
 			/* K-quant downs go through kcol_madd (QCOL form), not axpy */
-			int nops = kt == NF_KT_Q4_0 || kt == NF_KT_Q8_0 ? OP_COUNT : OP_AXPY_COLS;
+			bool down = kt == NF_KT_Q4_0 || kt == NF_KT_Q8_0;
 			for (int nt = 1; nt <= 2; nt++) {
 				double t[OP_COUNT][REPS];
 				for (int rep = -1; rep < REPS; rep++)
-					for (int op = 0; op < nops; op++) {
+					for (int op = 0; op < OP_COUNT; op++) {
+						if (!down && (op == OP_AXPY_COLS || op == OP_AXPY_LIST))
+							continue;
 						struct job j = { .k = k, .kt = kt, .op = (enum op)op, .row_bytes = rb,
 								 .active = active, .n_active = n_active, .xq = xq,
 								 .y = y, .out = out, .coef = coef };
@@ -181,11 +199,19 @@ int main(int argc, char **argv)
 							t[op][rep] = nf_cli_now() - t0;
 					}
 				double bytes = (double)n_active * (double)rb * (double)nmat, med[OP_COUNT];
-				for (int op = 0; op < nops; op++)
-					med[op] = nf_bench_median(t[op], REPS);
-				for (int op = 0; op < nops; op++)
-					printf("%s\t%s\t%s\t%d\t%.2f\t%.2f\n", op_names[op], k->isa, type_names[ti], nt,
-					       bytes / med[op] / 1e9, med[op & ~1] / med[op]);
+				for (int op = 0; op < OP_COUNT; op++)
+					if (down || (op != OP_AXPY_COLS && op != OP_AXPY_LIST))
+						med[op] = nf_bench_median(t[op], REPS);
+				for (int op = 0; op < OP_COUNT; op++) {
+					if (!down && (op == OP_AXPY_COLS || op == OP_AXPY_LIST))
+						continue;
+					printf("%s\t%s\t%s\t%d\t%.2f\t", op_names[op], k->isa, type_names[ti], nt,
+					       bytes / med[op] / 1e9);
+					if (op == OP_READ_ROWS)
+						printf("-\t1.00\n");
+					else
+						printf("%.2f\t%.2f\n", med[op & ~1] / med[op], med[OP_READ_ROWS] / med[op]);
+				}
 				fflush(stdout);
 			}
 		}
