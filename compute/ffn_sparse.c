@@ -66,6 +66,9 @@ int nf_sp_tokens_forward(struct nf_sparse *s, const struct nf_ffn_env *env, cons
 		return nf_sp_tokens_forward(s, env, &b);
 	}
 	int rc = 0;
+	s->decode_now = io->nb == 1;
+	if (!s->decode_now)
+		s->la_layer = UINT32_MAX; /* a guess is checked by the same token's next layer only */
 	for (size_t b = 0; b < io->nb && rc == 0; b++)
 		rc = nf_sp_token_forward(s, env, io->layer, io->x + b * s->E, io->resid + b * s->E, io->out + b * s->E);
 	return rc;
@@ -155,6 +158,7 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    !(s->score = zalloc(s, s->F * sizeof(float))) ||
 	    !(s->groups = zalloc(s, s->n_groups * sizeof(*s->groups))) ||
 	    !(s->gmask = zalloc(s, s->n_groups * sizeof(uint32_t))) ||
+	    (s->cache && !(s->la_mask = zalloc(s, s->n_groups * sizeof(uint32_t)))) ||
 	    !(s->chunks = zalloc(s, s->max_chunks * sizeof(*s->chunks))) ||
 	    !(s->ready = zalloc(s, s->max_chunks * sizeof(uint32_t))) ||
 	    !(s->ptrs = zalloc(s, s->F * sizeof(void *))) ||
@@ -166,6 +170,7 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    (s->n_expert && !(s->guess = zalloc(s, (size_t)s->n_expert_used * sizeof(int32_t)))))
 		return -ENOMEM;
 	s->guess_layer = UINT32_MAX;
+	s->la_layer = UINT32_MAX;
 	size_t U = s->n_expert_used;
 	if (s->cache && s->n_expert &&
 	    (!(s->xtag = zalloc(s, U * sizeof(*s->xtag))) ||
@@ -351,9 +356,12 @@ static int check_mode(struct nf_sparse *s, const struct nf_sparse_params *p, str
 	s->hot_after = p->hot_after;
 	s->next_hot = p->hot_after;
 	s->replan_moves = p->replan_moves;
-	/* the measured default: whole experts' reads gain from going out a
-	 * layer early, predicted neurons' scattered ones did not */
+	/* the measured defaults: a mixture's whole experts' reads gain from
+	 * going out a layer early, its predicted neurons' scattered ones did
+	 * not; a dense FFN's predicted neurons did (docs/PIPELINE.md) */
 	s->route_prefetch = p->cache && (p->route_prefetch < 0 ? s->mode != NF_SPARSE_PREDICTOR : p->route_prefetch > 0);
+	s->layer_ahead = p->cache && s->mode == NF_SPARSE_PREDICTOR && p->route_prefetch != 0;
+	s->la_min_right = p->ahead_min_right > 0 ? p->ahead_min_right : NF_SPARSE_AHEAD_MIN_RIGHT;
 	if (s->mode == NF_SPARSE_OFF)
 		return 0;
 	s->n_expert = hp->n_expert;
@@ -641,6 +649,7 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->bkx);
 	free(s->bkacc);
 	free(s->gmask);
+	free(s->la_mask);
 	free(s->bxq);
 	free(s->bmask);
 	free(s->bchunk);
@@ -681,6 +690,7 @@ uint64_t nf_sparse_bytes(const struct nf_sparse *s)
 void nf_sparse_stats_get(const struct nf_sparse *s, struct nf_sparse_stats *out)
 {
 	*out = s->st;
+	out->ahead_stopped = s->la_stopped;
 }
 
 void nf_sparse_stats_reset(struct nf_sparse *s)

@@ -225,6 +225,14 @@ struct nf_sparse {
 	int32_t *guess;              /* n_expert_used: experts guessed for layer guess_layer */
 	uint32_t guess_layer;        /* UINT32_MAX: no guess */
 	bool route_prefetch;         /* read the guessed experts' neurons ahead (nf_cache_prefetch) */
+	bool layer_ahead;            /* dense FFN, predictor mode: read layer+1's guess ahead */
+	uint32_t *la_mask;           /* n_groups: the neurons guessed for layer la_layer */
+	uint32_t la_layer;           /* UINT32_MAX: no guess pending */
+	float la_min_right;          /* stop below this share of guessed neurons computed */
+	uint64_t la_checks;          /* layers whose guess was checked */
+	uint64_t la_guessed, la_right; /* over those layers (not reset with the stats) */
+	bool la_stopped;
+	bool decode_now;             /* this call is one token (decode) */
 	/* gate-first exact mode (a store with gate-rows objects): a token's
 	 * routed FFNs' gate rows read whole first (gbuf, one per rank), the
 	 * gate of every neuron computed from them (the bits gemv_list gives in

@@ -126,6 +126,65 @@ uint64_t nf_sp_token_masks(struct nf_sparse *s, uint32_t layer, const float *x, 
 	return active;
 }
 
+/*
+ * Layer-ahead prefetch (dense FFN, predictor mode, decode): layer+1's
+ * predictor applied to this layer's residual guesses the neurons layer+1
+ * will ask for, and nf_cache_prefetch reads the misses among them into
+ * free cold slots, right after this layer's own reads are out, so that
+ * they land while this layer computes and layer+1's attention runs. Only
+ * the cache's contents change, never what a request hands out: the same
+ * bits. The predictor's scratch (hq, h1, score) is free again once this
+ * layer's masks are made.
+ */
+static void layer_ahead(struct nf_sparse *s, uint32_t layer, const float *resid)
+{
+	if (layer + 1 >= s->n_layer)
+		return;
+	const struct layer_tab *t = nf_sp_tab(s, layer + 1, 0);
+	if (!t->sparse || !t->fc1.data)
+		return;
+	nf_sp_predict(s, t, resid);
+	uint32_t *list = s->req + s->F, n = 0;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		uint32_t g = nf_sp_group_mask(s, gi);
+		s->la_mask[gi] = g;
+		for (uint32_t m = g; m; m &= m - 1)
+			list[n++] = gi * GROUP + (uint32_t)__builtin_ctz(m);
+	}
+	s->la_layer = layer + 1;
+	if (n && nf_cache_prefetch(s->cache, layer + 1, 0, list, n) >= 0)
+		s->st.route_prefetches++;
+}
+
+/*
+ * Layer `layer`'s masks against the guess read ahead for it: counted, and
+ * after NF_SPARSE_AHEAD_WARM tokens' guesses, layer-ahead stops for good
+ * when fewer than la_min_right of the guessed neurons were computed.
+ */
+static void layer_ahead_check(struct nf_sparse *s, uint32_t layer)
+{
+	if (s->la_layer != layer)
+		return;
+	s->la_layer = UINT32_MAX;
+	uint64_t guessed = 0, right = 0, needed = 0;
+	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
+		guessed += (uint64_t)__builtin_popcount(s->la_mask[gi]);
+		right += (uint64_t)__builtin_popcount(s->la_mask[gi] & s->gmask[gi]);
+		needed += (uint64_t)__builtin_popcount(s->gmask[gi]);
+	}
+	s->st.ahead_guessed += guessed;
+	s->st.ahead_right += right;
+	s->st.ahead_needed += needed;
+	s->la_checks++;
+	s->la_right += right;
+	s->la_guessed += guessed;
+	if (s->la_checks == (uint64_t)NF_SPARSE_AHEAD_WARM * (s->n_layer - 1) &&
+	    (double)s->la_right < (double)s->la_min_right * (double)s->la_guessed) {
+		s->layer_ahead = false;
+		s->la_stopped = true;
+	}
+}
+
 /* Drop the guard count of chunks [c0, c1): those whose bundles were all
  * in memory are ready now. */
 static void drop_guards(struct nf_sparse *s, uint32_t c0, uint32_t c1)
@@ -163,6 +222,7 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 		active = nf_sp_token_masks(s, layer, x, resid);
 		s->cur_gate = NULL;
 		s->cur_ptrs = s->ptrs;
+		layer_ahead_check(s, layer);
 	}
 	s->cur_scales = t->scales;
 	s->cur_x = x;
@@ -282,6 +342,8 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 				s->n_chunks = nc;
 				return rc;
 			}
+			if (whole && s->layer_ahead && s->decode_now && !s->n_expert)
+				layer_ahead(s, layer, resid);
 			nf_sp_run_workers(s, env, nf_sp_worker);
 			if (kq && !atomic_load(&s->err))
 				nf_sp_kdown_blocks(s, env, t->dt_down, s->chunks[c0].g0, s->chunks[c1 - 1].g1);

@@ -952,7 +952,8 @@ out:
 
 /*
  * What the cost model does not weigh, measured (docs/PLAN.md "Measured
- * choices"): route-ahead prefetch for a mixture of experts, and gate-first
+ * choices"): read-ahead (a mixture's guessed experts, a dense FFN's next
+ * layer's predicted neurons; --route-prefetch), and gate-first
  * reads for exact mode on a store imported with --gate-objects. Each
  * variant decodes PROBE_TOKENS tokens under the budget with the settings
  * chosen for it, in turn with the others, CHOICE_ROUNDS times; the fastest
@@ -967,13 +968,14 @@ struct choice {
 	int route, gate;            /* the engine options tried */
 	double t, bytes;            /* per token, summed over the rounds */
 	bool ok;
+	bool whole_cold;            /* a layer of cold slots, not the entry's part of one */
 };
 
 /* One variant's decode at entry pe's settings: seconds and bytes (bundles
  * and gate rows) per token. NF_EUSAGE: the variant cannot run here. */
 static int decode_probe(const struct nf_plan_opts *o, uint64_t overhead, const struct nf_store_plan_entry *pe,
 			const struct choice *v, const int32_t *ids, double *t_tok, double *bytes_tok,
-			enum nf_sparse_mode *mode, struct attn_probe *ap)
+			enum nf_sparse_mode *mode, struct attn_probe *ap, uint32_t *hot_slots)
 {
 	struct nf_engine *e = NULL;
 	struct nf_diag d = { 0 };
@@ -989,7 +991,7 @@ static int decode_probe(const struct nf_plan_opts *o, uint64_t overhead, const s
 	eo.n_batch = pe->n_batch;
 	eo.qd = pe->qd;
 	eo.read_gap = (int)pe->read_gap;
-	eo.cold_slots = (int)pe->cold_slots;
+	eo.cold_slots = v->whole_cold ? 0 : (int)pe->cold_slots;
 	eo.stream_attn = pe->flags & NF_STORE_PLAN_F_STREAM_ATTN;
 	eo.attn_pin = pe->attn_pin;
 	eo.route_prefetch = v->route;
@@ -1003,6 +1005,11 @@ static int decode_probe(const struct nf_plan_opts *o, uint64_t overhead, const s
 	if (!c || !sp)
 		goto out;
 	*mode = nf_sparse_mode_of(sp);
+	if (hot_slots) {
+		struct nf_cache_layout cl;
+		nf_cache_layout_get(c, &cl);
+		*hot_slots = cl.hot_slots;
+	}
 	struct nf_cache_stats cs;
 	struct nf_sparse_stats ss;
 	if ((rc = probe_decode(e, ids, &cs, &ss, ap, t_tok)) < 0)
@@ -1030,18 +1037,29 @@ static bool has_gate_rows(const char *path)
 static int measure_choices(const struct nf_plan_opts *o, uint64_t overhead, bool moe, bool gate_rows,
 			   const int32_t *ids, struct nf_store_plan_entry *pe, struct nf_diag *d)
 {
-	if (!moe && !gate_rows)
-		return 0;
-	/* plain reads first (what the cost model models), then route-ahead
-	 * (a mixture), then gate-first (refused but in exact mode) */
-	struct choice v[3] = { { 0, 0, 0, 0, true }, { 1, 0, 0, 0, moe }, { 0, 1, 0, 0, gate_rows } };
+	/* plain reads first (what the cost model models), then read-ahead (a
+	 * mixture's guessed experts, or a dense FFN's next layer in predictor
+	 * mode: the first probe says which mode), then gate-first (refused
+	 * but in exact mode), then, where the entry keeps part of a layer of
+	 * cold slots, read-ahead with a whole layer: room for the next layer's
+	 * reads beside this one's, at the hot segment's expense */
+	enum { NV = 4 };
+	struct choice v[NV] = { { 0, 0, 0, 0, true, false },
+				{ 1, 0, 0, 0, true, false },
+				{ 0, 1, 0, 0, gate_rows, false },
+				{ 1, 0, 0, 0, pe->cold_slots != 0, true } };
+	uint32_t hot_whole = 0;
 	enum nf_sparse_mode mode = NF_SPARSE_PREDICTOR;
 	for (int r = 0; r < CHOICE_ROUNDS; r++)
-		for (int k = 0; k < 3; k++) {
+		for (int k = 0; k < NV; k++) {
 			if (!v[k].ok)
 				continue;
 			double t = 0, b = 0;
-			int rc = decode_probe(o, overhead, pe, &v[k], ids, &t, &b, &mode, NULL);
+			if ((k == 1 || k == 3) && !moe && mode != NF_SPARSE_PREDICTOR) {
+				v[k].ok = false; /* a dense FFN reads ahead in predictor mode only */
+				continue;
+			}
+			int rc = decode_probe(o, overhead, pe, &v[k], ids, &t, &b, &mode, NULL, k == 3 ? &hot_whole : NULL);
 			if (rc == NF_EUSAGE && k == 2) { /* no gate rows, or not exact mode */
 				v[k].ok = false;
 				continue;
@@ -1056,25 +1074,37 @@ static int measure_choices(const struct nf_plan_opts *o, uint64_t overhead, bool
 			v[k].t += t / CHOICE_ROUNDS;
 			v[k].bytes += b / CHOICE_ROUNDS;
 		}
-	if (!v[1].ok && !v[2].ok)
+	if (!v[1].ok && !v[2].ok && !v[3].ok)
 		return 0;
-	/* the engine's default: route-ahead on for exact and dense experts */
-	int def = moe && mode != NF_SPARSE_PREDICTOR ? 1 : 0, best = def;
-	for (int k = 0; k < 3; k++)
+	/* the engine's default: read-ahead on, but off for experts in
+	 * predictor mode */
+	int def = moe && mode == NF_SPARSE_PREDICTOR ? 0 : 1, best = def;
+	if (!v[def].ok)
+		best = def = 0;
+	for (int k = 0; k < NV; k++)
 		if (v[k].ok && v[k].t < v[best].t * (1.0 - CHOICE_MARGIN))
 			best = k;
-	char what[160];
+	char what[200];
 	int n = snprintf(what, sizeof(what), "plain reads %.1f ms", v[0].t * 1e3);
 	if (v[1].ok)
-		n += snprintf(what + n, sizeof(what) - (size_t)n, ", route-ahead %.1f ms", v[1].t * 1e3);
+		n += snprintf(what + n, sizeof(what) - (size_t)n, ", read-ahead %.1f ms", v[1].t * 1e3);
 	if (v[2].ok)
-		snprintf(what + n, sizeof(what) - (size_t)n, ", gate-first %.1f ms", v[2].t * 1e3);
+		n += snprintf(what + n, sizeof(what) - (size_t)n, ", gate-first %.1f ms", v[2].t * 1e3);
+	if (v[3].ok)
+		snprintf(what + n, sizeof(what) - (size_t)n, ", read-ahead with a layer of cold slots %.1f ms",
+			 v[3].t * 1e3);
+	static const char *const won[NV] = { "plain reads", "read-ahead on", "gate-first",
+					     "read-ahead on, a layer of cold slots" };
 	logf_(o, "%.1f MiB: a decode token measured with %s (means of %d): %s", (double)pe->budget / 1048576.0, what,
-	      CHOICE_ROUNDS, best == 0 ? "plain reads" : best == 1 ? "route-ahead on" : "gate-first");
+	      CHOICE_ROUNDS, won[best]);
 	if (best == 2)
 		pe->flags |= NF_STORE_PLAN_F_GATE_FIRST;
-	else if (moe)
-		pe->flags |= NF_STORE_PLAN_F_ROUTE_SET | (best == 1 ? NF_STORE_PLAN_F_ROUTE_ON : 0);
+	else
+		pe->flags |= NF_STORE_PLAN_F_ROUTE_SET | (best % 2 ? NF_STORE_PLAN_F_ROUTE_ON : 0);
+	if (best == 3) {
+		pe->cold_slots = 0;
+		pe->hot_slots = hot_whole;
+	}
 	double f = v[best].t / v[0].t;
 	pe->t_token_s *= f;
 	pe->tok_per_s = pe->t_token_s > 0 ? 1.0 / pe->t_token_s : 0;
@@ -1112,7 +1142,7 @@ static int measure_context(const struct nf_plan_opts *o, uint64_t overhead, cons
 {
 	if (!b->has_alt)
 		return 0;
-	const struct choice plain = { 0, 0, 0, 0, true };
+	const struct choice plain = { 0, 0, 0, 0, true, false };
 	double t[2] = { 0, 0 };
 	struct stream_meas acc = { 0 };
 	for (int r = 0; r < CHOICE_ROUNDS; r++)
@@ -1120,7 +1150,7 @@ static int measure_context(const struct nf_plan_opts *o, uint64_t overhead, cons
 			double tt = 0, bb = 0;
 			enum nf_sparse_mode mode;
 			struct attn_probe ap;
-			int rc = decode_probe(o, overhead, k ? &b->alt : &b->chosen, &plain, ids, &tt, &bb, &mode, &ap);
+			int rc = decode_probe(o, overhead, k ? &b->alt : &b->chosen, &plain, ids, &tt, &bb, &mode, &ap, NULL);
 			if (rc < 0) {
 				if (k == 1 || rc == -EAGAIN)
 					return 0; /* keep the engine's context */
@@ -1170,12 +1200,12 @@ static int measure_stream(const struct nf_plan_opts *o, uint64_t overhead, const
 	struct nf_store_plan_entry *pe = &b->chosen;
 	if (!(pe->flags & NF_STORE_PLAN_F_STREAM_ATTN) || !b->attn_stream_bytes || !b->active)
 		return 0;
-	const struct choice plain = { 0, 0, 0, 0, true };
+	const struct choice plain = { 0, 0, 0, 0, true, false };
 	for (int r = sm->n; r < CHOICE_ROUNDS; r++) {
 		double tt = 0, bb = 0;
 		enum nf_sparse_mode mode;
 		struct attn_probe ap;
-		int rc = decode_probe(o, overhead, pe, &plain, ids, &tt, &bb, &mode, &ap);
+		int rc = decode_probe(o, overhead, pe, &plain, ids, &tt, &bb, &mode, &ap, NULL);
 		if (rc < 0)
 			return rc == -EAGAIN || rc == NF_EBUDGET ? 0 : rc;
 		/* measure_context's rounds and these, averaged alike */
@@ -1250,11 +1280,11 @@ struct gap_cand {
 /* One more decode of candidate c, folded into its means. */
 static int gap_round(const struct nf_plan_opts *o, uint64_t overhead, const int32_t *ids, struct gap_cand *c)
 {
-	const struct choice plain = { 0, 0, 0, 0, true };
+	const struct choice plain = { 0, 0, 0, 0, true, false };
 	double tt = 0, bb = 0;
 	enum nf_sparse_mode mode;
 	struct attn_probe ap;
-	int rc = decode_probe(o, overhead, &c->e, &plain, ids, &tt, &bb, &mode, &ap);
+	int rc = decode_probe(o, overhead, &c->e, &plain, ids, &tt, &bb, &mode, &ap, NULL);
 	if (rc < 0)
 		return rc;
 	struct stream_meas *m = &c->m;

@@ -1021,8 +1021,9 @@ static uint32_t plan_read(struct nf_cache *c, struct ffn_ent *f, uint32_t k, uin
 		}
 	}
 	/* bridge only while the misses after this run still find slots: gap
-	 * bundles take slots that no miss may need */
-	if (sp > len && (uint64_t)c->n_pinned_list + sp + (n_miss - e) + c->reserved > c->n_cold) {
+	 * bundles take slots that no miss may need (nor those read-ahead is
+	 * filling) */
+	if (sp > len && (uint64_t)c->n_pinned_list + c->pf_slots + sp + (n_miss - e) + c->reserved > c->n_cold) {
 		e = k + len;
 		sp = len;
 	}
@@ -1133,6 +1134,11 @@ static int request_at(struct nf_cache *c, uint32_t fi, const uint32_t *neurons, 
 	uint32_t k = 0;
 	while (k < n_miss) {
 		uint32_t take, span, at = plan_read(c, f, k, n_miss, &take, &span);
+		if (at == NO_SLOT && c->pf_slots) {
+			/* the rest is filling for read-ahead: it lands first */
+			pf_drain(c);
+			at = plan_read(c, f, k, n_miss, &take, &span);
+		}
 		if (at == NO_SLOT) {
 			rc = NF_EBUDGET;
 			break;

@@ -638,6 +638,62 @@ Test(pipeline, cache_prefetch_is_found_by_later_requests)
 }
 
 /*
+ * Read-ahead filling half the cold slots, then a request whose scattered
+ * misses would fit the other half only if no read bridged their gaps:
+ * bridging once took the free slots the later misses needed (slots still
+ * filling did not count against it), and the request failed with "memory
+ * budget too small" (layer-ahead under 1.5 GiB on the 7B store). Now the
+ * filling slots count, and a request that still finds none waits for them.
+ */
+Test(pipeline, cache_gap_reads_leave_room_beside_read_ahead)
+{
+	struct fx f;
+	fx_open(&f, false);
+	uint64_t min = nf_cache_min_bytes(f.store);
+	uint32_t N = nf_store_ffn_find(f.store, 0, 0)->n_bundles;
+	/* every read completes 50 ms late (the prefetch is still filling at
+	 * the request); reads of at most 16 bundles, so that bridged reads
+	 * fit the free slots one by one */
+	struct nf_cache_geom g;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_cache_geometry_of(f.store, &g, &d), 0, "%s", d.msg);
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.max_gap = 8;
+	o.arena_bytes = min;
+	o.io.quiet = true;
+	o.io.max_coalesce = 16ull * g.stride;
+	o.io.backend = NF_IO_FAULT;
+	o.io.fault.n_rules = 1;
+	o.io.fault.rules[0] = (struct nf_io_fault_rule){ .kind = NF_IO_FAULT_DELAY, .prob = 1.0, .delay_us = 50000 };
+	struct nf_cache *c = NULL;
+	cr_assert_eq(nf_cache_open(f.store, &o, &c, &d), 0, "%s", d.msg);
+	struct nf_cache_layout cl;
+	nf_cache_layout_get(c, &cl);
+	uint32_t C = cl.cold_slots, half = C / 2;
+	cr_assert(C >= 16 && C <= N, "%u cold slots, %u bundles", C, N);
+	uint32_t *ids = malloc(N * sizeof(uint32_t));
+	for (uint32_t j = 0; j < N; j++)
+		ids[j] = j;
+	cr_assert_eq(nf_cache_prefetch(c, 0, 0, ids, half), 1);
+	/* every other bundle of layer 1 for as many misses as fit beside it */
+	uint32_t n = 0;
+	for (uint32_t j = 0; j < N && n < C - half; j += 2)
+		ids[n++] = j;
+	fetch(&f, c, 1, ids, n);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_eq(f.results[i], 0, "neuron %u: %s", f.got[i], nf_strerror(f.results[i]));
+	check_bytes(&f, 1, ids, n);
+	cr_expect_eq(nf_cache_release(c), 0);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.errors, 0);
+	nf_cache_close(c);
+	free(ids);
+	fx_close(&f);
+}
+
+/*
  * The KV cache's loan (nf_cache_opts.lend_bytes): extra hot slots at the
  * arena's tail. Giving the loan back keeps the most used hot neurons, at
  * the right bytes, and never goes below the hot segment's own slots.

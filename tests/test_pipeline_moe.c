@@ -375,11 +375,14 @@ Test(pipeline_moe, stats_report_experts)
 /* ---- route-ahead prefetch and gate-first reads ------------------------------------- */
 
 /* An engine on c reading from cache; returns its open result (s set on success). */
+static float ahead_min_right; /* nf_sparse_params' (0: the default) */
+
 static int engine_with(struct nf_ctx *c, struct nf_cache *cache, enum nf_sparse_mode mode, bool route_prefetch,
 		       bool gate_first, struct nf_sparse **s, char *msg, size_t len)
 {
 	struct nf_sparse_params sp;
 	nf_sparse_params_init(&sp);
+	sp.ahead_min_right = ahead_min_right;
 	sp.mode = mode;
 	sp.cache = cache;
 	sp.route_prefetch = route_prefetch;
@@ -471,6 +474,86 @@ Test(pipeline_moe, route_prefetch_keeps_the_bits_and_is_counted)
 {
 	check_prefetch(true, NF_DTYPE_Q8_0);
 	check_prefetch(false, NF_DTYPE_F32);
+}
+
+/*
+ * A dense FFN in predictor mode from a store: with and without reading
+ * layer L+1's predicted neurons ahead (layer-ahead), the same bits, and
+ * with it every decode layer but the last read ahead, counted, and found
+ * by the next layer's requests. Exact mode never reads ahead (it has no
+ * guess).
+ */
+static void check_layer_ahead(uint32_t dtype)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "dense-la");
+	cr_assert_eq(pl_synth_tiny(p, "relu", dtype, true), 0);
+	char what[64];
+	snprintf(what, sizeof(what), "dense %s, layer-ahead", nf_dtype_name(dtype));
+	struct store_run r[2];
+	for (int k = 0; k < 2; k++) {
+		run_from_store(p, false, k == 1, false, &r[k]);
+		cr_assert_eq(r[k].mode, NF_SPARSE_PREDICTOR);
+	}
+	const struct nf_cache_stats *cs = &r[1].cs;
+	cr_expect(r[0].cs.prefetch_requests == 0 && r[0].st.route_prefetches == 0, "%s: read ahead while off", what);
+	/* 5 decode tokens (the prompt is one batch, never read ahead), each
+	 * layer but the last */
+	uint64_t want = 5ull * (r[1].hp.n_layer - 1);
+	cr_expect_eq(r[1].st.route_prefetches, want, "%s: %llu layers read ahead, want %llu", what,
+		     (unsigned long long)r[1].st.route_prefetches, (unsigned long long)want);
+	/* (found bundles include those a read bridged between two asked for) */
+	cr_expect(cs->prefetch_requests > 0 && cs->prefetch_hits > 0 && cs->prefetch_hits <= cs->hits_cold &&
+			  cs->prefetch_bytes <= cs->bytes_read,
+		  "%s: %llu prefetch reads of %llu bundles, %llu found", what, (unsigned long long)cs->prefetch_requests,
+		  (unsigned long long)cs->prefetch_neurons, (unsigned long long)cs->prefetch_hits);
+	cr_log_info("%s: %llu bundles found of %llu asked for; %llu of %llu guessed neurons computed", what,
+		    (unsigned long long)cs->prefetch_hits, (unsigned long long)cs->prefetch_neurons,
+		    (unsigned long long)r[1].st.ahead_right, (unsigned long long)r[1].st.ahead_guessed);
+	cr_expect(!r[1].st.ahead_stopped, "%s: stopped", what);
+	expect_same_run(&r[0], &r[1], what);
+	free(r[0].lg);
+	free(r[1].lg);
+	unlink(p);
+}
+
+Test(pipeline_moe, layer_ahead_keeps_the_bits_and_is_counted)
+{
+	check_layer_ahead(NF_DTYPE_Q8_0);
+	check_layer_ahead(NF_DTYPE_Q4_0);
+}
+
+/*
+ * Layer-ahead checks each guess against the masks of the layer it was made
+ * for, and stops for good after NF_SPARSE_AHEAD_WARM tokens' guesses when
+ * too few of the guessed neurons were computed: asked for more than all of
+ * them (ahead_min_right 1.5), it reads ahead for 4 of the 5 decode tokens,
+ * says it stopped, and the bits stay those of a run without it.
+ */
+Test(pipeline_moe, layer_ahead_stops_when_its_guesses_are_wrong)
+{
+	char p[256];
+	pl_tmp_path(p, sizeof(p), "dense-la-stop");
+	cr_assert_eq(pl_synth_tiny(p, "relu", NF_DTYPE_Q8_0, true), 0);
+	struct store_run r[2];
+	run_from_store(p, false, false, false, &r[0]);
+	ahead_min_right = 1.5f;
+	run_from_store(p, false, true, false, &r[1]);
+	ahead_min_right = 0.0f;
+	uint32_t nl = r[1].hp.n_layer;
+	cr_expect_eq(r[1].st.route_prefetches, (uint64_t)NF_SPARSE_AHEAD_WARM * (nl - 1), "%llu layers read ahead",
+		     (unsigned long long)r[1].st.route_prefetches);
+	cr_expect(r[1].st.ahead_stopped, "layer-ahead did not stop");
+	cr_expect(!r[0].st.ahead_stopped && r[0].st.ahead_guessed == 0, "off, yet guessed");
+	/* each guessed layer was checked: the counts add up */
+	cr_expect(r[1].st.ahead_guessed > 0 && r[1].st.ahead_right <= r[1].st.ahead_guessed &&
+			  r[1].st.ahead_right <= r[1].st.ahead_needed,
+		  "guessed %llu, right %llu, needed %llu", (unsigned long long)r[1].st.ahead_guessed,
+		  (unsigned long long)r[1].st.ahead_right, (unsigned long long)r[1].st.ahead_needed);
+	expect_same_run(&r[0], &r[1], "layer-ahead stopped");
+	free(r[0].lg);
+	free(r[1].lg);
+	unlink(p);
 }
 
 /*

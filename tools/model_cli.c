@@ -173,11 +173,12 @@ void nf_model_cli_help(FILE *f)
 		"                        parts (same output, slower prefill; default: one layer, or a\n"
 		"                        quarter layer in predictor mode when a whole one would\n"
 		"                        leave no room to pin attention)\n"
-		"  --route-prefetch on|off  mixture of experts from a store, decode: read the experts\n"
-		"                        that layer L+1's router guesses from layer L's FFN input\n"
-		"                        ahead, while layer L computes (default: the plan's, which\n"
-		"                        measured both; else on for exact and dense experts, off in\n"
-		"                        predictor mode)\n"
+		"  --route-prefetch on|off  from a store, decode: read ahead, while layer L computes,\n"
+		"                        what layer L+1 will ask for, guessed from layer L's FFN\n"
+		"                        input: a mixture's routed experts (its router), a dense\n"
+		"                        FFN's predicted neurons (its predictor); same output\n"
+		"                        (default: the plan's, which measured both; else on, but\n"
+		"                        off for experts in predictor mode)\n"
 		"  --gate-first on|off   exact mode from a store imported with --gate-objects: read\n"
 		"                        each FFN's gate rows first, then only the bundles of\n"
 		"                        neurons whose gate is positive (default: the plan's, which\n"
@@ -333,16 +334,30 @@ static void experts_lines(const struct nf_model_cli *mc, FILE *f)
 			"%llu routed experts\n",
 			100.0 * (double)st.route_guess_hits / (double)st.route_guesses,
 			(unsigned long long)st.route_guesses);
-	if (xs && mc->cache) {
+	if (mc->cache && (xs || st.route_prefetches)) {
 		struct nf_cache_stats c;
+		struct nf_cache_layout cl;
 		nf_cache_stats_get(mc->cache, &c);
+		nf_cache_layout_get(mc->cache, &cl);
+		/* bundles the reads brought in: those asked for and the gaps between */
+		double stride = cl.cold_slots ? (double)cl.cold / cl.cold_slots : 0.0;
+		double got = stride > 0 ? (double)c.prefetch_bytes / stride : 0.0;
+		if (!xs && st.ahead_guessed)
+			fprintf(f, "nflash: layer-ahead guess (layer L+1's predictor on layer L's FFN input, decode): "
+				"%.1f%% of %llu guessed neurons computed, %.1f%% of %llu computed guessed%s\n",
+				100.0 * (double)st.ahead_right / (double)st.ahead_guessed,
+				(unsigned long long)st.ahead_guessed,
+				st.ahead_needed ? 100.0 * (double)st.ahead_right / (double)st.ahead_needed : 0.0,
+				(unsigned long long)st.ahead_needed,
+				st.ahead_stopped ? "; stopped: too few right to pay for its reads" : "");
 		if (st.route_prefetches)
-			fprintf(f, "nflash: route-ahead prefetch: %llu experts, %.1f MiB in %llu reads (%llu bundles), "
-				"%llu of them hit later (%.1f%%), %llu lookups waited for one in flight\n",
-				(unsigned long long)st.route_prefetches, (double)c.prefetch_bytes / 1048576.0,
-				(unsigned long long)c.prefetch_requests, (unsigned long long)c.prefetch_neurons,
-				(unsigned long long)c.prefetch_hits,
-				c.prefetch_neurons ? 100.0 * (double)c.prefetch_hits / (double)c.prefetch_neurons : 0.0,
+			fprintf(f, "nflash: %s prefetch: %llu %s, %.1f MiB in %llu reads (%llu bundles asked for, %.0f "
+				"with the gaps), %llu of those found later (%.1f%%), %llu lookups waited for one in "
+				"flight\n",
+				xs ? "route-ahead" : "layer-ahead", (unsigned long long)st.route_prefetches,
+				xs ? "experts" : "layers", (double)c.prefetch_bytes / 1048576.0,
+				(unsigned long long)c.prefetch_requests, (unsigned long long)c.prefetch_neurons, got,
+				(unsigned long long)c.prefetch_hits, got > 0 ? 100.0 * (double)c.prefetch_hits / got : 0.0,
 				(unsigned long long)c.prefetch_waits);
 		else
 			fprintf(f, "nflash: route-ahead prefetch: off\n");
@@ -459,16 +474,23 @@ void nf_model_cli_stats_json(struct nf_model_cli *mc, struct nf_json *j, double 
 	nf_json_u64(j, "attn_buffer_bytes", mc->ctx ? nf_ctx_attn_stream_bytes(mc->ctx) : 0);
 	uint32_t nl, nx;
 	const struct nf_sparse_expert_stats *xs = expert_stats(mc, &nl, &nx);
-	if (xs) {
-		nf_json_u64(j, "moe_together", st.moe_together);
-		nf_json_u64(j, "route_guesses", st.route_guesses);
-		nf_json_u64(j, "route_guess_hits", st.route_guess_hits);
+	if (mc->cache) {
+		/* read ahead: a mixture's guessed experts, a dense FFN's layers */
 		nf_json_u64(j, "route_prefetches", st.route_prefetches);
 		nf_json_u64(j, "route_prefetch_reads", c.prefetch_requests);
 		nf_json_u64(j, "route_prefetch_bytes", c.prefetch_bytes);
 		nf_json_u64(j, "route_prefetch_neurons", c.prefetch_neurons);
 		nf_json_u64(j, "route_prefetch_hits", c.prefetch_hits);
 		nf_json_u64(j, "route_prefetch_waits", c.prefetch_waits);
+		nf_json_u64(j, "ahead_guessed", st.ahead_guessed);
+		nf_json_u64(j, "ahead_right", st.ahead_right);
+		nf_json_u64(j, "ahead_needed", st.ahead_needed);
+		nf_json_bool(j, "ahead_stopped", st.ahead_stopped);
+	}
+	if (xs) {
+		nf_json_u64(j, "moe_together", st.moe_together);
+		nf_json_u64(j, "route_guesses", st.route_guesses);
+		nf_json_u64(j, "route_guess_hits", st.route_guess_hits);
 		/* per expert: tokens routed, neurons computed, cache hit rate */
 		nf_json_arr_begin(j, "experts");
 		for (uint32_t il = 0; il < nl; il++)

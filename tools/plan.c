@@ -30,8 +30,9 @@ static void usage(FILE *f)
 		"holds it, the kernels and the engine's own read pace, then chooses the\n"
 		"settings that minimise the predicted token time, measures what the model\n"
 		"does not weigh (where attention would stream, a 128-token context with it\n"
-		"pinned; the read gap chosen against the gaps beside it; a mixture of\n"
-		"experts' route-ahead prefetch; exact mode's gate-first reads: each decoded\n"
+		"pinned; the read gap chosen against the gaps beside it; reading the next\n"
+		"layer's guessed neurons or experts ahead; exact mode's gate-first reads:\n"
+		"each decoded\n"
 		"in turn; streamed attention's read rate beside the FFN's reads, from a\n"
 		"decode) and stores the plan. After it,\n"
 		"`nflash generate -m STORE --memory-budget SIZE` needs no other flag.\n"
@@ -131,7 +132,7 @@ static const char *measured(const struct nf_store_plan_entry *e)
 	if (e->flags & NF_STORE_PLAN_F_GATE_FIRST)
 		return ", gate-first (measured)";
 	if (e->flags & NF_STORE_PLAN_F_ROUTE_SET)
-		return e->flags & NF_STORE_PLAN_F_ROUTE_ON ? ", route-ahead on (measured)" : ", route-ahead off (measured)";
+		return e->flags & NF_STORE_PLAN_F_ROUTE_ON ? ", read-ahead on (measured)" : ", read-ahead off (measured)";
 	return "";
 }
 

@@ -157,7 +157,8 @@ struct nf_cache_stats {
 	 * bytes_read and gap_bundles; a failed one in errors */
 	uint64_t prefetch_requests, prefetch_bytes;
 	uint64_t prefetch_neurons;  /* bundles asked for that they read */
-	uint64_t prefetch_hits;     /* bundles they read that a request then found (cold hits) */
+	uint64_t prefetch_hits;     /* bundles they read (asked for, or between two that were)
+				     * that a request then found (cold hits) */
 	uint64_t prefetch_waits;    /* of those, found while still in flight (reported when it landed) */
 };
 

@@ -96,10 +96,11 @@ struct nf_engine_opts {
 	 * the real run will passes the real run's. */
 	uint64_t overhead;
 	int replan_moves;       /* online re-planning: moves per step, every 16 tokens (-1: 1024; 0: off) */
-	/* a mixture of experts from a store: read layer L+1's guessed experts
-	 * ahead (nf_sparse_params route_prefetch; -1: the plan's when it
-	 * measured it, else on for exact and dense experts, off in predictor
-	 * mode; 0: off; 1: on) */
+	/* from a store, decode: read layer L+1's guessed experts (a dense FFN
+	 * in predictor mode: its predicted neurons) ahead (nf_sparse_params
+	 * route_prefetch; -1: the plan's when it measured it, else on for
+	 * exact and dense experts and for a dense FFN, off for experts in
+	 * predictor mode; 0: off; 1: on) */
 	int route_prefetch;
 	/* exact mode from a store imported with --gate-objects: read each
 	 * routed FFN's gate rows first, then only the bundles of neurons whose

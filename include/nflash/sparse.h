@@ -92,11 +92,18 @@ struct nf_sparse_params {
 	 * L+1's guessed experts would compute (layer L+1's router and those
 	 * experts' predictors applied to layer L's FFN input; exact and dense
 	 * experts: all their neurons), so that their reads overlap layer L's
-	 * compute and layer L+1's attention. A wrong guess costs reads, never
-	 * output bits. 1 on, 0 off (nf_sparse_params_init), -1 the measured
-	 * default: on for exact and dense experts, off in predictor mode
-	 * (docs/PIPELINE.md). */
+	 * compute and layer L+1's attention. A dense FFN in predictor mode
+	 * likewise (layer-ahead): layer L+1's predictor applied to layer L's
+	 * FFN input, its predicted neurons read ahead. A wrong guess costs
+	 * reads, never output bits. 1 on, 0 off (nf_sparse_params_init), -1
+	 * the measured default: on for exact and dense experts and for a dense
+	 * FFN, off for experts in predictor mode (docs/PIPELINE.md). */
 	int route_prefetch;
+	/* Layer-ahead stops for the rest of the run once, after its guesses
+	 * of NF_SPARSE_AHEAD_WARM tokens, fewer than this share of the
+	 * neurons it guessed were then computed: its wrong reads would cost
+	 * more than its right ones save (0: NF_SPARSE_AHEAD_MIN_RIGHT). */
+	float ahead_min_right;
 	/* Exact mode from a cache whose store has every FFN's gate rows as an
 	 * object (`nflash import --gate-objects`): per token and FFN read the
 	 * gate rows whole, then only the bundles of neurons whose gate is
@@ -107,6 +114,8 @@ struct nf_sparse_params {
 
 /* Tokens between two re-planning steps, and between two halvings of the
  * cache's counts. */
+#define NF_SPARSE_AHEAD_WARM 4u
+#define NF_SPARSE_AHEAD_MIN_RIGHT 0.5f
 #define NF_SPARSE_REPLAN_TOKENS 16u
 #define NF_SPARSE_DECAY_TOKENS 64u
 
@@ -137,8 +146,15 @@ struct nf_sparse_stats {
 	 * layer's FFN input guesses its experts (what a route-ahead prefetch
 	 * would read); of route_guesses routed experts, route_guess_hits were
 	 * guessed; with route_prefetch, route_prefetches guessed experts
-	 * were read ahead (the cache's stats count their reads and hits) */
+	 * (a dense FFN: layers) were read ahead (the cache's stats count
+	 * their reads and hits) */
 	uint64_t route_guesses, route_guess_hits, route_prefetches;
+	/* layer-ahead (a dense FFN): of ahead_guessed neurons guessed for the
+	 * layers it read ahead, ahead_right were then computed; those layers
+	 * computed ahead_needed; ahead_stopped: it stopped itself
+	 * (ahead_min_right) */
+	uint64_t ahead_guessed, ahead_right, ahead_needed;
+	bool ahead_stopped;
 	/* gate-first: gate-rows objects read, their bytes */
 	uint64_t gate_reads, gate_bytes;
 };
