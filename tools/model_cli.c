@@ -326,8 +326,8 @@ static void experts_lines(const struct nf_model_cli *mc, FILE *f)
 {
 	uint32_t nl, nx;
 	const struct nf_sparse_expert_stats *xs = expert_stats(mc, &nl, &nx);
-	struct nf_sparse_stats st;
-	if (xs)
+	struct nf_sparse_stats st = { 0 };
+	if (mc->sparse)
 		nf_sparse_stats_get(mc->sparse, &st);
 	if (xs && st.route_guesses)
 		fprintf(f, "nflash: route-ahead guess (layer L+1's router on layer L's FFN input, decode): %.1f%% of "
