@@ -455,11 +455,11 @@ static int open_cache(struct nf_engine *e, struct nf_store *store, const struct 
 			snprintf(pinned, sizeof(pinned), ", attention of layers 0-%u", f->pin - 1);
 		say(e,
 		    "attention streamed from the store%s: %u layers x %.1f MiB read at every forward step through "
-		    "%u buffers (%.1f MiB); pinned: norms, embeddings, output%s%s (%.1f MiB, where the pinned set "
+		    "%u buffers (%.1f MiB); pinned: norms, %soutput%s%s (%.1f MiB, where the pinned set "
 		    "would be %.1f MiB)",
 		    o->stream_attn ? " (--stream-attn)" : " (the pinned dense weights do not fit the budget)",
 		    hp->n_layer - f->pin, mib(f->attn / hp->n_layer), so.n_slots, mib(f->sbytes),
-		    nf_model_layer(e->model, 0)->fc1.data ? ", predictors" : "", pinned, mib(f->dense + f->pin_bytes),
+		    nf_model_embd_in_store(e->model) ? "" : "embeddings, ", nf_model_layer(e->model, 0)->fc1.data ? ", predictors" : "", pinned, mib(f->dense + f->pin_bytes),
 		    mib(f->dense + f->attn));
 		weights += f->pin_bytes;
 	} else {

@@ -452,7 +452,10 @@ int nf_model_load(const char *path, const struct nf_model_opts *opts, struct nf_
 		}
 		hp->n_vocab = (uint32_t)te->ne[1];
 	}
-	if ((rc = bind_mat(&b, "token_embd.weight", true, hp->n_embd, hp->n_vocab, 0, &m->tok_embd)) < 0 ||
+	b.unmapped_ok = m->embd_obj != NULL;   /* rows read per step (model_store.c) */
+	rc = bind_mat(&b, "token_embd.weight", true, hp->n_embd, hp->n_vocab, 0, &m->tok_embd);
+	b.unmapped_ok = false;
+	if (rc < 0 ||
 	    (rc = bind_vec(&b, "output_norm.weight", hp->n_embd, &m->output_norm)) < 0 ||
 	    (rc = bind_mat(&b, "output.weight", false, hp->n_embd, hp->n_vocab, 0, &m->output)) < 0)
 		goto fail;
@@ -699,6 +702,11 @@ uint64_t nf_model_attn_bytes(const struct nf_model *m)
 		     (uint64_t)L->wv.row_bytes * L->wv.nrows + (uint64_t)L->wo.row_bytes * L->wo.nrows;
 	}
 	return b;
+}
+
+bool nf_model_embd_in_store(const struct nf_model *m)
+{
+	return m->embd_obj != NULL;
 }
 
 uint64_t nf_model_step_dense_bytes(const struct nf_model *m)

@@ -29,7 +29,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "nflash/cache.h"
 #include "nflash/dtype.h"
+#include "nflash/io.h"
 #include "nflash/store.h"
 #include "nflash/stream.h"
 #include "model_impl.h"
@@ -319,6 +321,14 @@ int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct 
 	c->row_seq = czalloc(c, NB, sizeof(*c->row_seq), &rc);
 	c->row_pos = czalloc(c, NB, sizeof(*c->row_pos), &rc);
 	c->logits = czalloc(c, hp->n_vocab, sizeof(float), &rc);
+	if (m->embd_obj) {
+		uint32_t a = nf_cache_align(m->cache);
+		c->embd_span = nf_cache_row_span(m->cache, m->tok_embd.row_bytes);
+		c->embd_rows = czalloc(c, NB, sizeof(*c->embd_rows), &rc);
+		c->bytes += NB * c->embd_span;
+		if (!(c->embd_buf = nf_io_buf_alloc(NB * c->embd_span, a > 4096 ? a : 4096)))
+			rc = -ENOMEM;
+	}
 	c->scores = czalloc(c, NT * c->n_ctx, sizeof(float), &rc);
 	c->qh_row = nf_act_size(NF_KT_F16, hp->head_dim);
 	c->qh = czalloc(c, NT, c->qh_row, &rc);
@@ -360,9 +370,10 @@ void nf_ctx_close(struct nf_ctx *c)
 	free(c->ffn);
 	void *bufs[] = { c->x, c->xn, c->q, c->kn, c->vn, c->att, c->tmp, c->g, c->u, c->xq,
 			 c->row_seq, c->row_pos, c->logits, c->scores, c->qh, c->router, c->sel, c->selw, c->tok_of,
-			 c->slot_of, c->xg, c->eg, c->eout };
+			 c->slot_of, c->xg, c->eg, c->eout, (void *)c->embd_rows };
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		free(bufs[i]);
+	nf_io_buf_free(c->embd_buf);
 	free(c);
 }
 
@@ -462,7 +473,9 @@ static void embed_rows(void *arg, size_t b0, size_t b1)
 	struct rows_job *j = arg;
 	const struct nf_weight *te = &j->c->m->tok_embd;
 	for (size_t b = b0; b < b1; b++)
-		nf_dequantize_row(te->dtype, (const char *)te->data + (size_t)j->ids[b] * te->row_bytes,
+		nf_dequantize_row(te->dtype,
+				  te->data ? (const char *)te->data + (size_t)j->ids[b] * te->row_bytes
+					   : j->c->embd_rows[b],
 				  j->dst + b * te->n, te->n);
 }
 
@@ -505,6 +518,14 @@ static int forward(struct nf_ctx *c, const int32_t *ids, size_t nb)
 	const struct nf_model_hparams *hp = &m->hp;
 	size_t E = hp->n_embd;
 	struct rows_job j = { .c = c, .ids = ids, .dst = c->x };
+	if (m->embd_obj) {
+		/* the rows of these tokens, read from the store (model_store.c) */
+		struct nf_diag d = { 0 };
+		int rc = nf_cache_read_rows(m->cache, m->embd_obj, m->tok_embd.row_bytes, ids, (uint32_t)nb,
+					    c->embd_buf, c->embd_rows, &d);
+		if (rc < 0)
+			return rc;
+	}
 	nf_ctx_parallel(c, nb, embed_rows, &j);
 
 	for (uint32_t il = 0; il < hp->n_layer; il++) {

@@ -48,6 +48,9 @@ struct nf_model {
 	uint32_t attn_in_mem;       /* layers [0, attn_in_mem) have their attention in memory */
 	const struct nf_store_object **attn_obj; /* n_layer x 4: q, k, v, output */
 	uint64_t attn_bytes;        /* bytes of the attention weights */
+	/* the token embedding left in the store (untied output): tok_embd has
+	 * no data, a forward step reads its rows (model_store.c invariant 5) */
+	const struct nf_store_object *embd_obj;
 	struct nf_model_hparams hp;
 	struct nf_weight tok_embd;
 	struct nf_weight output;    /* token_embd itself when the file ties them */
@@ -111,6 +114,11 @@ struct nf_ctx {
 	void *xq;       /* prepared activations, xq_row bytes per token */
 	size_t xq_row;
 	float *logits;  /* n_vocab */
+	/* the embedding rows of a step, read from the store (m->embd_obj):
+	 * n_batch x embd_span aligned bytes, and where each row starts */
+	void *embd_buf;
+	size_t embd_span;
+	const void **embd_rows;
 
 	/* attention, per thread */
 	float *scores;  /* n_threads x n_ctx */

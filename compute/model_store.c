@@ -19,6 +19,11 @@
  *  4. With store_unpack_ffn, bundles are unpacked back into the GGUF layout
  *     with nf_bundle_unpack (byte for byte what the GGUF held), through the
  *     store's permutation, and bound under the GGUF tensor names.
+ *  5. The token embedding of a model whose output matrix is not tied to
+ *     it is not pinned: its crc32c is checked once at load (read in
+ *     pieces, nothing kept), and each forward step reads the rows of its
+ *     tokens (nf_cache_read_rows, model_ctx.c). Tied, it is pinned, as the
+ *     output matrix needs all of it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -114,6 +119,10 @@ int nf_model_store_open(struct nf_model *m, const char *path, bool defer_attn,
 	}
 	objs[0] = meta;
 	size_t k = 1;
+	/* The token embedding stays in the store when the output matrix is
+	 * its own (not tied): a token reads one row of it (invariant 5). */
+	const struct nf_store_object *out_obj = nf_store_object_find(s, "output.weight");
+	bool defer_embd = out_obj && out_obj->kind == NF_STORE_KIND_DENSE;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct nf_store_object *o = nf_store_object_get(s, i);
 		/* gate rows (--gate-objects) are the sparse engine's, read per use */
@@ -121,13 +130,16 @@ int nf_model_store_open(struct nf_model *m, const char *path, bool defer_attn,
 			continue;
 		if (defer_attn && nf_model_is_attn_name(o->name))
 			m->attn_deferred = true;
+		else if (defer_embd && !strcmp(o->name, "token_embd.weight"))
+			m->embd_obj = o;
 		else {
 			objs[k] = o;
 			at[k++] = m->n_st;
 		}
 		tensor_of(&m->st[m->n_st++], o->name, o->n_dims, o->shape, o->dtype, o->length, NULL);
 	}
-	if ((rc = nf_cache_pin_objects(m->cache, objs, (uint32_t)k, data, diag)) < 0)
+	if ((rc = nf_cache_pin_objects(m->cache, objs, (uint32_t)k, data, diag)) < 0 ||
+	    (m->embd_obj && (rc = nf_cache_verify_object(m->cache, m->embd_obj, diag)) < 0))
 		goto out;
 	m->meta = data[0];
 	for (size_t j = 1; j < k; j++)

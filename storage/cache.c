@@ -45,6 +45,7 @@
 
 #include "nflash/bundle.h"
 #include "nflash/cache.h"
+#include "nflash/crc32c.h"
 #include "nflash/dtype.h"
 #include "nflash/store.h"
 
@@ -1814,6 +1815,129 @@ int nf_cache_pin_object(struct nf_cache *c, const struct nf_store_object *obj, c
 int nf_cache_read_object(struct nf_cache *c, const struct nf_store_object *obj, void *buf, struct nf_diag *d)
 {
 	return read_objects(c, &obj, &buf, 1, d);
+}
+
+/* ---- rows of a dense object left in the store ------------------------------------------ */
+
+#define VERIFY_PIECE (1u << 20)
+#define VERIFY_DEPTH 4u
+
+/* Read [off, off + len) pieces (aligned) into bufs, all at once, and wait
+ * for them; r[k].result 0 on success. Holds wait_lock as read_objects. */
+static int read_raw_all(struct nf_cache *c, const uint64_t *off, const uint64_t *len, void *const *bufs,
+			struct obj_read *r, uint32_t n)
+{
+	int rc = 0;
+	pthread_mutex_lock(&c->wait_lock);
+	for (uint32_t i = 0; i < n && rc == 0; i++) {
+		r[i].result = 1;
+		while ((rc = nf_io_ctx_read_raw(c->io, off[i], len[i], bufs[i], obj_done, &r[i])) == -EAGAIN) {
+			int w = nf_io_ctx_wait(c->io, 1, -1);
+			if (w < 0 && w != -ETIMEDOUT) {
+				rc = w;
+				break;
+			}
+		}
+		if (rc < 0)
+			r[i].result = rc;
+	}
+	int w = nf_io_ctx_wait(c->io, 0, -1);
+	pthread_mutex_unlock(&c->wait_lock);
+	for (uint32_t i = 0; i < n; i++) {
+		if (r[i].result == 0) {
+			c->st.bytes_read += len[i];
+			continue;
+		}
+		c->st.errors++;
+		if (rc == 0)
+			rc = r[i].result > 0 ? (w < 0 ? w : -EIO) : r[i].result;
+	}
+	return rc == 0 && w < 0 ? w : rc;
+}
+
+int nf_cache_verify_object(struct nf_cache *c, const struct nf_store_object *obj, struct nf_diag *d)
+{
+	uint64_t a = nf_io_ctx_align(c->io);
+	uint64_t start = obj->offset / a * a, end = (obj->offset + obj->length + a - 1) / a * a;
+	char *buf = nf_io_buf_alloc((size_t)VERIFY_PIECE * VERIFY_DEPTH, a > 4096 ? a : 4096);
+	if (!buf)
+		return nf_diag_fail(d, -ENOMEM, "%s: out of memory to check %s", nf_store_path(c->store),
+				    obj->name);
+	uint32_t crc = 0;
+	int rc = 0;
+	for (uint64_t at = start; at < end && rc == 0;) {
+		uint64_t off[VERIFY_DEPTH], len[VERIFY_DEPTH];
+		void *bufs[VERIFY_DEPTH];
+		struct obj_read r[VERIFY_DEPTH];
+		uint32_t n = 0;
+		for (; n < VERIFY_DEPTH && at < end; n++, at += len[n - 1]) {
+			off[n] = at;
+			len[n] = end - at < VERIFY_PIECE ? end - at : VERIFY_PIECE;
+			bufs[n] = buf + (size_t)n * VERIFY_PIECE;
+		}
+		if ((rc = read_raw_all(c, off, len, bufs, r, n)) < 0) {
+			nf_diag_fail(d, rc, "%s: object %s: cannot read it: %s", nf_store_path(c->store), obj->name,
+				     nf_strerror(rc));
+			break;
+		}
+		for (uint32_t k = 0; k < n; k++) {
+			/* the object's own bytes of this piece */
+			uint64_t lo = off[k] > obj->offset ? off[k] : obj->offset;
+			uint64_t hi = off[k] + len[k] < obj->offset + obj->length ? off[k] + len[k]
+										  : obj->offset + obj->length;
+			if (hi > lo)
+				crc = nf_crc32c(crc, (char *)bufs[k] + (lo - off[k]), (size_t)(hi - lo));
+		}
+	}
+	nf_io_buf_free(buf);
+	if (rc == 0 && crc != obj->crc)
+		rc = nf_diag_fail(d, NF_ECHECKSUM, "%s: object %s: crc32c mismatch (stored %08x, read %08x)",
+				  nf_store_path(c->store), obj->name, obj->crc, crc);
+	return rc;
+}
+
+uint64_t nf_cache_row_span(const struct nf_cache *c, uint64_t row_bytes)
+{
+	uint64_t a = nf_io_ctx_align(c->io);
+	return (row_bytes + a - 1) / a * a + a;
+}
+
+int nf_cache_read_rows(struct nf_cache *c, const struct nf_store_object *obj, uint64_t row_bytes,
+		       const int32_t *rows, uint32_t n, void *scratch, const void **out, struct nf_diag *d)
+{
+	if (n == 0)
+		return 0;
+	uint64_t a = nf_io_ctx_align(c->io), span = nf_cache_row_span(c, row_bytes);
+	uint64_t *off = malloc(2 * (size_t)n * sizeof(*off));
+	void **bufs = malloc((size_t)n * sizeof(*bufs));
+	struct obj_read *r = calloc(n, sizeof(*r));
+	int rc = 0;
+	if (!off || !bufs || !r) {
+		rc = nf_diag_fail(d, -ENOMEM, "cache: out of memory");
+		goto out;
+	}
+	uint64_t *len = off + n;
+	uint64_t n_rows = row_bytes ? obj->length / row_bytes : 0;
+	for (uint32_t k = 0; k < n; k++) {
+		if (rows[k] < 0 || (uint64_t)rows[k] >= n_rows) {
+			rc = nf_diag_fail(d, NF_EUSAGE, "%s: object %s: row %d outside its %llu rows",
+					  nf_store_path(c->store), obj->name, rows[k], (unsigned long long)n_rows);
+			goto out;
+		}
+		uint64_t at = obj->offset + (uint64_t)rows[k] * row_bytes;
+		off[k] = at / a * a;
+		len[k] = (at + row_bytes - off[k] + a - 1) / a * a;
+		bufs[k] = (char *)scratch + (size_t)k * span;
+		out[k] = (const char *)bufs[k] + (at - off[k]);
+	}
+	if ((rc = read_raw_all(c, off, len, bufs, r, n)) < 0)
+		nf_diag_fail(d, rc, "%s: object %s: cannot read a row: %s", nf_store_path(c->store), obj->name,
+			     nf_strerror(rc));
+out:
+	free(off);
+	free(bufs);
+	free(r);
+	return rc;
 }
 
 uint32_t nf_cache_align(const struct nf_cache *c)

@@ -414,6 +414,77 @@ Test(import, flipped_bit_in_an_extent_or_dense_object_is_caught)
 	cr_assert_eq(nf_model_load(t.path, NULL, &m, &d), NF_ECHECKSUM);
 	cr_assert(strstr(d.msg, "blk.0.attn_v.weight"), "%s", d.msg);
 	cr_assert_null(m);
+	ts_flip(t.path, dense_at, 0);
+
+	/* The token embedding, read a row at a time and never pinned, is
+	 * checked whole at load all the same. */
+	cr_assert_eq(nf_store_open(t.path, NULL, &s, &d), 0);
+	const struct nf_store_object *te = nf_store_object_find(s, "token_embd.weight");
+	cr_assert(te && nf_store_object_find(s, "output.weight"));
+	uint64_t embd_at = te->offset + te->length - 7;
+	nf_store_close(s);
+	cr_assert_eq(load_err(t.path, &d), 0, "%s", d.msg);
+	ts_flip(t.path, embd_at, 6);
+	memset(&d, 0, sizeof(d));
+	cr_assert_eq(nf_model_load(t.path, NULL, &m, &d), NF_ECHECKSUM);
+	cr_assert(strstr(d.msg, "token_embd.weight"), "%s", d.msg);
+	cr_assert_null(m);
+	ts_dir_remove(&t);
+}
+
+/* A store-backed model with its own output matrix leaves the token
+ * embedding in the store: the weights in memory are the GGUF's less the
+ * embedding, and every row, the first and the last included, reads back
+ * what the GGUF holds (the same logits, bit for bit). */
+Test(import, token_embedding_rows_are_read_from_the_store)
+{
+	char in[256];
+	gguf_path(3, in, sizeof(in));   /* q4_0, untied output */
+	struct ts_dir t;
+	cr_assert(ts_dir_make(&t, "/tmp"));
+	import_ok(in, t.path, 16, 4096, NULL);
+	struct nf_model *m[2];
+	struct nf_diag d = { 0 };
+	struct nf_model_opts mo = { .prefault = true, .store_unpack_ffn = true };
+	cr_assert_eq(nf_model_load(in, NULL, &m[0], &d), 0, "%s", d.msg);
+	cr_assert_eq(nf_model_load(t.path, &mo, &m[1], &d), 0, "%s", d.msg);
+	const struct nf_model_hparams *hp = nf_model_hparams(m[0]);
+	/* in memory without the FFN: every dense object but the embedding */
+	struct nf_store *s;
+	cr_assert_eq(nf_store_open(t.path, NULL, &s, &d), 0, "%s", d.msg);
+	uint64_t dense = 0, embd = nf_store_object_find(s, "token_embd.weight")->length;
+	for (uint32_t i = 0; i < nf_store_object_count(s); i++) {
+		const struct nf_store_object *o = nf_store_object_get(s, i);
+		if (o->kind == NF_STORE_KIND_DENSE)
+			dense += o->length;
+	}
+	nf_store_close(s);
+	struct nf_model *bare;
+	cr_assert_eq(nf_model_load(t.path, NULL, &bare, &d), 0, "%s", d.msg);
+	cr_expect_eq(nf_model_weight_bytes(bare) + embd, dense, "in memory %llu + embedding %llu, dense objects %llu",
+		     (unsigned long long)nf_model_weight_bytes(bare), (unsigned long long)embd,
+		     (unsigned long long)dense);
+	nf_model_free(bare);
+	int32_t ids[] = { 0, (int32_t)hp->n_vocab - 1, 7, (int32_t)hp->n_vocab / 2, 0, (int32_t)hp->n_vocab - 1 };
+	float *lg[2];
+	for (int k = 0; k < 2; k++) {
+		struct nf_ctx_params cp = nf_ctx_defaults();
+		cp.n_threads = 2;
+		cp.n_ctx = 32;
+		struct nf_ctx *c;
+		cr_assert_eq(nf_ctx_open(m[k], &cp, &c, &d), 0, "%s", d.msg);
+		cr_assert_eq(nf_ctx_eval(c, ids, 4), 0);         /* a batch */
+		cr_assert_eq(nf_ctx_eval(c, ids + 4, 1), 0);     /* and single steps */
+		cr_assert_eq(nf_ctx_eval(c, ids + 5, 1), 0);
+		lg[k] = malloc(hp->n_vocab * sizeof(float));
+		memcpy(lg[k], nf_ctx_logits(c), hp->n_vocab * sizeof(float));
+		nf_ctx_close(c);
+	}
+	cr_expect(memcmp(lg[0], lg[1], hp->n_vocab * sizeof(float)) == 0, "store rows give other logits");
+	free(lg[0]);
+	free(lg[1]);
+	nf_model_free(m[0]);
+	nf_model_free(m[1]);
 	ts_dir_remove(&t);
 }
 

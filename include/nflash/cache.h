@@ -355,6 +355,28 @@ int nf_cache_pin_object(struct nf_cache *c, const struct nf_store_object *obj, c
  * nf_store_object_buf_size() long), checked, without keeping it: for a
  * load that transforms what it reads (an FFN unpacked into memory). */
 int nf_cache_read_object(struct nf_cache *c, const struct nf_store_object *obj, void *buf, struct nf_diag *d);
+/*
+ * Rows of a dense object left in the store (the token embedding: a token
+ * needs one row of it, so it is not pinned; model_store.c).
+ *
+ * nf_cache_verify_object - read dense object obj in pieces of at most 1 MiB
+ *   and check its crc32c, keeping none of it: at load, for an object later
+ *   read a row at a time (rows carry no checksum of their own). Returns 0,
+ *   NF_ECHECKSUM or the read's error, d naming the object.
+ * nf_cache_row_span - scratch bytes nf_cache_read_rows needs per row of
+ *   row_bytes: the row rounded out to the alignment on both sides.
+ * nf_cache_read_rows - rows rows[0..n) of obj (row_bytes each, at
+ *   obj->offset + row * row_bytes), all submitted at once through the
+ *   cache's I/O context (O_DIRECT where the backend has it) and waited
+ *   for; row k lands in scratch + k * span (scratch aligned to
+ *   nf_cache_align()) and out[k] points at its first byte. A row outside
+ *   the object is NF_EUSAGE. Counted in the stats' bytes_read (a failed read
+ *   in errors). Returns 0 or the first failure, d naming the object.
+ */
+int nf_cache_verify_object(struct nf_cache *c, const struct nf_store_object *obj, struct nf_diag *d);
+uint64_t nf_cache_row_span(const struct nf_cache *c, uint64_t row_bytes);
+int nf_cache_read_rows(struct nf_cache *c, const struct nf_store_object *obj, uint64_t row_bytes,
+		       const int32_t *rows, uint32_t n, void *scratch, const void **out, struct nf_diag *d);
 /* The alignment the cache's reads need of buffers, offsets and lengths. */
 uint32_t nf_cache_align(const struct nf_cache *c);
 struct nf_store *nf_cache_store(const struct nf_cache *c);

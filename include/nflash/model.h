@@ -213,6 +213,10 @@ uint64_t nf_model_attn_bytes(const struct nf_model *m);
  * (not the FFN; not the whole embedding table). For the planner's cost
  * model. */
 uint64_t nf_model_step_dense_bytes(const struct nf_model *m);
+/* True when the token embedding stays in the store (a store whose output
+ * matrix is not tied to it): a forward step reads its tokens' rows, so its
+ * bytes are not in nf_model_weight_bytes. */
+bool nf_model_embd_in_store(const struct nf_model *m);
 bool nf_model_attn_in_memory(const struct nf_model *m);
 uint32_t nf_model_attn_layers_in_memory(const struct nf_model *m);
 int nf_model_attn_load(struct nf_model *m, uint32_t n_layers, struct nf_diag *diag);
