@@ -72,7 +72,7 @@ static const char k_calibration[] =
 void nf_plan_opts_default(struct nf_plan_opts *o)
 {
 	memset(o, 0, sizeof(*o));
-	o->calib_tokens = 256;
+	o->calib_tokens = 512;
 	o->calib_generate = -1;
 	o->relayout = true;
 	nf_plan_device_opts_default(&o->device);
@@ -1711,7 +1711,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	if ((rc = nf_engine_open(&eo, &cal, d)) < 0)
 		goto out;
 	/* the text, then the model's own continuation of it */
-	size_t n_gen = o->calib_generate < 0 ? o->calib_tokens / 2 : (size_t)o->calib_generate;
+	size_t n_gen = o->calib_generate < 0 ? o->calib_tokens - o->calib_tokens / 8 : (size_t)o->calib_generate;
 	n_gen = n_gen < o->calib_tokens ? n_gen : o->calib_tokens - 1;
 	size_t n_text = 0, n_ids = o->calib_tokens;
 	if ((rc = calib_ids(o, cal, n_ids - n_gen, &ids, &n_text, d)) < 0)

@@ -155,11 +155,12 @@ struct nf_plan_opts {
 	const uint64_t *budgets;    /* memory budgets to plan for; required */
 	uint32_t n_budgets;
 	const char *calibration;    /* text file; NULL: the built-in text */
-	uint32_t calib_tokens;      /* calibration tokens (default 256) */
+	uint32_t calib_tokens;      /* calibration tokens (default 512) */
 	/* Of them, how many the model writes itself, sampled (temperature 0.8,
 	 * a fixed seed) after the text's: decode reads the neurons of the
 	 * tokens the model writes, which fire otherwise than read text's.
-	 * -1 (default): half; 0: the text only. */
+	 * -1 (default): seven eighths (the text is the prompt); 0: the text
+	 * only. */
 	int calib_generate;
 	bool relayout;              /* lay the store out in the co-activation order (default true) */
 	bool keep_copy;             /* keep the store as it was beside, as STORE.orig (default false) */
