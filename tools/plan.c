@@ -169,8 +169,8 @@ static void explain(FILE *f, const struct nf_store_plan_entry *e)
 			100 * e->io_wait_share);
 	if (*measured(e))
 		fprintf(f,
-			"  %8.1f MiB: the token time is the model's for plain reads scaled by what a decode measured "
-			"with the choice against without it (%s)\n",
+			"  %8.1f MiB: the token time is what a decode of these settings measured (%s); the parts "
+			"are the model's, scaled to it\n",
 			mib(e->budget), measured(e) + 2);
 }
 
