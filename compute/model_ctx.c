@@ -136,6 +136,9 @@ static void mm_rows(const struct mm_job *j, const struct nf_mm *m, size_t r0, si
  */
 #define MM_CHUNKS 4
 
+/* Embedding rows read from the store at a time (model_store.c invariant 5). */
+#define EMBD_ROWS 64u
+
 static void mm_worker(void *arg, int ith, int nth)
 {
 	struct mm_job *j = arg;
@@ -322,11 +325,14 @@ int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct 
 	c->row_pos = czalloc(c, NB, sizeof(*c->row_pos), &rc);
 	c->logits = czalloc(c, hp->n_vocab, sizeof(float), &rc);
 	if (m->embd_obj) {
+		/* EMBD_ROWS rows at a time: an aligned row is 8 KiB where the
+		 * alignment is 4 KiB, so a whole batch's would be megabytes */
 		uint32_t a = nf_cache_align(m->cache);
+		c->embd_cap = NB < EMBD_ROWS ? NB : EMBD_ROWS;
 		c->embd_span = nf_cache_row_span(m->cache, m->tok_embd.row_bytes);
-		c->embd_rows = czalloc(c, NB, sizeof(*c->embd_rows), &rc);
-		c->bytes += NB * c->embd_span;
-		if (!(c->embd_buf = nf_io_buf_alloc(NB * c->embd_span, a > 4096 ? a : 4096)))
+		c->embd_rows = czalloc(c, c->embd_cap, sizeof(*c->embd_rows), &rc);
+		c->bytes += c->embd_cap * c->embd_span;
+		if (!(c->embd_buf = nf_io_buf_alloc(c->embd_cap * c->embd_span, a > 4096 ? a : 4096)))
 			rc = -ENOMEM;
 	}
 	c->scores = czalloc(c, NT * c->n_ctx, sizeof(float), &rc);
@@ -519,14 +525,21 @@ static int forward(struct nf_ctx *c, const int32_t *ids, size_t nb)
 	size_t E = hp->n_embd;
 	struct rows_job j = { .c = c, .ids = ids, .dst = c->x };
 	if (m->embd_obj) {
-		/* the rows of these tokens, read from the store (model_store.c) */
-		struct nf_diag d = { 0 };
-		int rc = nf_cache_read_rows(m->cache, m->embd_obj, m->tok_embd.row_bytes, ids, (uint32_t)nb,
-					    c->embd_buf, c->embd_rows, &d);
-		if (rc < 0)
-			return rc;
+		/* the rows of these tokens, read from the store (model_store.c),
+		 * embd_cap at a time */
+		for (size_t b0 = 0; b0 < nb; b0 += c->embd_cap) {
+			size_t k = nb - b0 < c->embd_cap ? nb - b0 : c->embd_cap;
+			struct nf_diag d = { 0 };
+			int rc = nf_cache_read_rows(m->cache, m->embd_obj, m->tok_embd.row_bytes, ids + b0, (uint32_t)k,
+						    c->embd_buf, c->embd_rows, &d);
+			if (rc < 0)
+				return rc;
+			j = (struct rows_job){ .c = c, .ids = ids + b0, .dst = c->x + b0 * E };
+			nf_ctx_parallel(c, k, embed_rows, &j);
+		}
+	} else {
+		nf_ctx_parallel(c, nb, embed_rows, &j);
 	}
-	nf_ctx_parallel(c, nb, embed_rows, &j);
 
 	for (uint32_t il = 0; il < hp->n_layer; il++) {
 		int rc = nf_attention(c, il, nb);

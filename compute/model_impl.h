@@ -114,10 +114,11 @@ struct nf_ctx {
 	void *xq;       /* prepared activations, xq_row bytes per token */
 	size_t xq_row;
 	float *logits;  /* n_vocab */
-	/* the embedding rows of a step, read from the store (m->embd_obj):
-	 * n_batch x embd_span aligned bytes, and where each row starts */
+	/* the embedding rows of a step, read from the store (m->embd_obj),
+	 * embd_cap at a time: embd_cap x embd_span aligned bytes, and where
+	 * each row starts */
 	void *embd_buf;
-	size_t embd_span;
+	size_t embd_span, embd_cap;
 	const void **embd_rows;
 
 	/* attention, per thread */

@@ -465,17 +465,25 @@ Test(import, token_embedding_rows_are_read_from_the_store)
 		     (unsigned long long)nf_model_weight_bytes(bare), (unsigned long long)embd,
 		     (unsigned long long)dense);
 	nf_model_free(bare);
-	int32_t ids[] = { 0, (int32_t)hp->n_vocab - 1, 7, (int32_t)hp->n_vocab / 2, 0, (int32_t)hp->n_vocab - 1 };
+	/* a batch of more rows than are read at a time (64), then single steps */
+	int32_t ids[152];
+	for (int i = 0; i < 150; i++)
+		ids[i] = (int32_t)((i * 37u) % hp->n_vocab);
+	ids[3] = 0;
+	ids[100] = (int32_t)hp->n_vocab - 1;
+	ids[150] = 0;
+	ids[151] = (int32_t)hp->n_vocab - 1;
 	float *lg[2];
 	for (int k = 0; k < 2; k++) {
 		struct nf_ctx_params cp = nf_ctx_defaults();
 		cp.n_threads = 2;
-		cp.n_ctx = 32;
+		cp.n_ctx = 256;
+		cp.n_batch = 256;
 		struct nf_ctx *c;
 		cr_assert_eq(nf_ctx_open(m[k], &cp, &c, &d), 0, "%s", d.msg);
-		cr_assert_eq(nf_ctx_eval(c, ids, 4), 0);         /* a batch */
-		cr_assert_eq(nf_ctx_eval(c, ids + 4, 1), 0);     /* and single steps */
-		cr_assert_eq(nf_ctx_eval(c, ids + 5, 1), 0);
+		cr_assert_eq(nf_ctx_eval(c, ids, 150), 0);
+		cr_assert_eq(nf_ctx_eval(c, ids + 150, 1), 0);
+		cr_assert_eq(nf_ctx_eval(c, ids + 151, 1), 0);
 		lg[k] = malloc(hp->n_vocab * sizeof(float));
 		memcpy(lg[k], nf_ctx_logits(c), hp->n_vocab * sizeof(float));
 		nf_ctx_close(c);
