@@ -267,7 +267,9 @@ static struct nf_store_plan *plan_logged_n(const uint64_t *budgets, uint32_t n_b
 static bool choice_measured(const char *text, const struct nf_store_plan_entry *e, double *tok_s, double *tol)
 {
 	char head[96];
-	snprintf(head, sizeof(head), "%.1f MiB: a decode token measured with ", (double)e->budget / 1048576.0);
+	/* (the shorter context's line begins alike: "... measured with -c 256, ...") */
+	snprintf(head, sizeof(head), "%.1f MiB: a decode token measured with plain reads ",
+		 (double)e->budget / 1048576.0);
 	const char *at = strstr(text, head);
 	if (!at)
 		return false;
