@@ -261,8 +261,14 @@ static void fit_plan(const struct nf_engine *e, struct nf_store *store, const st
 	f->dense = nf_model_weight_bytes(e->model) - ffn_weight_bytes(e->model);
 	f->attn = nf_model_attn_in_memory(e->model) ? 0 : nf_model_attn_bytes(e->model);
 	f->engine = nf_sparse_bytes_for(e->ctx, g) + (o->gate_first > 0 ? nf_sparse_gate_first_bytes(e->ctx, g) : 0);
-	if (o->profile)
+	if (o->profile) {
 		f->rec = store_ffn_neurons(store) * ((o->profile_sig_tokens + 63) / 64) * 8;
+		/* and the predictor's moments (nf_sparse_params.record_moments) */
+		const struct nf_weight *fc1 = &nf_model_layer(e->model, 0)->fc1;
+		uint64_t r = fc1->data ? fc1->nrows : 0;
+		if (r)
+			f->rec += (uint64_t)hp->n_layer * (hp->n_expert ? hp->n_expert : 1) * (1 + r + r * r) * 8;
+	}
 	struct nf_stream_opts so;
 	nf_stream_opts_default(&so);
 	f->sbytes = nf_model_attn_stream_bytes(e->model, so.n_slots);
@@ -601,6 +607,8 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 		/* a calibration run counts only what the text asks for */
 		sp.route_prefetch = o->profile ? 0 : o->route_prefetch;
 		sp.gate_first = o->gate_first > 0;
+		/* a calibration run records how the predictor's scores move together */
+		sp.record_moments = o->profile;
 		if (cl.profile_error)
 			say(e, "warning: %s: the store's profile is not used (%s); the hot set is learned online",
 			    e->store_path, nf_strerror(cl.profile_error));

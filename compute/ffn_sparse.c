@@ -588,6 +588,13 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
 		goto fail;
 	if (p->gate_first && (rc = gate_first_setup(s, diag)) < 0)
 		goto fail;
+	if (p->record_moments && s->mode == NF_SPARSE_PREDICTOR && s->rank) {
+		rc = -ENOMEM;
+		s->mom_stride = 1 + (size_t)s->rank + (size_t)s->rank * s->rank;
+		/* counted with the profile's record (the engine's fit), not here */
+		if (!(s->mom = calloc((size_t)s->n_layer * s->nx * s->mom_stride, sizeof(double))))
+			goto fail;
+	}
 	for (uint32_t il = 0; il < s->n_layer; il++)
 		nf_ctx_set_ffn(ctx, il, &s->ops, s);
 	*out = s;
@@ -597,6 +604,35 @@ fail:
 		nf_diag_fail(diag, -ENOMEM, "sparse engine: out of memory");
 	nf_sparse_close(s);
 	return rc;
+}
+
+uint32_t nf_sparse_pred_record(const struct nf_sparse *s, uint32_t layer, uint32_t expert, uint64_t *n,
+			       const double **sum, const double **sq)
+{
+	if (!s || !s->mom || layer >= s->n_layer || expert >= s->nx)
+		return 0;
+	const struct layer_tab *t = nf_sp_tab(s, layer, expert);
+	uint32_t r = t->fc1.data ? t->fc1.nrows : 0;
+	const double *m = s->mom + ((size_t)layer * s->nx + expert) * s->mom_stride;
+	if (!r || t->fc2.nrows != s->F)
+		return 0;
+	*n = (uint64_t)m[0];
+	*sum = m + 1;
+	*sq = m + 1 + r;
+	return r;
+}
+
+int nf_sparse_pred_fc2(const struct nf_sparse *s, uint32_t layer, uint32_t expert, float *rows)
+{
+	if (!s || layer >= s->n_layer || expert >= s->nx)
+		return NF_EUNSUPPORTED;
+	const struct nf_weight *w = &nf_sp_tab(s, layer, expert)->fc2;
+	if (!w->data || w->packed || w->nrows != s->F)
+		return NF_EUNSUPPORTED;
+	for (uint32_t j = 0; j < w->nrows; j++)
+		nf_dequantize_row(w->dtype, (const char *)w->data + (size_t)j * w->row_bytes, rows + (size_t)j * w->n,
+				  w->n);
+	return 0;
 }
 
 uint32_t nf_sparse_min_cold_slots(const struct nf_cache_geom *g)
@@ -669,6 +705,7 @@ void nf_sparse_close(struct nf_sparse *s)
 	nf_io_buf_free(s->gbuf);
 	free((void *)s->gdone);
 	free(s->gheld);
+	free(s->mom);
 	free(s);
 }
 

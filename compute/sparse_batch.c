@@ -104,8 +104,10 @@ int nf_sp_batch_forward(struct nf_sparse *s, const struct nf_ffn_env *env, const
 	memset(s->gmask, 0, s->n_groups * sizeof(uint32_t));
 	for (size_t b = 0; b < io->nb; b++) {
 		s->k->act_prepare[s->kt_gu](io->x + b * s->E, s->bxq + b * s->xq_size, s->E);
-		if (s->mode == NF_SPARSE_PREDICTOR)
+		if (s->mode == NF_SPARSE_PREDICTOR) {
 			nf_sp_predict(s, t, io->resid + b * s->E);
+			nf_sp_record_moments(s, io->layer, s->cur_expert);
+		}
 		uint32_t *bm = s->bmask + b * s->n_groups;
 		for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 			uint32_t m = nf_sp_group_mask(s, gi);

@@ -240,6 +240,10 @@ struct nf_sparse {
 	 * cut as in exact mode (every neuron counted), so the output is exact
 	 * mode's, bit for bit */
 	bool gate_first;
+	/* record_moments: per FFN (layer * nx + expert), mom_stride doubles:
+	 * tokens, sum of z[rank], sum of z z^T[rank * rank] (NULL: off) */
+	double *mom;
+	size_t mom_stride;
 	const struct nf_store_object **gobj; /* n_layer x nx: gate-rows objects */
 	char *gbuf;                  /* max(1, n_expert_used) x gbuf_stride, I/O aligned */
 	size_t gbuf_stride;
@@ -315,6 +319,7 @@ void nf_sp_run_job(const struct nf_ffn_env *env, nf_pool_fn fn, void *arg);
 void nf_sp_kdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t dt, uint32_t g0,
 			 uint32_t g1);
 void nf_sp_reduce_worker(void *arg, int ith, int nth);
+void nf_sp_record_moments(struct nf_sparse *s, uint32_t layer, uint32_t expert);
 void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *resid);
 /* FFN (layer, s->cur_expert)'s masks for token x into s->gmask (x prepared
  * into s->xq); returns the active neurons. */

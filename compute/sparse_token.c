@@ -29,6 +29,29 @@ void nf_sp_predict(struct nf_sparse *s, const struct layer_tab *t, const float *
 	k->gemv[fc2->kt](fc2->n, fc2->nrows, fc2->data, fc2->row_bytes, s->hq, s->score);
 }
 
+/* record_moments: z = s->h1 (after nf_sp_predict) folded into FFN
+ * (layer, expert)'s sums; zeros (ReLU's) add nothing to them. */
+void nf_sp_record_moments(struct nf_sparse *s, uint32_t layer, uint32_t expert)
+{
+	if (!s->mom)
+		return;
+	const struct layer_tab *t = nf_sp_tab(s, layer, expert);
+	uint32_t r = t->fc1.data ? t->fc1.nrows : 0;
+	if (!r)
+		return;
+	double *m = s->mom + ((size_t)layer * s->nx + expert) * s->mom_stride, *sum = m + 1, *sq = m + 1 + r;
+	const float *z = s->h1;
+	m[0] += 1.0;
+	for (uint32_t i = 0; i < r; i++) {
+		if (z[i] == 0.0f)
+			continue;
+		double zi = z[i];
+		sum[i] += zi;
+		for (uint32_t k = 0; k < r; k++)
+			sq[(size_t)i * r + k] += zi * z[k];
+	}
+}
+
 /* Neurons of group gi to compute: the predicted ones (score >= threshold,
  * after nf_sp_predict()), or every neuron that exists. */
 uint32_t nf_sp_group_mask(const struct nf_sparse *s, uint32_t gi)
@@ -107,8 +130,10 @@ uint64_t nf_sp_token_masks(struct nf_sparse *s, uint32_t layer, const float *x, 
 	s->cur_layer = layer;
 	s->cur_tab = t;
 	s->k->act_prepare[s->kt_gu](x, s->xq, s->E);
-	if (s->mode == NF_SPARSE_PREDICTOR)
+	if (s->mode == NF_SPARSE_PREDICTOR) {
 		nf_sp_predict(s, t, resid);
+		nf_sp_record_moments(s, layer, s->cur_expert);
+	}
 	/* gate-first: every gate from the gate rows read whole (each the bits
 	 * a chunk's gemv_list gives), and only the positive ones computed */
 	const char *gate = s->gate_first ? s->cur_gate : NULL;

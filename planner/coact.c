@@ -10,6 +10,7 @@
  *     in long runs.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,15 @@ static void sort_by_count(const uint32_t *counts, uint32_t *v, uint32_t *tmp, ui
 		}
 		memcpy(v, tmp, (size_t)n * sizeof(*v));
 	}
+}
+
+/* order[0..n): neuron ids by (count desc, id asc); returns min(head, n) */
+static uint32_t count_order(const uint32_t *counts, uint32_t n, uint32_t head, uint32_t *order, uint32_t *tmp)
+{
+	for (uint32_t j = 0; j < n; j++)
+		order[j] = j;
+	sort_by_count(counts, order, tmp, n);
+	return head < n ? head : n;
 }
 
 #if defined(__x86_64__)
@@ -82,11 +92,7 @@ int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, 
 		free(pc);
 		return -ENOMEM;
 	}
-	for (uint32_t j = 0; j < n; j++)
-		order[j] = j;
-	sort_by_count(counts, order, tmp, n);
-	if (head > n)
-		head = n;
+	head = count_order(counts, n, head, order, tmp);
 	if (!sig || !words || head == n)
 		goto done;
 
@@ -180,9 +186,12 @@ void nf_coact_cost(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_
 }
 
 int nf_coact_holdout(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
-		     uint32_t head, const uint32_t *gaps, uint32_t n_gaps, double *in_runs, double *in_bundles,
-		     double *out_runs, double *out_bundles)
+		     uint32_t head, const float *vec, uint32_t dim, uint32_t choose_gap, const uint32_t *gaps,
+		     uint32_t n_gaps, double *in_runs, double *in_bundles, double *out_runs, double *out_bundles,
+		     bool *by_scores, double *choose_runs)
 {
+	if (by_scores)
+		*by_scores = false;
 	if (tokens > words * 64u)
 		tokens = words * 64u;
 	if (tokens < 4 || !n)
@@ -190,8 +199,9 @@ int nf_coact_holdout(const uint64_t *sig, uint32_t words, uint32_t tokens, uint3
 	size_t cells = (size_t)n * words;
 	uint64_t *even = malloc(cells * sizeof(uint64_t)), *odd = malloc(cells * sizeof(uint64_t));
 	uint32_t *cnt = calloc(n, sizeof(uint32_t)), *lay = malloc((size_t)n * sizeof(uint32_t));
+	uint32_t *lay_v = vec ? malloc((size_t)n * sizeof(uint32_t)) : NULL;
 	int rc = -ENOMEM;
-	if (!even || !odd || !cnt || !lay)
+	if (!even || !odd || !cnt || !lay || (vec && !lay_v))
 		goto out;
 	/* bit t of a word is token 64 w + t: even tokens are the even bits */
 	for (size_t k = 0; k < cells; k++) {
@@ -201,6 +211,26 @@ int nf_coact_holdout(const uint64_t *sig, uint32_t words, uint32_t tokens, uint3
 	}
 	if ((rc = nf_coact_order(cnt, even, words, n, head, lay)) < 0)
 		goto out;
+	if (vec) {
+		/* the scores' layout from the even tokens' counts: the one of
+		 * the two whose odd tokens take fewer reads at choose_gap */
+		if ((rc = nf_coact_order_vec(cnt, vec, dim, n, head, lay_v)) < 0)
+			goto out;
+		double rb, rv;
+		nf_coact_cost(odd, words, tokens, n, lay, head, choose_gap, &rb, NULL);
+		nf_coact_cost(odd, words, tokens, n, lay_v, head, choose_gap, &rv, NULL);
+		if (choose_runs) {
+			choose_runs[0] = rb;
+			choose_runs[1] = rv;
+		}
+		if (rv < rb) {
+			uint32_t *t = lay;
+			lay = lay_v;
+			lay_v = t;
+			if (by_scores)
+				*by_scores = true;
+		}
+	}
 	for (uint32_t k = 0; k < n_gaps; k++) {
 		nf_coact_cost(odd, words, tokens, n, order, head, gaps[k], &in_runs[k], &in_bundles[k]);
 		nf_coact_cost(odd, words, tokens, n, lay, head, gaps[k], &out_runs[k], &out_bundles[k]);
@@ -211,5 +241,153 @@ out:
 	free(odd);
 	free(cnt);
 	free(lay);
+	free(lay_v);
 	return rc;
+}
+
+/* ---- the predictor's view ------------------------------------------------------------------ */
+
+int nf_coact_embed(const float *fc2, uint32_t n_ff, uint32_t r, uint64_t n, const double *sum, const double *sq,
+		   float *vec)
+{
+	if (n < 2 || !r)
+		return -EINVAL;
+	double *c = malloc((size_t)r * r * sizeof(double)), *l = calloc((size_t)r * r, sizeof(double));
+	double *y = malloc((size_t)r * sizeof(double));
+	int rc = -ENOMEM;
+	if (!c || !l || !y)
+		goto out;
+	/* the covariance of z, and a ridge of 1e-6 of its mean variance (a
+	 * hidden unit that never moved has none) */
+	double tr = 0;
+	for (uint32_t i = 0; i < r; i++)
+		for (uint32_t k = 0; k < r; k++) {
+			double v = sq[(size_t)i * r + k] / (double)n - (sum[i] / (double)n) * (sum[k] / (double)n);
+			c[(size_t)i * r + k] = v;
+			tr += i == k ? v : 0;
+		}
+	double ridge = tr > 0 ? 1e-6 * tr / r : 1e-12;
+	for (int attempt = 0;; attempt++) {
+		/* Cholesky: c + ridge I = l l^T, l lower */
+		bool ok = true;
+		for (uint32_t i = 0; i < r && ok; i++)
+			for (uint32_t k = 0; k <= i; k++) {
+				double v = c[(size_t)i * r + k] + (i == k ? ridge : 0);
+				for (uint32_t q = 0; q < k; q++)
+					v -= l[(size_t)i * r + q] * l[(size_t)k * r + q];
+				if (i == k) {
+					if (!(v > 0)) {
+						ok = false;
+						break;
+					}
+					l[(size_t)i * r + i] = sqrt(v);
+				} else {
+					l[(size_t)i * r + k] = v / l[(size_t)k * r + k];
+				}
+			}
+		if (ok)
+			break;
+		if (attempt == 8) {
+			rc = -EINVAL;
+			goto out;
+		}
+		ridge = ridge * 100 + 1e-12;
+	}
+	/* y = l^T f: f^T C g = (l^T f) . (l^T g) */
+	for (uint32_t j = 0; j < n_ff; j++) {
+		const float *f = fc2 + (size_t)j * r;
+		double nn = 0;
+		for (uint32_t k = 0; k < r; k++) {
+			double v = 0;
+			for (uint32_t i = k; i < r; i++)
+				v += l[(size_t)i * r + k] * f[i];
+			y[k] = v;
+			nn += v * v;
+		}
+		double inv = nn > 0 ? 1.0 / sqrt(nn) : 0;
+		for (uint32_t k = 0; k < r; k++)
+			vec[(size_t)j * r + k] = (float)(y[k] * inv);
+	}
+	rc = 0;
+out:
+	free(c);
+	free(l);
+	free(y);
+	return rc;
+}
+
+/* Unit vectors as int16 at 2^14 (|a . b| <= 2^28 in int32, exact, so the
+ * layout is the same on every ISA), VEC_BLOCK values per block. */
+#define VEC_BLOCK 16u
+#define VEC_ONE 16384.0f
+
+static int32_t dot_q(const int16_t *a, const int16_t *b, uint32_t blocks)
+{
+	int32_t s = 0;
+	for (uint32_t k = 0; k < blocks; k++, a += VEC_BLOCK, b += VEC_BLOCK)
+		for (uint32_t i = 0; i < VEC_BLOCK; i++)
+			s += (int32_t)a[i] * b[i];
+	return s;
+}
+
+int nf_coact_order_vec(const uint32_t *counts, const float *vec, uint32_t dim, uint32_t n, uint32_t head,
+		       uint32_t *order)
+{
+	uint32_t blocks = (dim + VEC_BLOCK - 1) / VEC_BLOCK, dp = blocks * VEC_BLOCK;
+	uint32_t *tmp = malloc((size_t)(n ? n : 1) * sizeof(*tmp));
+	int16_t *q = malloc(((size_t)(n ? n : 1) + 1) * dp * sizeof(*q));
+	if (!tmp || !q) {
+		free(tmp);
+		free(q);
+		return -ENOMEM;
+	}
+	head = count_order(counts, n, head, order, tmp);
+	/* after the head: the neurons that fired (cand, in count order), then
+	 * the rest, keeping their order */
+	uint32_t m = 0, t = 0, *tail = order + head;
+	for (uint32_t r = head; r < n; r++) {
+		uint32_t j = order[r];
+		if (counts[j])
+			tmp[m++] = j;
+		else
+			tail[t++] = j;
+	}
+	memmove(order + n - t, tail, (size_t)t * sizeof(*order));
+	for (uint32_t i = 0; i < m; i++) {
+		int16_t *row = q + (size_t)i * dp;
+		const float *v = vec + (size_t)tmp[i] * dim;
+		for (uint32_t k = 0; k < dp; k++) {
+			float x = k < dim ? v[k] : 0.0f;
+			x = x > 1.0f ? 1.0f : x < -1.0f ? -1.0f : x;
+			row[k] = (int16_t)lrintf(x * VEC_ONE);
+		}
+	}
+	uint32_t *out = order + head, left = m;
+	int16_t *cur = q + (size_t)m * dp; /* the row just placed */
+	if (left) {
+		/* the chain: from the most frequent, each next the unplaced
+		 * neuron whose scores move most with the one just placed */
+		uint32_t bi = 0;
+		for (;;) {
+			uint32_t c = tmp[bi];
+			*out++ = c;
+			memcpy(cur, q + (size_t)bi * dp, dp * sizeof(*q));
+			tmp[bi] = tmp[--left];
+			memcpy(q + (size_t)bi * dp, q + (size_t)left * dp, dp * sizeof(*q));
+			if (!left)
+				break;
+			int32_t best = 0;
+			bi = 0;
+			for (uint32_t i = 0; i < left; i++) {
+				int32_t d = dot_q(cur, q + (size_t)i * dp, blocks);
+				if (i == 0 || d > best || (d == best && before(counts, tmp[i], tmp[bi]))) {
+					best = d;
+					bi = i;
+				}
+			}
+		}
+	}
+	free(tmp);
+	free(q);
+	return 0;
 }

@@ -460,8 +460,14 @@ static int layout_holdout(const struct nf_plan_opts *o, struct nf_engine *cal, u
 		double ir[N_GAPS], ib[N_GAPS], or_[N_GAPS], ob[N_GAPS];
 		if (!sig || r->nt[f] < 4 || !r->n[f])
 			continue;
+		/* held out as nf_coact_profile_save chose: by firing record or
+		 * by the predictor's scores, whichever served the odd tokens */
+		uint32_t dim = 0;
+		float *vec = nf_coact_ffn_vec(cal, r->layer[f], r->expert[f], &dim);
 		rc = nf_coact_holdout(sig, words, r->nt[f], r->n[f], order[r->obj[f]],
-				      quota[r->layer[f] * g.n_expert + r->expert[f]], k_gaps, N_GAPS, ir, ib, or_, ob);
+				      quota[r->layer[f] * g.n_expert + r->expert[f]], vec, dim, nf_coact_gap(cal), k_gaps,
+				      N_GAPS, ir, ib, or_, ob, NULL, NULL);
+		free(vec);
 		for (size_t k = 0; rc == 0 && k < N_GAPS; k++) {
 			in_r[k] += ir[k];
 			in_b[k] += ib[k];

@@ -14,6 +14,7 @@
 
 #include "nflash/coact.h"
 #include "nflash/engine.h"
+#include "nflash/sparse.h"
 #include "nflash/store.h"
 
 static double now_s(void)
@@ -29,10 +30,50 @@ static void progress(const struct nf_coact_progress *pr, uint64_t done, uint64_t
 		pr->fn(pr->arg, "planning the layout", done, total);
 }
 
+/* NFLASH_COACT_SCORES=off: chain by firing records alone (A/B runs) */
+static bool scores_on(void)
+{
+	const char *v = getenv("NFLASH_COACT_SCORES");
+	return !v || strcmp(v, "off") != 0;
+}
+
+float *nf_coact_ffn_vec(struct nf_engine *e, uint32_t layer, uint32_t expert, uint32_t *dim)
+{
+	const struct nf_sparse *sp = nf_engine_sparse(e);
+	uint64_t n = 0;
+	const double *sum = NULL, *sq = NULL;
+	uint32_t r = nf_sparse_pred_record(sp, layer, expert, &n, &sum, &sq);
+	struct nf_cache_geom g;
+	if (!r || n < 2 || !nf_engine_cache(e) || !scores_on())
+		return NULL;
+	nf_cache_geometry(nf_engine_cache(e), &g);
+	float *fc2 = malloc((size_t)g.n_neurons * r * sizeof(float));
+	float *vec = malloc((size_t)g.n_neurons * r * sizeof(float));
+	if (!fc2 || !vec || nf_sparse_pred_fc2(sp, layer, expert, fc2) < 0 ||
+	    nf_coact_embed(fc2, g.n_neurons, r, n, sum, sq, vec) < 0) {
+		free(fc2);
+		free(vec);
+		return NULL;
+	}
+	free(fc2);
+	*dim = r;
+	return vec;
+}
+
+uint32_t nf_coact_gap(const struct nf_engine *e)
+{
+	int rg = nf_engine_opts(e)->read_gap;
+	return rg >= 0 ? (uint32_t)rg : 4;
+}
+
 /* Plan every FFN's co-activation layout from the cache's record into
  * p->order. The head is the share of neurons the cache keeps hot under this
- * budget. Writes what the layout saves on the calibration tokens
- * themselves to log. Returns 0 or -ENOMEM (no order then). */
+ * budget. In predictor mode each FFN's layout is chained by firing bitmaps
+ * or by the predictor's scores (nf_coact_embed), whichever serves the
+ * record's odd tokens better when planned from its even ones
+ * (nf_coact_holdout). Writes what the layout saves on the calibration
+ * tokens themselves, and the held-out choice, to log. Returns 0 or -ENOMEM
+ * (no order then). */
 static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const struct nf_coact_progress *pr,
 		       FILE *log)
 {
@@ -44,8 +85,7 @@ static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const st
 	nf_engine_info(e, &info);
 	nf_cache_layout_get(cache, &cl);
 	nf_cache_geometry(cache, &g);
-	int rg = nf_engine_opts(e)->read_gap;
-	uint32_t n_ffn = 0, gap = rg >= 0 ? (uint32_t)rg : 4;
+	uint32_t n_ffn = 0, gap = nf_coact_gap(e);
 	for (uint32_t i = 0; i < p->n_objects; i++)
 		n_ffn += p->counts[i] != NULL;
 	if (!n_ffn || !(p->order = calloc(p->n_objects, sizeof(*p->order))))
@@ -58,37 +98,68 @@ static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const st
 		return -ENOMEM;
 	nf_cache_hot_quota(cache, cl.hot_slots + info.profile_extra / g.stride, quota);
 	double t0 = now_s();
-	double by_count = 0, coact = 0;
-	uint32_t tokens_max = 0, head_sum = 0, done = 0;
+	double by_count = 0, coact = 0, held_in = 0, held_out = 0;
+	uint32_t tokens_max = 0, head_sum = 0, done = 0, n_vec = 0, n_scores = 0;
+	int rc = 0;
 	progress(pr, 0, n_ffn);
-	for (uint32_t i = 0; i < p->n_objects; i++) {
+	for (uint32_t i = 0; i < p->n_objects && rc == 0; i++) {
 		const struct nf_store_object *ob = nf_store_object_get(store, i);
 		if (!p->counts[i])
 			continue;
-		uint32_t n = p->lens[i], tokens, words;
+		uint32_t n = p->lens[i], tokens, words, dim = 0;
 		uint32_t head = quota[ob->layer * g.n_expert + ob->expert];
 		const uint64_t *sig = nf_cache_signatures(cache, ob->layer, ob->expert, &tokens, &words);
-		bool ok = (p->order[i] = malloc((size_t)n * sizeof(uint32_t))) &&
-			  nf_coact_order(p->counts[i], NULL, 0, n, head, p->order[i]) == 0;
-		if (ok && sig && tokens)
+		float *vec = sig && tokens >= 4 ? nf_coact_ffn_vec(e, ob->layer, ob->expert, &dim) : NULL;
+		rc = -ENOMEM;
+		if (!(p->order[i] = malloc((size_t)n * sizeof(uint32_t))) ||
+		    nf_coact_order(p->counts[i], NULL, 0, n, head, p->order[i]) < 0)
+			goto next;
+		if (sig && tokens)
 			by_count += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
-		if (!ok || nf_coact_order(p->counts[i], sig, words, n, head, p->order[i]) < 0) {
-			progress(pr, n_ffn, n_ffn);
-			free(quota);
-			return -ENOMEM;
+		if (nf_coact_order(p->counts[i], sig, words, n, head, p->order[i]) < 0)
+			goto next;
+		if (vec) {
+			double ir, ib, or_, ob_, cr[2];
+			bool scores = false;
+			n_vec++;
+			if (nf_coact_holdout(sig, words, tokens, n, p->order[i], head, vec, dim, gap, &gap, 1, &ir, &ib,
+					     &or_, &ob_, &scores, cr) < 0)
+				goto next;
+			held_in += cr[0];
+			held_out += scores ? cr[1] : cr[0];
+			if (scores) {
+				n_scores++;
+				if (nf_coact_order_vec(p->counts[i], vec, dim, n, head, p->order[i]) < 0)
+					goto next;
+			}
 		}
 		if (sig && tokens)
 			coact += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
 		tokens_max = tokens > tokens_max ? tokens : tokens_max;
 		head_sum += head < n ? head : n;
+		rc = 0;
+	next:
+		free(vec);
 		progress(pr, ++done, n_ffn);
 	}
-	if (log)
+	if (rc < 0) {
+		progress(pr, n_ffn, n_ffn);
+		free(quota);
+		return -ENOMEM;
+	}
+	if (log) {
 		fprintf(log,
 			"nflash: co-activation layout of %u FFNs planned in %.1f s from %u calibration tokens: after "
 			"the %u most frequent neurons per FFN (mean), a calibration token's reads (gap %u) %.0f by count "
 			"-> %.0f co-activated\n",
 			n_ffn, now_s() - t0, tokens_max, head_sum / n_ffn, gap, by_count, coact);
+		if (n_vec)
+			fprintf(log,
+				"nflash: co-activation layout: planned from the even calibration tokens, the odd ones' "
+				"reads (gap %u) %.0f chained by firing record, %.0f by the better of it and the "
+				"predictor's scores; scores taken for %u of %u FFNs\n",
+				gap, held_in, held_out, n_scores, n_vec);
+	}
 	free(quota);
 	return 0;
 }

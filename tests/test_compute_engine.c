@@ -5,6 +5,7 @@
  * default; planned and unplanned engines give the same bits.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "nflash/kernels.h"
 #include "nflash/model.h"
 #include "nflash/sampler.h"
+#include "nflash/sparse.h"
 #include "nflash/store.h"
 #include "nflash/stream.h"
 #include "util_pipeline.h"
@@ -339,6 +341,88 @@ static double hot_share_of(struct nf_engine *e, const int32_t *ids, size_t n, in
 	memcpy(last, nf_ctx_logits(ctx), nv * sizeof(float));
 	uint64_t look = b.lookups - a.lookups;
 	return look ? (double)(b.hits_hot - a.hits_hot) / (double)look : 0;
+}
+
+/*
+ * A calibration run in predictor mode records the predictor's hidden layer
+ * of every token (nf_sparse_pred_record), and from it each neuron's place
+ * among the others (nf_coact_ffn_vec: unit rows, or zeros); the profile it
+ * saves holds a layout that is a permutation. A run without --profile
+ * records nothing.
+ */
+Test(engine, calibration_records_the_predictors_hidden_layer, .fini = drop_model)
+{
+	make_model(256);
+	struct nf_engine_opts o;
+	store_opts(&o, 224);
+	o.overhead = 24ull << 20;
+	o.budget = 80ull << 20;
+	o.profile = true;
+	struct nf_engine *e;
+	struct nf_diag d = { 0 };
+	int rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	cr_assert_eq(nf_sparse_mode_of(nf_engine_sparse(e)), NF_SPARSE_PREDICTOR);
+	int32_t calib[24];
+	for (int i = 0; i < 24; i++)
+		calib[i] = 3 + (i * 37) % 300;
+	cr_assert_eq(nf_ctx_eval(nf_engine_ctx(e), calib, 16), 0);
+	for (int i = 16; i < 24; i++)
+		cr_assert_eq(nf_ctx_eval(nf_engine_ctx(e), &calib[i], 1), 0);
+	const struct nf_model_hparams *hp = nf_model_hparams(nf_engine_model(e));
+	for (uint32_t il = 0; il < hp->n_layer; il++) {
+		uint64_t n = 0;
+		const double *sum = NULL, *sq = NULL;
+		uint32_t r = nf_sparse_pred_record(nf_engine_sparse(e), il, 0, &n, &sum, &sq);
+		cr_assert_gt(r, 0, "layer %u: nothing recorded", il);
+		cr_assert_eq(n, 24, "layer %u: %llu tokens recorded", il, (unsigned long long)n);
+		double moved = 0;
+		for (uint32_t i = 0; i < r; i++) {
+			cr_assert_geq(sum[i], 0.0, "ReLU's output is never negative");
+			cr_assert_geq(sq[(size_t)i * r + i], 0.0);
+			cr_assert_float_eq(sq[(size_t)i * r + (r - 1 - i)], sq[(size_t)(r - 1 - i) * r + i], 1e-9);
+			moved += sq[(size_t)i * r + i] - sum[i] * sum[i] / (double)n;
+		}
+		cr_assert_gt(moved, 0.0, "layer %u: the hidden layer never moved", il);
+		uint32_t dim = 0;
+		float *vec = nf_coact_ffn_vec(e, il, 0, &dim);
+		cr_assert_not_null(vec);
+		cr_assert_eq(dim, r);
+		uint32_t units = 0;
+		for (uint32_t j = 0; j < hp->n_ff; j++) {
+			double nn = 0;
+			for (uint32_t k = 0; k < dim; k++)
+				nn += (double)vec[(size_t)j * dim + k] * vec[(size_t)j * dim + k];
+			cr_assert(nn < 1e-12 || fabs(nn - 1.0) < 1e-5, "neuron %u: |vec|^2 = %g", j, nn);
+			units += nn > 0.5;
+		}
+		cr_assert_gt(units, hp->n_ff / 2, "layer %u: %u of %u neurons placed", il, units, hp->n_ff);
+		free(vec);
+	}
+	cr_assert_eq(nf_coact_profile_save(e, 24, NULL, &d), 0, "%s", d.msg);
+	nf_engine_close(e);
+	struct nf_store *s;
+	cr_assert_eq(nf_store_open(store, NULL, &s, &d), 0, "%s", d.msg);
+	struct nf_store_profile *p = NULL;
+	cr_assert_eq(nf_store_profile_read(s, &p, &d), 0, "%s", d.msg);
+	cr_assert_not_null(p->order);
+	for (uint32_t i = 0; i < p->n_objects; i++)
+		if (p->counts[i])
+			cr_assert(nf_store_profile_order_valid(p->order[i], p->lens[i]), "object %u", i);
+	nf_store_profile_free(p);
+	nf_store_close(s);
+
+	/* a run that is not a calibration records nothing */
+	o.profile = false;
+	rc = nf_engine_open(&o, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	cr_assert_eq(nf_ctx_eval(nf_engine_ctx(e), calib, 4), 0);
+	uint64_t n = 0;
+	const double *sum = NULL, *sq = NULL;
+	cr_assert_eq(nf_sparse_pred_record(nf_engine_sparse(e), 0, 0, &n, &sum, &sq), 0);
+	uint32_t dim = 0;
+	cr_assert_null(nf_coact_ffn_vec(e, 0, 0, &dim));
+	nf_engine_close(e);
 }
 
 Test(engine, online_replanning_recovers_a_wrong_hot_set_with_the_same_bits, .fini = drop_model)

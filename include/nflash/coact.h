@@ -21,6 +21,7 @@
 #ifndef NFLASH_COACT_H
 #define NFLASH_COACT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -66,17 +67,48 @@ void nf_coact_cost(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_
  * nf_coact_order plans one from all (head slots first, by the even tokens'
  * counts); the odd tokens are then costed (nf_coact_cost, head cached)
  * against that layout and against order, the layout planned from the whole
- * record. For each of the n_gaps gaps[k]: in_runs[k], in_bundles[k] (under
- * order) and out_runs[k], out_bundles[k] (under the even tokens' layout),
- * means over the record's tokens. The calibration's own layout clusters
- * each token's rare neurons, which a new token's misses do not share: the
- * two differ by the layout's fit to its own record. Returns 0, -EINVAL
- * (fewer than 4 tokens), or -ENOMEM.
+ * record. With vec (nf_coact_embed's rows, dim values each; else NULL), the
+ * even tokens' counts also plan nf_coact_order_vec's layout, and the one
+ * of the two whose odd tokens take fewer runs at choose_gap is the held-out
+ * layout (*by_scores: it was vec's; choose_runs[0], [1]: the two's odd
+ * tokens' runs at choose_gap; either may be NULL). For each of the
+ * n_gaps gaps[k]: in_runs[k], in_bundles[k] (under order) and out_runs[k],
+ * out_bundles[k] (under the held-out layout), means over the record's
+ * tokens. The calibration's own layout clusters each token's rare neurons,
+ * which a new token's misses do not share: the two differ by the layout's
+ * fit to its own record. Returns 0, -EINVAL (fewer than 4 tokens), or
+ * -ENOMEM.
  */
 int nf_coact_holdout(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
-		     uint32_t head, const uint32_t *gaps, uint32_t n_gaps, double *in_runs, double *in_bundles,
-		     double *out_runs, double *out_bundles);
-
+		     uint32_t head, const float *vec, uint32_t dim, uint32_t choose_gap, const uint32_t *gaps,
+		     uint32_t n_gaps, double *in_runs, double *in_bundles, double *out_runs, double *out_bundles,
+		     bool *by_scores, double *choose_runs);
+/*
+ * nf_coact_embed - each neuron's place as a predictor sees it. A predictor
+ * scores neuron j as fc2_j . z, z = ReLU(fc1 . h) (PowerInfer's), so over a
+ * record of z (n tokens: sum[r] and sq[r * r] = sum of z z^T, row-major;
+ * nf_sparse_pred_record) the covariance of two neurons' scores is
+ * fc2_i^T C fc2_j, C the covariance of z. With C + ridge = L L^T,
+ * vec[j] = L^T fc2_j / |L^T fc2_j| (r floats per neuron, zeros for a score
+ * that never moves), so vec_i . vec_j is the correlation of scores i and
+ * j: neurons whose scores rise together fire together, on tokens the
+ * record never saw too, where a firing bitmap of a few hundred tokens
+ * knows only the coincidences it saw. fc2: n_ff rows of r floats.
+ * Returns 0, -EINVAL (fewer than 2 tokens, or no ridge makes C positive
+ * definite), -ENOMEM.
+ */
+int nf_coact_embed(const float *fc2, uint32_t n_ff, uint32_t r, uint64_t n, const double *sum, const double *sq,
+		   float *vec);
+/*
+ * nf_coact_order_vec - as nf_coact_order, part 2 chained by vec (unit
+ * rows of dim values; nf_coact_embed) instead of firing bitmaps: each next
+ * slot takes the unplaced fired neuron (counts > 0) with the largest
+ * vec_i . vec_cur (computed exactly in int16 at 2^-14, so the same on every
+ * ISA); ties to the higher count, then the lower id. Parts 1 and 3 as
+ * nf_coact_order's. Returns 0 or -ENOMEM. O(m^2 * dim).
+ */
+int nf_coact_order_vec(const uint32_t *counts, const float *vec, uint32_t dim, uint32_t n, uint32_t head,
+		       uint32_t *order);
 /* Progress of a long step: fn(arg, done, total) as work advances, then
  * once with done == total. */
 struct nf_coact_progress {
@@ -98,6 +130,13 @@ struct nf_diag;
  * store update's errors (d says which). Without memory to plan the layout,
  * stores the counts alone and says so.
  */
+/* nf_coact_embed's rows for FFN (layer, expert) of engine e, a calibration
+ * run (nf_engine_opts.profile) in predictor mode: malloc'd, n_ff rows of
+ * *dim floats; NULL when it recorded no predictor (or no memory). */
+float *nf_coact_ffn_vec(struct nf_engine *e, uint32_t layer, uint32_t expert, uint32_t *dim);
+/* The read gap a calibration run's layout is judged at: e's own, else 4
+ * (the engine's default). */
+uint32_t nf_coact_gap(const struct nf_engine *e);
 int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_coact_progress *pr,
 			  struct nf_diag *d);
 

@@ -110,6 +110,11 @@ struct nf_sparse_params {
 	 * positive (same output bits as exact mode; route_prefetch is then
 	 * off). NF_EUSAGE when the mode is not exact or an object is missing. */
 	bool gate_first;
+	/* Predictor mode: record, per FFN, the predictor's hidden layer over
+	 * the tokens it predicts for (their count, sum and sum of outer
+	 * products; nf_sparse_pred_record): a calibration run's view of how
+	 * the neurons' scores move together (nf_coact_embed). */
+	bool record_moments;
 };
 
 /* Tokens between two re-planning steps, and between two halvings of the
@@ -182,6 +187,21 @@ int nf_sparse_open(struct nf_ctx *ctx, const struct nf_sparse_params *p, struct 
  * entries, layer-major (index layer * n_expert + expert), since open or the
  * last nf_sparse_stats_reset; NULL for a dense model or mode OFF. */
 const struct nf_sparse_expert_stats *nf_sparse_expert_stats(const struct nf_sparse *s);
+
+/*
+ * nf_sparse_pred_record - what record_moments gathered for FFN (layer,
+ * expert) since open: the predictor's hidden layer z = ReLU(fc1 . resid)
+ * of each token it predicted for (decode and batches alike; not the
+ * layer-ahead guesses): *n tokens, sum[rank] of z and sq[rank * rank] of
+ * z z^T (row-major). Returns the FFN's rank, or 0 (nothing recorded: not
+ * asked, not predictor mode, no predictor in that layer).
+ */
+uint32_t nf_sparse_pred_record(const struct nf_sparse *s, uint32_t layer, uint32_t expert, uint64_t *n,
+			       const double **sum, const double **sq);
+/* FFN (layer, expert)'s fc2 as f32: rows[j * rank + i] is neuron j's
+ * weight of hidden unit i, j < n_ff (rank: nf_sparse_pred_record's).
+ * Returns 0, or NF_EUNSUPPORTED (no predictor, or a packed one). */
+int nf_sparse_pred_fc2(const struct nf_sparse *s, uint32_t layer, uint32_t expert, float *rows);
 
 /* Restores the built-in FFNs and frees. Accepts NULL. */
 void nf_sparse_close(struct nf_sparse *s);
