@@ -82,27 +82,20 @@ static uint32_t row_count(const uint64_t *a, uint32_t words)
 	return and_count_generic(a, a, words);
 }
 
-int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, uint32_t n, uint32_t head,
-		   uint32_t *order)
+/* Chain order[a..b) in place by firing bitmaps: the neurons that fired in
+ * the record (a nonzero row of sig), each next the unplaced one most
+ * similar (Jaccard) to the one just placed, then the rest in their order.
+ * tmp, pc: n entries each. */
+static void chain_bits(const uint32_t *counts, const uint64_t *sig, uint32_t words, uint32_t *order, uint32_t a,
+		       uint32_t b, uint32_t *tmp, uint32_t *pc)
 {
-	uint32_t *tmp = malloc((size_t)(n ? n : 1) * sizeof(*tmp));
-	uint32_t *pc = malloc((size_t)(n ? n : 1) * sizeof(*pc));
-	if (!tmp || !pc) {
-		free(tmp);
-		free(pc);
-		return -ENOMEM;
-	}
-	head = count_order(counts, n, head, order, tmp);
-	if (!sig || !words || head == n)
-		goto done;
-
 	uint32_t (*and_count)(const uint64_t *, const uint64_t *, uint32_t) =
 		have_popcnt() ? and_count_popcnt : and_count_generic;
-	/* after the head: fired neurons (chained) in cand, the rest in tail,
-	 * both still in count order */
+	/* fired neurons (chained) in cand, the rest in tail, both still in
+	 * count order */
 	uint32_t *cand = tmp, m = 0, t = 0;
-	uint32_t *tail = order + head;     /* compacted in place: t <= index */
-	for (uint32_t r = head; r < n; r++) {
+	uint32_t *tail = order + a;        /* compacted in place: t <= index */
+	for (uint32_t r = a; r < b; r++) {
 		uint32_t j = order[r];
 		pc[j] = row_count(sig + (size_t)j * words, words);
 		if (pc[j])
@@ -111,10 +104,10 @@ int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, 
 			tail[t++] = j;
 	}
 	/* tail's neurons go last; move them to the end, keeping their order */
-	memmove(order + n - t, tail, (size_t)t * sizeof(*order));
-	uint32_t *out = order + head;
+	memmove(order + b - t, tail, (size_t)t * sizeof(*order));
+	uint32_t *out = order + a;
 	if (!m)
-		goto done;
+		return;
 	/* the chain: cand[0..left) unplaced, unordered after the first pick */
 	uint32_t cur = cand[0], left = m;
 	cand[0] = cand[--left];
@@ -138,10 +131,6 @@ int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, 
 		cand[bi] = cand[--left];
 		*out++ = cur;
 	}
-done:
-	free(tmp);
-	free(pc);
-	return 0;
 }
 
 double nf_coact_runs(const uint64_t *sig, uint32_t words, uint32_t tokens, uint32_t n, const uint32_t *order,
@@ -330,29 +319,22 @@ static int32_t dot_q(const int16_t *a, const int16_t *b, uint32_t blocks)
 	return s;
 }
 
-int nf_coact_order_vec(const uint32_t *counts, const float *vec, uint32_t dim, uint32_t n, uint32_t head,
-		       uint32_t *order)
+/* Chain order[a..b) in place by vec: the neurons with counts > 0, each
+ * next the unplaced one with the largest vec . vec_cur, then the rest in
+ * their order. tmp: n entries; q: (b - a + 1) * dp int16. */
+static void chain_vec(const uint32_t *counts, const float *vec, uint32_t dim, uint32_t *order, uint32_t a, uint32_t b,
+		      uint32_t *tmp, int16_t *q)
 {
 	uint32_t blocks = (dim + VEC_BLOCK - 1) / VEC_BLOCK, dp = blocks * VEC_BLOCK;
-	uint32_t *tmp = malloc((size_t)(n ? n : 1) * sizeof(*tmp));
-	int16_t *q = malloc(((size_t)(n ? n : 1) + 1) * dp * sizeof(*q));
-	if (!tmp || !q) {
-		free(tmp);
-		free(q);
-		return -ENOMEM;
-	}
-	head = count_order(counts, n, head, order, tmp);
-	/* after the head: the neurons that fired (cand, in count order), then
-	 * the rest, keeping their order */
-	uint32_t m = 0, t = 0, *tail = order + head;
-	for (uint32_t r = head; r < n; r++) {
+	uint32_t m = 0, t = 0, *tail = order + a;
+	for (uint32_t r = a; r < b; r++) {
 		uint32_t j = order[r];
 		if (counts[j])
 			tmp[m++] = j;
 		else
 			tail[t++] = j;
 	}
-	memmove(order + n - t, tail, (size_t)t * sizeof(*order));
+	memmove(order + b - t, tail, (size_t)t * sizeof(*order));
 	for (uint32_t i = 0; i < m; i++) {
 		int16_t *row = q + (size_t)i * dp;
 		const float *v = vec + (size_t)tmp[i] * dim;
@@ -362,32 +344,72 @@ int nf_coact_order_vec(const uint32_t *counts, const float *vec, uint32_t dim, u
 			row[k] = (int16_t)lrintf(x * VEC_ONE);
 		}
 	}
-	uint32_t *out = order + head, left = m;
+	uint32_t *out = order + a, left = m;
 	int16_t *cur = q + (size_t)m * dp; /* the row just placed */
-	if (left) {
-		/* the chain: from the most frequent, each next the unplaced
-		 * neuron whose scores move most with the one just placed */
-		uint32_t bi = 0;
-		for (;;) {
-			uint32_t c = tmp[bi];
-			*out++ = c;
-			memcpy(cur, q + (size_t)bi * dp, dp * sizeof(*q));
-			tmp[bi] = tmp[--left];
-			memcpy(q + (size_t)bi * dp, q + (size_t)left * dp, dp * sizeof(*q));
-			if (!left)
-				break;
-			int32_t best = 0;
-			bi = 0;
-			for (uint32_t i = 0; i < left; i++) {
-				int32_t d = dot_q(cur, q + (size_t)i * dp, blocks);
-				if (i == 0 || d > best || (d == best && before(counts, tmp[i], tmp[bi]))) {
-					best = d;
-					bi = i;
-				}
+	if (!left)
+		return;
+	/* from the most frequent, each next the unplaced neuron whose scores
+	 * move most with the one just placed */
+	uint32_t bi = 0;
+	for (;;) {
+		*out++ = tmp[bi];
+		memcpy(cur, q + (size_t)bi * dp, dp * sizeof(*q));
+		tmp[bi] = tmp[--left];
+		memcpy(q + (size_t)bi * dp, q + (size_t)left * dp, dp * sizeof(*q));
+		if (!left)
+			break;
+		int32_t best = 0;
+		bi = 0;
+		for (uint32_t i = 0; i < left; i++) {
+			int32_t d = dot_q(cur, q + (size_t)i * dp, blocks);
+			if (i == 0 || d > best || (d == best && before(counts, tmp[i], tmp[bi]))) {
+				best = d;
+				bi = i;
 			}
 		}
 	}
+}
+
+int nf_coact_order_cuts(const uint32_t *counts, const uint64_t *sig, uint32_t words, const float *vec, uint32_t dim,
+			uint32_t n, const uint32_t *cuts, uint32_t n_cuts, uint32_t *order)
+{
+	uint32_t dp = (dim + VEC_BLOCK - 1) / VEC_BLOCK * VEC_BLOCK;
+	uint32_t *tmp = malloc((size_t)(n ? n : 1) * sizeof(*tmp));
+	uint32_t *pc = malloc((size_t)(n ? n : 1) * sizeof(*pc));
+	int16_t *q = vec ? malloc(((size_t)n + 1) * (dp ? dp : 1) * sizeof(*q)) : NULL;
+	if (!tmp || !pc || (vec && !q)) {
+		free(tmp);
+		free(pc);
+		free(q);
+		return -ENOMEM;
+	}
+	count_order(counts, n, n, order, tmp);
+	/* each part, from one cut to the next (the last to n), chained on
+	 * its own; the slots before the first cut stay in count order */
+	for (uint32_t k = 0; k < n_cuts && (vec || (sig && words)); k++) {
+		uint32_t start = cuts[k] < n ? cuts[k] : n;
+		uint32_t end = k + 1 < n_cuts && cuts[k + 1] < n ? cuts[k + 1] : n;
+		if (end <= start)
+			continue;
+		if (vec)
+			chain_vec(counts, vec, dim, order, start, end, tmp, q);
+		else
+			chain_bits(counts, sig, words, order, start, end, tmp, pc);
+	}
 	free(tmp);
+	free(pc);
 	free(q);
 	return 0;
+}
+
+int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, uint32_t n, uint32_t head,
+		   uint32_t *order)
+{
+	return nf_coact_order_cuts(counts, sig, words, NULL, 0, n, &head, 1, order);
+}
+
+int nf_coact_order_vec(const uint32_t *counts, const float *vec, uint32_t dim, uint32_t n, uint32_t head,
+		       uint32_t *order)
+{
+	return nf_coact_order_cuts(counts, NULL, 0, vec, dim, n, &head, 1, order);
 }

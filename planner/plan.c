@@ -1675,7 +1675,8 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	uint32_t **order = NULL, n_obj = 0;
 	struct replay rp = { 0 };
 	int32_t *ids = NULL;
-	uint64_t *budgets = NULL;
+	uint64_t *budgets = NULL, *cut_slots = NULL;
+	uint32_t n_cut_slots = 0;
 	struct read_sample *rs = NULL;
 	struct nf_sampler *smp = NULL;
 	int rc;
@@ -1703,11 +1704,40 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	nf_store_close(s);
 	s = NULL;
 
+	/* the hot sets of the smaller budgets, as the engine sizes them: the
+	 * layout is cut at each (nf_coact_order_cuts), so every budget's
+	 * misses fall in chained parts, not among the neurons only a larger
+	 * budget keeps hot, which a single head leaves in count order */
+	if (!(cut_slots = calloc(o->n_budgets, sizeof(uint64_t)))) {
+		rc = nf_diag_fail(d, -ENOMEM, "plan: out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i + 1 < o->n_budgets; i++) {
+		struct nf_engine_opts so;
+		nf_engine_opts_default(&so);
+		so.path = o->store;
+		so.budget = budgets[i];
+		so.n_threads = o->n_threads;
+		so.use_plan = false;
+		so.size_only = true;
+		so.overhead = overhead;
+		struct nf_engine *se = NULL;
+		struct nf_diag sd = { 0 };
+		if (nf_engine_open(&so, &se, &sd) == 0) {
+			struct nf_engine_info si;
+			nf_engine_info(se, &si);
+			cut_slots[n_cut_slots++] = si.hot_slots;
+			nf_engine_close(se);
+		}
+	}
+
 	/* 1. the model: a calibration run under the largest budget, with the
 	 * profile's recording */
 	malloc_trim(0);
 	struct nf_engine_opts eo;
 	nf_engine_opts_default(&eo);
+	eo.profile_cuts = cut_slots;
+	eo.n_profile_cuts = n_cut_slots;
 	eo.path = o->store;
 	eo.budget = budgets[o->n_budgets - 1];
 	eo.n_threads = o->n_threads;
@@ -2016,6 +2046,7 @@ out:
 	free(ids);
 	nf_sampler_close(smp);
 	nf_engine_close(cal);
+	free(cut_slots);
 	if (rs) {
 		pthread_mutex_destroy(&rs->mu);
 		free(rs);

@@ -97,6 +97,21 @@ static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const st
 	if (!quota)
 		return -ENOMEM;
 	nf_cache_hot_quota(cache, cl.hot_slots + info.profile_extra / g.stride, quota);
+	/* and each other budget's (nf_engine_opts.profile_cuts): the layout
+	 * is cut at every one, each part chained on its own */
+	const struct nf_engine_opts *eo = nf_engine_opts(e);
+	size_t n_fe = (size_t)g.n_layer * g.n_expert;
+	uint32_t n_extra = eo->profile_cuts ? eo->n_profile_cuts : 0;
+	uint32_t *xq = n_extra ? calloc(n_fe * n_extra, sizeof(uint32_t)) : NULL;
+	uint32_t *cuts = malloc((n_extra + 1) * sizeof(uint32_t));
+	if ((n_extra && !xq) || !cuts) {
+		free(xq);
+		free(cuts);
+		free(quota);
+		return -ENOMEM;
+	}
+	for (uint32_t k = 0; k < n_extra; k++)
+		nf_cache_hot_quota(cache, eo->profile_cuts[k], xq + k * n_fe);
 	double t0 = now_s();
 	double by_count = 0, coact = 0, held_in = 0, held_out = 0;
 	uint32_t tokens_max = 0, head_sum = 0, done = 0, n_vec = 0, n_scores = 0;
@@ -110,6 +125,7 @@ static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const st
 		uint32_t head = quota[ob->layer * g.n_expert + ob->expert];
 		const uint64_t *sig = nf_cache_signatures(cache, ob->layer, ob->expert, &tokens, &words);
 		float *vec = sig && tokens >= 4 ? nf_coact_ffn_vec(e, ob->layer, ob->expert, &dim) : NULL;
+		const float *used_vec = NULL;
 		rc = -ENOMEM;
 		if (!(p->order[i] = malloc((size_t)n * sizeof(uint32_t))) ||
 		    nf_coact_order(p->counts[i], NULL, 0, n, head, p->order[i]) < 0)
@@ -129,9 +145,28 @@ static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const st
 			held_out += scores ? cr[1] : cr[0];
 			if (scores) {
 				n_scores++;
+				used_vec = vec;
 				if (nf_coact_order_vec(p->counts[i], vec, dim, n, head, p->order[i]) < 0)
 					goto next;
 			}
+		}
+		if (n_extra) {
+			/* this FFN's cuts, ascending, each once */
+			uint32_t fe = ob->layer * g.n_expert + ob->expert, nc = 0;
+			cuts[nc++] = head;
+			for (uint32_t k = 0; k < n_extra; k++) {
+				uint32_t c = xq[k * n_fe + fe], at = nc;
+				while (at > 0 && cuts[at - 1] > c)
+					at--;
+				if (at > 0 && cuts[at - 1] == c)
+					continue;
+				memmove(cuts + at + 1, cuts + at, (nc - at) * sizeof(*cuts));
+				cuts[at] = c;
+				nc++;
+			}
+			if (nc > 1 && nf_coact_order_cuts(p->counts[i], used_vec ? NULL : sig, words, used_vec, dim, n, cuts,
+							  nc, p->order[i]) < 0)
+				goto next;
 		}
 		if (sig && tokens)
 			coact += nf_coact_runs(sig, words, tokens, n, p->order[i], head, gap);
@@ -142,6 +177,8 @@ static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const st
 		free(vec);
 		progress(pr, ++done, n_ffn);
 	}
+	free(xq);
+	free(cuts);
 	if (rc < 0) {
 		progress(pr, n_ffn, n_ffn);
 		free(quota);

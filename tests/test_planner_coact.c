@@ -322,3 +322,38 @@ Test(planner, coact_holdout_takes_the_scores_layout_where_it_serves_better)
 	cr_assert_eq(nf_coact_holdout(sig, W, T, N, co, 16, NULL, 0, 4, gaps, 1, ir, ib, or_, ob, &scores, NULL), 0);
 	cr_expect(!scores);
 }
+
+/*
+ * nf_coact_order_cuts: each part between two cuts holds exactly the
+ * neurons a count order puts there (so a hot set that ends at any cut is
+ * the most frequent neurons, as the cache loads it), and is chained within
+ * itself; one cut is nf_coact_order (or nf_coact_order_vec with vectors).
+ */
+Test(planner, coact_order_cuts_chain_each_part_on_its_own)
+{
+	make_record();
+	static const uint32_t cuts[3] = { 16, 100, 180 };
+	uint32_t o[N], ref[N], one[N], co[N];
+	cr_assert_eq(nf_coact_order_cuts(counts, sig, W, NULL, 0, N, cuts, 3, o), 0);
+	cr_assert(nf_store_profile_order_valid(o, N));
+	cr_assert_eq(nf_coact_order(counts, NULL, 0, N, 0, ref), 0);
+	for (uint32_t k = 0; k <= 3; k++) {
+		uint32_t a = k ? cuts[k - 1] : 0, b = k < 3 ? cuts[k] : N;
+		bool in[N] = { false };
+		for (uint32_t s = a; s < b; s++)
+			in[ref[s]] = true;
+		for (uint32_t s = a; s < b; s++)
+			cr_expect(in[o[s]], "slot %u (part %u-%u): neuron %u belongs to another part", s, a, b, o[s]);
+	}
+	for (uint32_t s = 0; s < 16; s++)
+		cr_expect_eq(o[s], ref[s], "slot %u before the first cut: count order", s);
+	/* chained: the middle part is not left in count order */
+	cr_expect(memcmp(o + 16, ref + 16, 84 * sizeof(uint32_t)) != 0);
+	cr_assert_eq(nf_coact_order_cuts(counts, sig, W, NULL, 0, N, cuts, 1, one), 0);
+	cr_assert_eq(nf_coact_order(counts, sig, W, N, 16, co), 0);
+	cr_expect_arr_eq(one, co, sizeof(co));
+	/* cuts past n count as n */
+	static const uint32_t far[2] = { 16, 10 * N };
+	cr_assert_eq(nf_coact_order_cuts(counts, sig, W, NULL, 0, N, far, 2, one), 0);
+	cr_expect_arr_eq(one, co, sizeof(co));
+}

@@ -47,6 +47,20 @@ extern "C" {
 int nf_coact_order(const uint32_t *counts, const uint64_t *sig, uint32_t words, uint32_t n, uint32_t head,
 		   uint32_t *order);
 
+/*
+ * nf_coact_order_cuts - one layout for several hot-set sizes. The neurons
+ * in count order; the slots before cuts[0] stay so (the smallest hot set),
+ * and each part from cuts[k] to cuts[k + 1] (the last to n) is chained on
+ * its own, as nf_coact_order chains what follows its head: by vec when
+ * given (nf_coact_order_vec), else by sig (NULL and no vec: count order).
+ * A cache whose hot set ends at a cut then misses only chained neurons:
+ * with a single head, the neurons a larger budget keeps hot sit in count
+ * order, and a smaller budget's misses among them take a read each. cuts:
+ * n_cuts ascending values (> n: n). nf_coact_order and
+ * nf_coact_order_vec are the one-cut cases. Returns 0 or -ENOMEM.
+ */
+int nf_coact_order_cuts(const uint32_t *counts, const uint64_t *sig, uint32_t words, const float *vec, uint32_t dim,
+			uint32_t n, const uint32_t *cuts, uint32_t n_cuts, uint32_t *order);
 /* Mean over tokens of the number of runs (maximal groups of adjacent
  * slots, a gap of up to max_gap slots joining two) that the fired neurons
  * outside the first head slots of order form: the read requests a token's

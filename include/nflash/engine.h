@@ -112,6 +112,10 @@ struct nf_engine_opts {
 	bool no_repack;
 	bool profile;           /* calibration run: count firings, record co-activation */
 	uint32_t profile_sig_tokens; /* requests per FFN the co-activation record keeps */
+	/* the hot-set sizes (slots, the whole model) of other budgets the
+	 * layout is to serve as well (nf_coact_order_cuts); NULL: this run's */
+	const uint64_t *profile_cuts;
+	uint32_t n_profile_cuts;
 	bool measure_recall;    /* the sparse engine measures predictor recall (in memory) */
 	FILE *log;              /* informational lines ("memory: ..."); NULL: none */
 };
