@@ -262,8 +262,9 @@ static struct nf_store_plan *plan_logged_n(const uint64_t *budgets, uint32_t n_b
 					   size_t cap);
 
 /* Where the plan decoded its choices ("a decode token measured with plain
- * reads X ms, read-ahead Y ms, ... (means of 2): WINNER"), the entry's
- * speed is the winner's measured decode: *tok_s, and true. */
+ * reads X ms, read-ahead Y ms, ... (means of 2): WINNER; WINNER, the
+ * median of 3: Z ms"), the entry's speed is the winner's median decode:
+ * *tok_s, and true. */
 static bool choice_measured(const char *text, const struct nf_store_plan_entry *e, double *tok_s, double *tol)
 {
 	char head[96];
@@ -280,17 +281,26 @@ static bool choice_measured(const char *text, const struct nf_store_plan_entry *
 	if (!won)
 		return false;
 	won += 3;
-	/* the winner's own "NAME T ms" among the list; "read-ahead on, a
-	 * layer of cold slots" is logged as "read-ahead with a layer of cold
-	 * slots" */
-	const char *name = !strcmp(won, "plain reads") ? "plain reads "
-			   : !strcmp(won, "read-ahead on") ? ", read-ahead "
-			   : !strcmp(won, "gate-first") ? ", gate-first "
+	/* the winner, named again before its median: "WINNER; WINNER, the
+	 * median of N: T ms", N three (two where its third decode failed) */
+	const char *semi = strstr(won, "; ");
+	cr_assert(semi, "no median in: %s", line);
+	size_t wl = (size_t)(semi - won);
+	cr_assert(!strncmp(semi + 2, won, wl) && !strncmp(semi + 2 + wl, ", the median of ", 16), "%s", line);
+	int n_rounds = 0;
+	double ms = 0;
+	if (sscanf(semi + 2 + wl + 16, "%d: %lf ms", &n_rounds, &ms) != 2 || ms <= 0)
+		return false;
+	cr_assert(n_rounds == 2 || n_rounds == 3, "%s", line);
+	/* its mean of two is listed among the others ("read-ahead on, a
+	 * layer of cold slots" as "read-ahead with a layer of cold slots") */
+	const char *name = !strncmp(won, "plain reads", wl) && wl == 11 ? "plain reads "
+			   : !strncmp(won, "read-ahead on", wl) && wl == 13 ? ", read-ahead "
+			   : !strncmp(won, "gate-first", wl) && wl == 10 ? ", gate-first "
 			   : "read-ahead with a layer of cold slots ";
 	const char *t = strstr(line, name);
-	double ms = 0;
-	if (!t || sscanf(t + strlen(name), "%lf ms", &ms) != 1 || ms <= 0)
-		return false;
+	double mean = 0;
+	cr_assert(t && sscanf(t + strlen(name), "%lf ms", &mean) == 1 && mean > 0, "%s", line);
 	*tok_s = 1e3 / ms;
 	*tol += 0.05 / ms;
 	return true;
