@@ -1786,6 +1786,7 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	rs->rng = 0x2545f4914f6cdd1dull;
 	eo.on_read = sample_read;
 	eo.on_read_user = rs;
+	eo.profile_log = o->log; /* the layout chosen per FFN */
 	double t0 = now_s();
 	if ((rc = nf_engine_open(&eo, &cal, d)) < 0)
 		goto out;

@@ -226,10 +226,11 @@ int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_
 		    : m == NF_SPARSE_EXACT   ? NF_STORE_PROFILE_EXACT
 					     : NF_STORE_PROFILE_DENSE;
 	p->tokens = tokens;
-	if (plan_orders(e, p, pr, o->log) < 0) {
-		if (o->log)
-			fprintf(o->log, "nflash: warning: --profile: no memory to plan the co-activation layout; "
-					"storing counts only\n");
+	FILE *log = o->profile_log ? o->profile_log : o->log;
+	if (plan_orders(e, p, pr, log) < 0) {
+		if (log)
+			fprintf(log, "nflash: warning: --profile: no memory to plan the co-activation layout; "
+				     "storing counts only\n");
 		for (uint32_t i = 0; p->order && i < p->n_objects; i++)
 			free(p->order[i]);
 		free(p->order);
@@ -242,8 +243,8 @@ int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_
 	nf_store_profile_free(p);
 	if (rc < 0)
 		return nf_diag_prefix(d, rc, "--profile");
-	if (o->log)
-		fprintf(o->log, "nflash: profile of %llu tokens (%s mode) stored in %s\n", (unsigned long long)tokens,
+	if (log)
+		fprintf(log, "nflash: profile of %llu tokens (%s mode) stored in %s\n", (unsigned long long)tokens,
 			nf_sparse_mode_name(m), path);
 	return 0;
 }

@@ -387,6 +387,12 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	struct nf_store_plan *p = plan_logged_n(budgets, 3, 0, text, sizeof(text));
 	cr_assert_eq(p->n_entries, 3);
 	cr_expect(p->n_points > 0 && p->n_rates > 0 && p->mem_read_gb_s > 0);
+	/* the calibration's layout lines are the plan's too
+	 * (nf_engine_opts.profile_log), the calibration engine's own (its
+	 * memory line) are not */
+	cr_expect(strstr(text, "nflash: co-activation layout of ") && strstr(text, "nflash: profile of 32 tokens"), "%s",
+		  text);
+	cr_expect(!strstr(text, "nflash: memory: "), "%s", text);
 	/* the first budget's tokens read: its gap was decoded */
 	cr_assert(p->entries[0].reads_per_token >= 4, "%.1f reads a token:\n%s", p->entries[0].reads_per_token, text);
 	expect_gap_measured(text, &p->entries[0]);

@@ -116,6 +116,10 @@ struct nf_engine_opts {
 	 * layout is to serve as well (nf_coact_order_cuts); NULL: this run's */
 	const uint64_t *profile_cuts;
 	uint32_t n_profile_cuts;
+	/* where nf_coact_profile_save writes its lines (the layout chosen per
+	 * FFN, the profile stored); NULL: log. `nflash plan` passes its own
+	 * log here, its calibration engine's log staying NULL */
+	FILE *profile_log;
 	bool measure_recall;    /* the sparse engine measures predictor recall (in memory) */
 	FILE *log;              /* informational lines ("memory: ..."); NULL: none */
 };
