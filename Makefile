@@ -121,15 +121,19 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 TOOL_LIB_OBJ := $(filter-out $(B)/tools/nflash.o,$(TOOL_OBJ))
 
 .PHONY: all deps test test-run demo bench install clean
-# deps runs first, alone: with -j2 a compile must not start before deps has
-# installed the headers it needs on a fresh machine.
-all: deps
-	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
+# deps runs before any compile (every compile, code generation and bench
+# link has it as an order-only prerequisite): with -j2 a compile must not
+# start before deps has installed the headers it needs on a fresh machine.
+# The goals list their files directly, with no sub-make, so that
+# `make -j2 all build/bench/bench_decode` builds libnflash.a once: a sub-make
+# beside the top-level make once archived it twice at once and the link of
+# build/nflash found no nf_strerror.
+all: deps $(B)/nflash $(B)/libnflash.a $(B)/libnflash.so $(B)/nflash.pc
 
 deps:
 	$(Q)CI=$(CI) ARCH=$(ARCH) $(if $(CROSS),CRIT_ARM64=$(CRIT_ARM64)) sh tools/deps.sh
 
-$(B)/%.o: %.c
+$(B)/%.o: %.c | deps
 	$(call msg,CC,$@)
 	$(Q)mkdir -p $(@D)
 	$(Q)$(CC) $(CFLAGS) $(call isa_flags,$<) -c $< -o $@
@@ -188,8 +192,7 @@ TEST_JOBS ?= 2
 # runner, not Criterion's, writes none).
 TEST_REPORT := $(B)/tests/report.tap
 TEST_TAP    := $(if $(TEST_RUNNER),,--tap=$(TEST_REPORT))
-test: deps
-	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(B)/tests/nflash-tests
+test: deps $(B)/nflash $(B)/tests/nflash-tests
 	$(Q)$(if $(TEST_ISA),NFLASH_ISA=$(TEST_ISA)) $(if $(findstring address,$(SANITIZE)),LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0) $(TEST_RUN) $(B)/tests/nflash-tests -j$(TEST_JOBS) $(if $(TEST_FILTER),--filter='$(TEST_FILTER)') $(TEST_TAP) \
 	  || { rc=$$?; $(if $(TEST_TAP),printf '\nnflash: the failing tests (whole report: %s):\n' '$(TEST_REPORT)' >&2; \
 	       awk '/^not ok/ { p = 1 } /^(ok|#)/ { p = 0 } p' '$(TEST_REPORT)' >&2;) exit $$rc; }
@@ -211,8 +214,7 @@ test-tsan-ci:
 # ---- nflash serve with real clients: curl's view of SSE, the OpenAI Node SDK
 # (installed from npm into $(B)/openai-sdk; skipped with a reason without node)
 .PHONY: test-server
-test-server: deps
-	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+test-server: deps $(B)/nflash
 	$(Q)sh tests/server/run.sh $(B)
 
 # ---- thread pool under ThreadSanitizer ----------------------------------
@@ -227,40 +229,35 @@ tsan-pool:
 	$(Q)build-thread/stress_pool
 
 # ---- benchmarks ---------------------------------------------------------
-$(B)/bench/%: bench/%.c $(TOOL_LIB_OBJ) $(B)/libnflash.a
+$(B)/bench/%: bench/%.c $(TOOL_LIB_OBJ) $(B)/libnflash.a | deps
 	$(call msg,CCLD,$@)
 	$(Q)mkdir -p $(@D)
 	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(B)/libnflash.a $(TOOL_LDLIBS) $(LDLIBS)
 
-bench: deps
-	$(Q)$(MAKE) --no-print-directory $(B)/nflash $(BENCH_BIN)
+bench: deps $(B)/nflash $(BENCH_BIN)
 	$(Q)sh bench/run.sh $(B)
 
-demo: deps
-	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+demo: deps $(B)/nflash
 	$(Q)sh tools/demo.sh $(B)
 
 # ---- make bench-decode: decode tokens/s under memory budgets vs mmap --------
 # (bench/bench_decode_budget.sh: 7B-shaped synth model, ~8 GB of disk in
 # NFLASH_BENCH_DIR, default $(B)/bench-data; needs root for the cgroup)
 .PHONY: bench-decode
-bench-decode: deps
-	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+bench-decode: deps $(B)/nflash
 	$(Q)sh bench/bench_decode_budget.sh $(B)
 
 # ---- make bench-serve: nflash serve with 1-8 clients, batched vs one at a time --
 # (bench/bench_serve.sh: the 7B store bench-decode builds, under 2 GiB)
 .PHONY: bench-serve
-bench-serve: deps
-	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+bench-serve: deps $(B)/nflash
 	$(Q)sh bench/bench_serve.sh $(B)
 
 # ---- make bench-moe: a 47B Mixtral-shaped MoE under 4-12 GiB vs llama.cpp ----
 # (bench/bench_moe.sh: ~50 GiB of disk in NFLASH_BENCH_DIR while a variant
 # is built; LLAMA_CLI=/path/to/llama-cli for the peer; needs root)
 .PHONY: bench-moe
-bench-moe: deps
-	$(Q)$(MAKE) --no-print-directory $(B)/nflash
+bench-moe: deps $(B)/nflash
 	$(Q)sh bench/bench_moe.sh $(B)
 
 # ---- fuzzing: every format nflash reads (tests/fuzz/) ----------------------

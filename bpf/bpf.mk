@@ -19,13 +19,13 @@ BPF_PROGS := $(patsubst bpf/%.bpf.c,%,$(wildcard bpf/*.bpf.c))
 BPF_SKELS := $(BPF_PROGS:%=$(B)/bpf/%.skel.h)
 .SECONDARY: $(BPF_PROGS:%=$(B)/bpf/%.bpf.o)
 
-$(B)/bpf/vmlinux.h:
+$(B)/bpf/vmlinux.h: | deps
 	$(call msg,BTF,$@)
 	$(Q)mkdir -p $(@D)
 	$(Q)test -r $(VMLINUX_BTF) || { echo "bpf: $(VMLINUX_BTF) missing (kernel without BTF); build with BPF=0" >&2; exit 1; }
 	$(Q)$(BPFTOOL) btf dump file $(VMLINUX_BTF) format c > $@
 
-$(B)/bpf/%.bpf.o: bpf/%.bpf.c bpf/%.h $(B)/bpf/vmlinux.h
+$(B)/bpf/%.bpf.o: bpf/%.bpf.c bpf/%.h $(B)/bpf/vmlinux.h | deps
 	$(call msg,BPF,$@)
 	$(Q)$(CLANG) $(BPF_CFLAGS) -I$(B)/bpf -Ibpf -c $< -o $@
 
