@@ -1470,6 +1470,116 @@ static double avail_bytes(void)
 	return kb ? (double)kb * 1024.0 : pages;
 }
 
+/* Memory this process's memory cgroup still allows (its limit less its
+ * usage), v1 or v2; HUGE_VAL without a limit. */
+static double cgroup_room(void)
+{
+	FILE *f = fopen("/proc/self/cgroup", "r");
+	if (!f)
+		return HUGE_VAL;
+	char line[512], v1[400] = "", v2[400] = "";
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = 0;
+		char *a = strchr(line, ':'), *b = a ? strchr(a + 1, ':') : NULL;
+		if (!b)
+			continue;
+		*a = *b = 0;
+		if (!strcmp(a + 1, "memory"))
+			snprintf(v1, sizeof(v1), "%s", b + 1);
+		else if (!strcmp(line, "0") && a[1] == 0)
+			snprintf(v2, sizeof(v2), "%s", b + 1);
+	}
+	fclose(f);
+	char lim[512], use[512];
+	if (v1[0]) {
+		snprintf(lim, sizeof(lim), "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", v1);
+		snprintf(use, sizeof(use), "/sys/fs/cgroup/memory%s/memory.usage_in_bytes", v1);
+	} else if (v2[0]) {
+		snprintf(lim, sizeof(lim), "/sys/fs/cgroup%s/memory.max", v2);
+		snprintf(use, sizeof(use), "/sys/fs/cgroup%s/memory.current", v2);
+	} else {
+		return HUGE_VAL;
+	}
+	unsigned long long l = 0, u = 0;
+	FILE *fl = fopen(lim, "r"), *fu = fopen(use, "r");
+	int ok = fl && fu && fscanf(fl, "%llu", &l) == 1 && fscanf(fu, "%llu", &u) == 1;
+	if (fl)
+		fclose(fl);
+	if (fu)
+		fclose(fu);
+	/* "max" (v2) or a page-rounded LLONG_MAX (v1): no limit */
+	if (!ok || l >= (1ull << 62))
+		return HUGE_VAL;
+	return l > u ? (double)(l - u) : 0.0;
+}
+
+/*
+ * The calibration's budget. It runs under the largest planned budget,
+ * unless attention would stream there with the calibration's context
+ * (calib_tokens + 1 positions): every calibration token would then read
+ * the whole of attention (the 7B synth store planned for 1.5 GiB alone:
+ * 512 tokens x 1208 MB, about ten minutes of a 1.1 GB/s disk where a
+ * calibration with attention pinned takes two). The calibration records
+ * which neurons fire; the budget only sets how fast it reads them. So the
+ * budget is raised to one that pins attention, when the memory this
+ * process may still take (MemAvailable, and its memory cgroup's room)
+ * holds it with a quarter to spare; otherwise it stays, and the log says
+ * so. *why gets the reason for the log, empty when it stays.
+ */
+static uint64_t calib_budget(const struct nf_engine_opts *eo, uint64_t largest, char *why, size_t why_len)
+{
+	struct nf_engine_opts so = *eo;
+	so.size_only = true;
+	so.on_read = NULL;
+	so.profile_log = NULL;
+	so.budget = largest;
+	why[0] = 0;
+	struct nf_engine *e = NULL;
+	struct nf_diag sd = { 0 };
+	if (nf_engine_open(&so, &e, &sd) < 0)
+		return largest; /* the calibration's own open reports it */
+	struct nf_engine_info si;
+	nf_engine_info(e, &si);
+	uint64_t attn = nf_model_attn_bytes(nf_engine_model(e));
+	nf_engine_close(e);
+	if (!si.attn_streamed)
+		return largest;
+	/* what the engine holds beside the arena with attention pinned, then
+	 * upwards until its own fit pins attention */
+	so.budget = 0;
+	if (nf_engine_open(&so, &e, &sd) < 0)
+		return largest;
+	nf_engine_info(e, &si);
+	nf_engine_close(e);
+	uint64_t step = 64ull << 20, want = si.weights + si.reserved + si.overhead + step, ov = si.overhead;
+	bool pinned = false;
+	for (int i = 0; i < 16 && !pinned; i++, want += step) {
+		so.budget = want;
+		if (nf_engine_open(&so, &e, &sd) < 0)
+			continue;
+		nf_engine_info(e, &si);
+		nf_engine_close(e);
+		pinned = !si.attn_streamed;
+	}
+	if (!pinned)
+		return largest;
+	want -= step;
+	double room = avail_bytes(), cg = cgroup_room();
+	room = cg < room ? cg : room;
+	if ((double)(want - ov) <= 0.75 * room) {
+		snprintf(why, why_len,
+			 "calibration under %.1f MiB, not the largest budget's %.1f MiB: attention pinned, where it "
+			 "would stream there (%.0f MB a token)",
+			 want / 1048576.0, largest / 1048576.0, attn / 1e6);
+		return want;
+	}
+	snprintf(why, why_len,
+		 "calibration under %.1f MiB with attention streamed (%.0f MB a token, slow): pinning it needs "
+		 "%.1f MiB, more than 3/4 of the memory available (%.0f MiB)",
+		 largest / 1048576.0, attn / 1e6, want / 1048576.0, room / 1048576.0);
+	return largest;
+}
+
 static int probe_pair(const struct nf_plan_opts *o, uint64_t overhead, const uint64_t *budgets,
 		      const int32_t *ids, uint32_t n_layer, struct probe_state *ps, struct probe_fit *f)
 {
@@ -1787,6 +1897,10 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	eo.on_read = sample_read;
 	eo.on_read_user = rs;
 	eo.profile_log = o->log; /* the layout chosen per FFN */
+	char why[256];
+	eo.budget = calib_budget(&eo, eo.budget, why, sizeof(why));
+	if (why[0])
+		logf_(o, "%s", why);
 	double t0 = now_s();
 	if ((rc = nf_engine_open(&eo, &cal, d)) < 0)
 		goto out;

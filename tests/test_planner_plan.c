@@ -497,33 +497,39 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 }
 
 
-/* The engine's own fit at budget b with n_ctx (0: its rule), sized only;
- * lean: the smallest prompt batch and cold segment the planner tries. 1
- * when attention streams, 0 when pinned, < 0 when refused. */
-static int streams_at(uint64_t b, uint32_t n_ctx, bool lean, uint64_t overhead)
+/* The engine's fit with options o, sized only: 1 when attention streams,
+ * 0 when pinned, < 0 when refused. */
+static int streams_with(struct nf_engine_opts *o)
 {
-	struct nf_engine_opts o;
-	nf_engine_opts_default(&o);
-	o.path = store;
-	o.budget = b;
-	o.n_ctx = n_ctx;
-	if (lean) {
-		o.n_batch = 16;
-		o.cold_slots = 128;
-	}
-	o.n_threads = 2;
-	o.use_plan = false;
-	o.size_only = true;
-	o.overhead = overhead;
+	o->path = store;
+	o->n_threads = 2;
+	o->use_plan = false;
+	o->size_only = true;
 	struct nf_engine *e = NULL;
 	struct nf_diag d = { 0 };
-	int rc = nf_engine_open(&o, &e, &d);
+	int rc = nf_engine_open(o, &e, &d);
 	if (rc < 0)
 		return rc;
 	struct nf_engine_info info;
 	nf_engine_info(e, &info);
 	nf_engine_close(e);
 	return info.attn_streamed;
+}
+
+/* The engine's own fit at budget b with n_ctx (0: its rule); lean: the
+ * smallest prompt batch and cold segment the planner tries. */
+static int streams_at(uint64_t b, uint32_t n_ctx, bool lean, uint64_t overhead)
+{
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.budget = b;
+	o.n_ctx = n_ctx;
+	if (lean) {
+		o.n_batch = 16;
+		o.cold_slots = 128;
+	}
+	o.overhead = overhead;
+	return streams_with(&o);
 }
 
 /* nf_plan_run of store for one budget, quickly, with overhead ov (a
@@ -661,6 +667,58 @@ Test(planner, streamed_attention_is_priced_from_a_decode, .fini = drop_model)
 	cr_expect(fabs(e->tok_per_s - pred) < tol * (pred > 1 ? pred : 1), "entry %.3f, log %.2f", e->tok_per_s,
 		  pred);
 	cr_expect_float_eq(e->tok_per_s, 1.0 / e->t_token_s, 1e-9);
+	nf_store_plan_free(p);
+}
+
+/* The plan's calibration engine at budget b (32 calibration tokens, as
+ * plan_logged_n runs them). */
+static int calib_streams_at(uint64_t b, uint64_t overhead)
+{
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.budget = b;
+	o.n_ctx = 33;
+	o.profile = true;
+	o.profile_sig_tokens = 32;
+	o.overhead = overhead;
+	return streams_with(&o);
+}
+
+/*
+ * Planned for a budget so small that the calibration's engine would stream
+ * attention (every calibration token reading all of it), the calibration
+ * runs under a larger budget that pins it, and the log says so; the plan
+ * for the budget itself is made as before.
+ */
+Test(planner, calibration_pins_attention_above_a_small_budget, .fini = drop_model)
+{
+	pl_make_wide_model("plan-calib", 128, gguf, store, sizeof(gguf));
+	uint64_t ov = nf_engine_overhead_now(), budget = 0;
+	uint64_t b = ov + (8ull << 20);
+	while (b < ov + (256ull << 20) && calib_streams_at(b, ov) < 0)
+		b += 64ull << 10;
+	/* the largest budget that streams the calibration's attention and
+	 * that the plan's leanest settings open */
+	for (; b < ov + (256ull << 20) && calib_streams_at(b, ov) == 1; b += 256ull << 10)
+		if (streams_at(b, 0, true, ov) >= 0)
+			budget = b;
+	cr_assert(budget, "no budget streams the calibration's attention and opens the plan's engine");
+
+	static char text[1 << 16];
+	struct nf_store_plan *p = plan_logged(budget, ov, text, sizeof(text));
+	const char *at = strstr(text, "calibration under ");
+	cr_assert(at, "budget %llu: no calibration budget in the log:\n%s", (unsigned long long)budget, text);
+	double cal = 0, big = 0;
+	cr_assert(sscanf(at, "calibration under %lf MiB, not the largest budget's %lf MiB: attention pinned", &cal,
+			 &big) == 2,
+		  "%s", at);
+	cr_expect(fabs(big - budget / 1048576.0) < 0.05 && cal > big, "%.1f, %.1f MiB", cal, big);
+	cr_expect_eq(calib_streams_at((uint64_t)(cal * 1048576.0 + 0.5), ov), 0, "%.1f MiB streams", cal);
+	cr_expect(strstr(text, "32 calibration tokens in "), "%s", text);
+	cr_log_info("%s", at);
+	cr_expect_eq(p->n_entries, 1);
+	cr_expect_eq(p->entries[0].budget, budget);
+	cr_expect(p->entries[0].tok_per_s > 0);
 	nf_store_plan_free(p);
 }
 

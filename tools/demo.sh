@@ -77,7 +77,7 @@ sys.exit(0 if any(p['budget_bytes'] == int(sys.argv[1]) for p in j.get('plan', {
 then
 	say "step 3/4: $STORE already has a plan for $BUDGET; reusing it (nflash store inspect shows it)"
 else
-	say "step 3/4: plan the store for $BUDGET: measure the device and the kernels, calibrate, lay out, choose"
+	say "step 3/4: plan the store for $BUDGET: measure the device and the kernels, calibrate, lay out, choose (about 8 minutes on 2 cores)"
 	say "  nflash plan $STORE --memory-budget $BUDGET"
 	"$NF" plan "$STORE" --memory-budget "$BUDGET"
 fi
