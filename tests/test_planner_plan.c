@@ -616,11 +616,26 @@ Test(planner, streamed_attention_is_weighed_against_a_shorter_context, .fini = d
 	nf_store_plan_free(p);
 }
 
+/* The plan's calibration engine at budget b (32 calibration tokens, as
+ * plan_logged_n runs them). */
+static int calib_streams_at(uint64_t b, uint64_t overhead)
+{
+	struct nf_engine_opts o;
+	nf_engine_opts_default(&o);
+	o.budget = b;
+	o.n_ctx = 33;
+	o.profile = true;
+	o.profile_sig_tokens = 32;
+	o.overhead = overhead;
+	return streams_with(&o);
+}
+
 /*
  * Where every context streams attention, the plan decodes its choice and
  * prices the stream at the rate that decode reached beside the FFN's reads
  * (docs/PLAN.md "Measured choices"): the log says so, and the entry holds
- * the prediction made at that rate, not the device curve's.
+ * the prediction made at that rate, not the device curve's. The
+ * calibration, which would stream it too, runs with it pinned.
  */
 Test(planner, streamed_attention_is_priced_from_a_decode, .fini = drop_model)
 {
@@ -643,10 +658,27 @@ Test(planner, streamed_attention_is_priced_from_a_decode, .fini = drop_model)
 			break;
 	}
 	cr_assert(lo, "no budget streams attention");
-	uint64_t budget = (lo + hi) / 2 >> 16 << 16;
+	/* of the window, the largest budget under which the plan's
+	 * calibration engine would stream attention too (every calibration
+	 * token reading all of it): the calibration then runs under a larger
+	 * budget that pins it, and the log says so (docs/PLAN.md, step 1) */
+	uint64_t budget = 0;
+	for (b = hi; b >= lo && !budget; b -= 64ull << 10)
+		if (calib_streams_at(b >> 16 << 16, ov) == 1 && b >> 16 << 16 >= lo)
+			budget = b >> 16 << 16;
+	cr_assert(budget, "no budget in [%llu, %llu] streams the calibration's attention", (unsigned long long)lo,
+		  (unsigned long long)hi);
 
 	static char text[1 << 16];
 	struct nf_store_plan *p = plan_logged(budget, ov, text, sizeof(text));
+	const char *cl = strstr(text, "calibration under ");
+	double cal = 0, big = 0;
+	cr_assert(cl && sscanf(cl, "calibration under %lf MiB, not the largest budget's %lf MiB: attention pinned", &cal,
+			       &big) == 2,
+		  "budget %llu: the calibration was not given a budget that pins attention:\n%s",
+		  (unsigned long long)budget, text);
+	cr_expect(fabs(big - budget / 1048576.0) < 0.05 && cal > big, "%.1f, %.1f MiB", cal, big);
+	cr_expect_eq(calib_streams_at((uint64_t)(cal * 1048576.0 + 0.5), ov), 0, "%.1f MiB streams", cal);
 	const struct nf_store_plan_entry *e = &p->entries[0];
 	cr_assert(e->flags & NF_STORE_PLAN_F_STREAM_ATTN, "attention pinned at %llu:\n%s",
 		  (unsigned long long)budget, text);
@@ -667,58 +699,6 @@ Test(planner, streamed_attention_is_priced_from_a_decode, .fini = drop_model)
 	cr_expect(fabs(e->tok_per_s - pred) < tol * (pred > 1 ? pred : 1), "entry %.3f, log %.2f", e->tok_per_s,
 		  pred);
 	cr_expect_float_eq(e->tok_per_s, 1.0 / e->t_token_s, 1e-9);
-	nf_store_plan_free(p);
-}
-
-/* The plan's calibration engine at budget b (32 calibration tokens, as
- * plan_logged_n runs them). */
-static int calib_streams_at(uint64_t b, uint64_t overhead)
-{
-	struct nf_engine_opts o;
-	nf_engine_opts_default(&o);
-	o.budget = b;
-	o.n_ctx = 33;
-	o.profile = true;
-	o.profile_sig_tokens = 32;
-	o.overhead = overhead;
-	return streams_with(&o);
-}
-
-/*
- * Planned for a budget so small that the calibration's engine would stream
- * attention (every calibration token reading all of it), the calibration
- * runs under a larger budget that pins it, and the log says so; the plan
- * for the budget itself is made as before.
- */
-Test(planner, calibration_pins_attention_above_a_small_budget, .fini = drop_model)
-{
-	pl_make_wide_model("plan-calib", 128, gguf, store, sizeof(gguf));
-	uint64_t ov = nf_engine_overhead_now(), budget = 0;
-	uint64_t b = ov + (8ull << 20);
-	while (b < ov + (256ull << 20) && calib_streams_at(b, ov) < 0)
-		b += 64ull << 10;
-	/* the largest budget that streams the calibration's attention and
-	 * that the plan's leanest settings open */
-	for (; b < ov + (256ull << 20) && calib_streams_at(b, ov) == 1; b += 256ull << 10)
-		if (streams_at(b, 0, true, ov) >= 0)
-			budget = b;
-	cr_assert(budget, "no budget streams the calibration's attention and opens the plan's engine");
-
-	static char text[1 << 16];
-	struct nf_store_plan *p = plan_logged(budget, ov, text, sizeof(text));
-	const char *at = strstr(text, "calibration under ");
-	cr_assert(at, "budget %llu: no calibration budget in the log:\n%s", (unsigned long long)budget, text);
-	double cal = 0, big = 0;
-	cr_assert(sscanf(at, "calibration under %lf MiB, not the largest budget's %lf MiB: attention pinned", &cal,
-			 &big) == 2,
-		  "%s", at);
-	cr_expect(fabs(big - budget / 1048576.0) < 0.05 && cal > big, "%.1f, %.1f MiB", cal, big);
-	cr_expect_eq(calib_streams_at((uint64_t)(cal * 1048576.0 + 0.5), ov), 0, "%.1f MiB streams", cal);
-	cr_expect(strstr(text, "32 calibration tokens in "), "%s", text);
-	cr_log_info("%s", at);
-	cr_expect_eq(p->n_entries, 1);
-	cr_expect_eq(p->entries[0].budget, budget);
-	cr_expect(p->entries[0].tok_per_s > 0);
 	nf_store_plan_free(p);
 }
 
