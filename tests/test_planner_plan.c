@@ -765,6 +765,14 @@ Test(planner, cli_json_explain_and_errors, .fini = drop_model)
 	cr_expect_eq(pl_json_u64(out, "budget_bytes"), mib << 20);
 	cr_expect(strstr(out, "\"predicted_tok_per_s\":") && strstr(out, "\"predicted_io_wait_share\":") &&
 		  strstr(out, "\"predicted_bytes_per_token\":") && strstr(out, "\"plans\":["), "%s", out);
+	/* stderr is a pipe here: no bars, a line as each step starts, each
+	 * step named once and before its result line */
+	const char *cal = strstr(err, "nflash: plan: calibrating ...\n");
+	cr_expect(cal && !strstr(cal + 1, "nflash: plan: calibrating ...") && cal < strstr(err, "calibration tokens in"),
+		  "%s", err);
+	cr_expect(strstr(err, "nflash: plan: measuring the device ...\n") &&
+			  strstr(err, "nflash: plan: laying out the store ...\n") && !strchr(err, '\r'),
+		  "%s", err);
 
 	/* a second plan for another budget keeps the first; --explain */
 	snprintf(args, sizeof(args), "plan %s --memory-budget %lluM --calib-tokens 32 -t 2 --no-relayout --explain",

@@ -66,6 +66,7 @@ static void usage(FILE *f)
 struct plan_bar {
 	struct nf_progress p;
 	const char *label;
+	const char *said; /* the last step named on a line (no terminal) */
 	bool open;
 };
 
@@ -76,6 +77,12 @@ static void progress_fn(void *arg, const char *label, uint64_t done, uint64_t to
 		if (b->open)
 			nf_progress_end(&b->p);
 		nf_progress_start(&b->p, label, total, !strcmp(label, "laying out the store"));
+		/* no bar (stderr not a terminal, or NFLASH_NO_PROGRESS): a line
+		 * as each kind of step starts, so that a log shows where the
+		 * plan is during the minutes between its result lines */
+		if (!b->p.tty && (!b->said || strcmp(b->said, label)))
+			fprintf(stderr, "nflash: plan: %s ...\n", label);
+		b->said = label;
 		b->label = label;
 		b->open = true;
 	}
