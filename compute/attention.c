@@ -105,7 +105,7 @@ static void attend(void *arg, int ith, int nth)
 	size_t group = hp->n_head / hp->n_head_kv;
 	size_t row_bytes = KV * c->kv_elt;
 	float scale = 1.0f / sqrtf((float)HD);
-	float *scores = c->scores + (size_t)ith * c->n_ctx;
+	float *scores = c->scores + (size_t)ith * c->scores_row, *lanes = scores + c->n_ctx_pad;
 	void *qh = (char *)c->qh + (size_t)ith * c->qh_row;
 	bool f16 = c->kv_type == NF_KV_F16;
 
@@ -130,23 +130,44 @@ static void attend(void *arg, int ith, int nth)
 		if (f16) {
 			k->act_prepare[NF_KT_F16](q, qh, HD);
 			k->gemv[NF_KT_F16](HD, n_t, kb, row_bytes, qh, scores);
-		} else {
+		} else if (c->m->hp.powerinfer) {
 			k->gemv[NF_KT_F32](HD, n_t, kb, row_bytes, q, scores);
+		} else {
+			for (size_t t = 0; t < n_t; t++)
+				scores[t] = k->dot_f32(q, (const float *)(kb + t * row_bytes), HD);
 		}
 		for (size_t t = 0; t < n_t; t++)
 			scores[t] *= scale;
-		if (c->m->hp.powerinfer)
+		if (c->m->hp.powerinfer) {
 			softmax_exp_f16(scores, n_t);
-		else
-			k->softmax(scores, n_t);
+		} else {
+			/* llama.cpp's rows are n_kv long, masked: pad to 16 */
+			size_t n_pad = (n_t + 15) & ~(size_t)15;
+			for (size_t t = n_t; t < n_pad; t++)
+				scores[t] = -INFINITY;
+			k->softmax(scores, n_pad);
+		}
+		/* the value sum in llama.cpp's order (tinyBLAS over the
+		 * positions): 16 chains, position t in chain t % 16, then
+		 * nf_kref_sum16 across the chains */
 		float *out = c->att + b * E + h * HD;
-		memset(out, 0, HD * sizeof(float));
+		size_t chains = c->m->hp.powerinfer ? 1 : 16; /* PowerInfer's ggml: one */
+		memset(lanes, 0, chains * HD * sizeof(float));
 		for (size_t t = 0; t < n_t; t++) {
+			float *acc = lanes + (t % chains) * HD;
 			if (f16)
 				k->axpy[NF_KT_F16](HD, nf_fp16_to_fp32(nf_fp32_to_fp16(scores[t])),
-						   vb + t * row_bytes, out);
+						   vb + t * row_bytes, acc);
 			else
-				k->axpy_f32(HD, scores[t], (const float *)(vb + t * row_bytes), out);
+				k->axpy_f32(HD, scores[t], (const float *)(vb + t * row_bytes), acc);
+		}
+		if (chains == 1)
+			memcpy(out, lanes, HD * sizeof(float));
+		for (size_t d = 0; chains == 16 && d < HD; d++) {
+			float v[16];
+			for (size_t l = 0; l < 16; l++)
+				v[l] = lanes[l * HD + d];
+			out[d] = nf_sum16(v);
 		}
 	}
 }

@@ -674,11 +674,6 @@ QAXPY_LIST(q8_0, struct nf_block_q8_0)
 
 /* ---- vector ops ---------------------------------------------------------------- */
 
-float nf_kavx2_dot_f32v(const float *a, const float *b, size_t n)
-{
-	return fdot_f32(n, a, b);
-}
-
 void nf_kavx2_axpy_f32v(size_t n, float a, const float *x, float *y)
 {
 	nf_kavx2_axpy_f32(n, a, x, y);
@@ -715,51 +710,68 @@ void nf_kavx2_rmsnorm(float *out, const float *x, const float *w, size_t n, floa
 /* ---- exp-based ops ----------------------------------------------------------- */
 
 /*
- * expf on 8 lanes, within 2 ulp: n = round(x / ln 2), r = x - n ln 2 in two
- * steps (Cody-Waite), a degree-6 polynomial on [-ln2/2, ln2/2], times 2^n.
- * x is clamped to [-87.33, 88.02] so that 2^n stays a normal float: results
- * past the clamp are the smallest normal or ~1.6e38 instead of a denormal,
- * 0 or inf, which every caller here absorbs (1 + e, a sum, a quotient).
+ * ggml's AVX-512 expf on 8 lanes, step for step as nf_kref_expf_ggml, so
+ * the same bits. scalef(j, n) is j times 2^n's bits where every |n| <= 126
+ * (2^n a normal float: one rounding, as scalef); a lane outside that (an
+ * underflow, an overflow, a NaN) sends the 8 lanes to the C reference.
  */
-static inline __m256 exp8(__m256 x)
+static inline __m256 expf_ggml8(__m256 x)
 {
-	x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.02969f));
-	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-	__m256 p = _mm256_set1_ps(1.9875691500e-4f);
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	const __m256 r = _mm256_set1_ps(0x1.8p23f);
+	__m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+	__m256 n = _mm256_sub_ps(z, r);
+	__m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+				    _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+	__m256 an = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+	if (_mm256_movemask_ps(_mm256_cmp_ps(an, _mm256_set1_ps(126.0f), _CMP_NLE_UQ))) {
+		float v[8];
+		_mm256_storeu_ps(v, x);
+		for (int l = 0; l < 8; l++)
+			v[l] = nf_kref_expf_ggml(v[l]);
+		return _mm256_loadu_ps(v);
+	}
+	__m256 u = _mm256_mul_ps(b, b);
+	__m256 j = _mm256_fmadd_ps(
+		_mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+				_mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+		u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
 	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+	return _mm256_mul_ps(j, _mm256_castsi256_ps(e));
 }
 
+/* nf_sum16 of the 16 values lo (0..7) and hi (8..15) */
+static inline float sum16(__m256 lo, __m256 hi)
+{
+	__m256 t8 = _mm256_add_ps(lo, hi);
+	__m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+	__m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+	return _mm_cvtss_f32(t2) + _mm_cvtss_f32(_mm_shuffle_ps(t2, t2, 1));
+}
+
+/* nf_kref_silu_mul's bits */
 void nf_kavx2_silu_mul(float *g, const float *u, size_t n)
 {
 	const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
 	size_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		__m256 v = _mm256_loadu_ps(g + i);
-		__m256 sv = _mm256_div_ps(v, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, v))));
-		if (u)
-			sv = _mm256_mul_ps(sv, _mm256_loadu_ps(u + i));
-		_mm256_storeu_ps(g + i, sv);
-	}
+	for (; i + 16 <= n; i += 16)
+		for (size_t h = i; h < i + 16; h += 8) {
+			__m256 v = _mm256_loadu_ps(g + h);
+			__m256 sv = _mm256_div_ps(v, _mm256_add_ps(one, expf_ggml8(_mm256_sub_ps(zero, v))));
+			if (u)
+				sv = _mm256_mul_ps(sv, _mm256_loadu_ps(u + h));
+			_mm256_storeu_ps(g + h, sv);
+		}
 	if (i < n)
 		nf_kref_silu_mul(g + i, u ? u + i : NULL, n - i);
 }
 
+/* nf_kref_softmax's bits */
 void nf_kavx2_softmax(float *x, size_t n)
 {
 	if (!n)
 		return;
 	size_t i = 0;
-	__m256 mv = _mm256_set1_ps(x[0]);
+	__m256 mv = _mm256_set1_ps(-INFINITY);
 	for (; i + 8 <= n; i += 8)
 		mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
 	__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
@@ -769,16 +781,14 @@ void nf_kavx2_softmax(float *x, size_t n)
 	for (; i < n; i++)
 		max = fmaxf(max, x[i]);
 	mv = _mm256_set1_ps(max);
-	__m256d s0 = _mm256_setzero_pd(), s1 = s0;
-	for (i = 0; i + 8 <= n; i += 8) {
-		__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
-		_mm256_storeu_ps(x + i, e);
-		s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-		s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+	double sum = 0.0;
+	for (i = 0; i + 16 <= n; i += 16) {
+		__m256 lo = expf_ggml8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+		__m256 hi = expf_ggml8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv));
+		_mm256_storeu_ps(x + i, lo);
+		_mm256_storeu_ps(x + i + 8, hi);
+		sum += (double)sum16(lo, hi);
 	}
-	double lanes[4];
-	_mm256_storeu_pd(lanes, _mm256_add_pd(s0, s1));
-	double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 	for (; i < n; i++) {
 		x[i] = expf(x[i] - max);
 		sum += (double)x[i];
@@ -788,6 +798,28 @@ void nf_kavx2_softmax(float *x, size_t n)
 		_mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
 	for (; i < n; i++)
 		x[i] *= _mm256_cvtss_f32(inv);
+}
+
+/* nf_kref_dot_f32's bits: the four 16-lane chains as eight 8-lane ones */
+float nf_kavx2_dot_f32v(const float *a, const float *b, size_t n)
+{
+	size_t np = n & ~(size_t)63;
+	float sum = 0.0f;
+	if (np) {
+		__m256 acc[8];
+		for (int j = 0; j < 8; j++)
+			acc[j] = _mm256_setzero_ps();
+		for (size_t i = 0; i < np; i += 64)
+			for (int j = 0; j < 8; j++)
+				acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * j), _mm256_loadu_ps(b + i + 8 * j),
+							 acc[j]);
+		__m256 lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+		__m256 hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+		sum = sum16(lo, hi);
+	}
+	for (size_t i = np; i < n; i++)
+		sum += a[i] * b[i];
+	return sum;
 }
 
 /* ---- Q4_0 in 8-row groups ------------------------------------------------------ */

@@ -270,10 +270,6 @@ QAXPY(q4_0, struct nf_block_q4_0)
 
 /* ---- vector ops ---------------------------------------------------------------- */
 
-float nf_kneon_dot_f32v(const float *a, const float *b, size_t n)
-{
-	return fdot_f32(n, a, b);
-}
 
 void nf_kneon_axpy_f32v(size_t n, float a, const float *x, float *y)
 {
@@ -308,62 +304,80 @@ void nf_kneon_rmsnorm(float *out, const float *x, const float *w, size_t n, floa
 }
 
 /*
- * expf on 4 lanes, the same steps as kernels_avx2.c's exp8 (within 2 ulp):
- * n = round(x / ln 2), r = x - n ln 2 in two steps, a degree-6 polynomial,
- * times 2^n; x clamped to [-87.33, 88.02] so that 2^n stays normal.
+ * ggml's AVX-512 expf on 4 lanes, step for step as nf_kref_expf_ggml, so
+ * the same bits (kernels_avx2.c's expf_ggml8): a lane with |n| > 126 or a
+ * NaN sends the 4 lanes to the C reference.
  */
-static inline float32x4_t exp4(float32x4_t x)
+static inline float32x4_t expf_ggml4(float32x4_t x)
 {
-	x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.33654f)), vdupq_n_f32(88.02969f));
-	float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
-	float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
-	r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-	float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
-	p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
-	p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
-	p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
-	p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
-	p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
-	p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+	const float32x4_t r = vdupq_n_f32(0x1.8p23f);
+	float32x4_t z = vfmaq_f32(r, x, vdupq_n_f32(0x1.715476p+0f));
+	float32x4_t n = vsubq_f32(z, r);
+	float32x4_t b = vfmsq_f32(vfmsq_f32(x, n, vdupq_n_f32(0x1.62e4p-1f)), n, vdupq_n_f32(0x1.7f7d1cp-20f));
+	uint32x4_t ok = vcleq_f32(vabsq_f32(n), vdupq_n_f32(126.0f));
+	if (vminvq_u32(ok) == 0) {
+		float v[4];
+		vst1q_f32(v, x);
+		for (int l = 0; l < 4; l++)
+			v[l] = nf_kref_expf_ggml(v[l]);
+		return vld1q_f32(v);
+	}
+	float32x4_t u = vmulq_f32(b, b);
+	float32x4_t j = vfmaq_f32(vfmaq_f32(vdupq_n_f32(1.0f), vdupq_n_f32(0x1.ffffecp-1f), b),
+				  vfmaq_f32(vfmaq_f32(vdupq_n_f32(0x1.fffdb6p-2f), vdupq_n_f32(0x1.555e66p-3f), b),
+					    vfmaq_f32(vdupq_n_f32(0x1.573e2ep-5f), vdupq_n_f32(0x1.0e4020p-7f), b), u),
+				  u);
 	int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23);
-	return vmulq_f32(p, vreinterpretq_f32_s32(e));
+	return vmulq_f32(j, vreinterpretq_f32_s32(e));
 }
 
+/* nf_sum16 of the 16 values in a (0..3), b, c, d (12..15) */
+static inline float sum16(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d)
+{
+	float32x4_t lo = vaddq_f32(a, c), hi = vaddq_f32(b, d); /* t8[0..3], t8[4..7] */
+	float32x4_t t4 = vaddq_f32(lo, hi);
+	return (vgetq_lane_f32(t4, 0) + vgetq_lane_f32(t4, 2)) + (vgetq_lane_f32(t4, 1) + vgetq_lane_f32(t4, 3));
+}
+
+/* nf_kref_silu_mul's bits */
 void nf_kneon_silu_mul(float *g, const float *u, size_t n)
 {
-	const float32x4_t one = vdupq_n_f32(1.0f);
+	const float32x4_t one = vdupq_n_f32(1.0f), zero = vdupq_n_f32(0.0f);
 	size_t i = 0;
-	for (; i + 4 <= n; i += 4) {
-		float32x4_t v = vld1q_f32(g + i);
-		float32x4_t s = vdivq_f32(v, vaddq_f32(one, exp4(vnegq_f32(v))));
-		if (u)
-			s = vmulq_f32(s, vld1q_f32(u + i));
-		vst1q_f32(g + i, s);
-	}
+	for (; i + 16 <= n; i += 16)
+		for (size_t h = i; h < i + 16; h += 4) {
+			float32x4_t v = vld1q_f32(g + h);
+			float32x4_t s = vdivq_f32(v, vaddq_f32(one, expf_ggml4(vsubq_f32(zero, v))));
+			if (u)
+				s = vmulq_f32(s, vld1q_f32(u + h));
+			vst1q_f32(g + h, s);
+		}
 	if (i < n)
 		nf_kref_silu_mul(g + i, u ? u + i : NULL, n - i);
 }
 
+/* nf_kref_softmax's bits */
 void nf_kneon_softmax(float *x, size_t n)
 {
 	if (!n)
 		return;
 	size_t i = 0;
-	float32x4_t mv = vdupq_n_f32(x[0]);
+	float32x4_t mv = vdupq_n_f32(-INFINITY);
 	for (; i + 4 <= n; i += 4)
 		mv = vmaxq_f32(mv, vld1q_f32(x + i));
 	float max = vmaxvq_f32(mv);
 	for (; i < n; i++)
 		max = fmaxf(max, x[i]);
 	mv = vdupq_n_f32(max);
-	float64x2_t s0 = vdupq_n_f64(0.0), s1 = s0;
-	for (i = 0; i + 4 <= n; i += 4) {
-		float32x4_t e = exp4(vsubq_f32(vld1q_f32(x + i), mv));
-		vst1q_f32(x + i, e);
-		s0 = vaddq_f64(s0, vcvt_f64_f32(vget_low_f32(e)));
-		s1 = vaddq_f64(s1, vcvt_high_f64_f32(e));
+	double sum = 0.0;
+	for (i = 0; i + 16 <= n; i += 16) {
+		float32x4_t e[4];
+		for (int q = 0; q < 4; q++) {
+			e[q] = expf_ggml4(vsubq_f32(vld1q_f32(x + i + 4 * q), mv));
+			vst1q_f32(x + i + 4 * q, e[q]);
+		}
+		sum += (double)sum16(e[0], e[1], e[2], e[3]);
 	}
-	double sum = vaddvq_f64(vaddq_f64(s0, s1));
 	for (; i < n; i++) {
 		x[i] = expf(x[i] - max);
 		sum += (double)x[i];
@@ -373,6 +387,28 @@ void nf_kneon_softmax(float *x, size_t n)
 		vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), inv));
 	for (; i < n; i++)
 		x[i] *= inv;
+}
+
+/* nf_kref_dot_f32's bits: the four 16-lane chains as sixteen 4-lane ones */
+float nf_kneon_dot_f32v(const float *a, const float *b, size_t n)
+{
+	size_t np = n & ~(size_t)63;
+	float sum = 0.0f;
+	if (np) {
+		float32x4_t acc[16];
+		for (int j = 0; j < 16; j++)
+			acc[j] = vdupq_n_f32(0.0f);
+		for (size_t i = 0; i < np; i += 64)
+			for (int j = 0; j < 16; j++)
+				acc[j] = vfmaq_f32(acc[j], vld1q_f32(a + i + 4 * j), vld1q_f32(b + i + 4 * j));
+		float32x4_t c[4];
+		for (int q = 0; q < 4; q++)
+			c[q] = vaddq_f32(vaddq_f32(acc[q], acc[8 + q]), vaddq_f32(acc[4 + q], acc[12 + q]));
+		sum = sum16(c[0], c[1], c[2], c[3]);
+	}
+	for (size_t i = np; i < n; i++)
+		sum += a[i] * b[i];
+	return sum;
 }
 
 const struct nf_kernels nf_kernels_table_neon = {

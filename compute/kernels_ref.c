@@ -89,16 +89,6 @@ static float dot_f32(size_t n, const void *w, const void *x)
  * vec_dot_f16): four 16-lane accumulators over 64-element steps, combined
  * (0+2, 1+3, then 0+1) and reduced the same way, the tail added in double.
  */
-static float reduce16(const float *v)
-{
-	float s[8], t[4];
-	for (int i = 0; i < 8; i++)
-		s[i] = v[i] + v[i + 8];
-	for (int i = 0; i < 4; i++)
-		t[i] = s[i] + s[i + 4];
-	return (t[0] + t[2]) + (t[1] + t[3]);
-}
-
 float nf_kref_dot_f16(size_t n, const void *w, const void *x)
 {
 	const uint16_t *a = w, *b = x;
@@ -107,7 +97,7 @@ float nf_kref_dot_f16(size_t n, const void *w, const void *x)
 		for (size_t i = 0; i < n; i += 16)
 			for (int l = 0; l < 16; l++)
 				acc[l] = fmaf(nf_fp16_to_fp32(a[i + l]), nf_fp16_to_fp32(b[i + l]), acc[l]);
-		return reduce16(acc);
+		return nf_sum16(acc);
 	}
 	float acc[4][16] = { { 0 } };
 	size_t np = n & ~(size_t)63;
@@ -118,7 +108,7 @@ float nf_kref_dot_f16(size_t n, const void *w, const void *x)
 						 nf_fp16_to_fp32(b[i + 16 * j + l]), acc[j][l]);
 	for (int l = 0; l < 16; l++)
 		acc[0][l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-	double s = reduce16(acc[0]);
+	double s = nf_sum16(acc[0]);
 	for (size_t i = np; i < n; i++)
 		s += (double)(nf_fp16_to_fp32(a[i]) * nf_fp16_to_fp32(b[i]));
 	return (float)s;
@@ -549,26 +539,83 @@ void nf_kref_rmsnorm(float *out, const float *x, const float *w, size_t n, float
 		out[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
 }
 
+/*
+ * ggml's expf (ggml_v_expf as its AVX-512 build has it: llama.cpp's softmax
+ * and SiLU run through it on 16-lane blocks), one lane: n = round(x log2 e)
+ * by the 1.5 * 2^23 trick, b = x - n ln 2 in two fma steps, a degree-5
+ * polynomial j ~ e^b, then j * 2^n (scalef: one rounding); |n| > 192 gives
+ * 0 or inf. Every step is one IEEE operation, so the SIMD tables compute the
+ * same bits with the same steps.
+ */
+float nf_kref_expf_ggml(float x)
+{
+	const float r = 0x1.8p23f;
+	float z = fmaf(x, 0x1.715476p+0f, r);
+	float n = z - r;
+	float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+	if (n != n)
+		return n;
+	if (fabsf(n) > 192.0f)
+		return n <= 0.0f ? 0.0f : INFINITY;
+	float u = b * b;
+	float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+		       u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+	return ldexpf(j, (int)n);
+}
+
+/* _mm512_reduce_add_ps's tree over 16 values (GCC's): halves, quarters,
+ * then (0 + 2) + (1 + 3). */
+float nf_sum16(const float *a)
+{
+	float t8[8], t4[4];
+	for (int i = 0; i < 8; i++)
+		t8[i] = a[i] + a[i + 8];
+	for (int i = 0; i < 4; i++)
+		t4[i] = t8[i] + t8[i + 4];
+	return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+/*
+ * ggml_vec_soft_max_f32 (AVX-512 build): blocks of 16 through the expf
+ * above, each block's sum16 added in double; the last n % 16 through libm's
+ * expf, added one by one; then scaled by (float)(1 / sum). Attention pads
+ * its rows to 16 with -inf (llama.cpp's rows are the KV cache's n_kv, a
+ * multiple of 32, masked), so there every score takes the block path.
+ */
 void nf_kref_softmax(float *x, size_t n)
 {
 	if (!n)
 		return;
-	float max = x[0];
-	for (size_t i = 1; i < n; i++)
+	float max = -INFINITY;
+	for (size_t i = 0; i < n; i++)
 		max = fmaxf(max, x[i]);
 	double sum = 0.0;
-	for (size_t i = 0; i < n; i++) {
+	size_t i = 0;
+	for (; i + 16 <= n; i += 16) {
+		for (size_t l = 0; l < 16; l++)
+			x[i + l] = nf_kref_expf_ggml(x[i + l] - max);
+		sum += (double)nf_sum16(x + i);
+	}
+	for (; i < n; i++) {
 		x[i] = expf(x[i] - max);
 		sum += (double)x[i];
 	}
 	float inv = (float)(1.0 / sum);
-	for (size_t i = 0; i < n; i++)
+	for (i = 0; i < n; i++)
 		x[i] *= inv;
 }
 
+/* ggml_vec_silu_f32 (AVX-512 build) then the product with u: x / (1 +
+ * e^-x), e^-x by the expf above on blocks of 16, libm's on the last n % 16. */
 void nf_kref_silu_mul(float *g, const float *u, size_t n)
 {
-	for (size_t i = 0; i < n; i++) {
+	size_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		for (size_t l = i; l < i + 16; l++) {
+			float s = g[l] / (1.0f + nf_kref_expf_ggml(0.0f - g[l]));
+			g[l] = u ? s * u[l] : s;
+		}
+	for (; i < n; i++) {
 		float s = g[i] / (1.0f + expf(-g[i]));
 		g[i] = u ? s * u[i] : s;
 	}
@@ -590,9 +637,26 @@ void nf_kref_drelu_mul(float *g, const float *u, size_t n)
 	}
 }
 
+/* ggml_vec_dot_f32 (AVX-512 build; the attention scores of an F32 KV
+ * cache): four 16-lane fma chains over each 64 values, chains 0+2 and 1+3,
+ * then their sum, sum16; the last n % 64 added one by one, unfused. */
 float nf_kref_dot_f32(const float *a, const float *b, size_t n)
 {
-	return dot_f32(n, a, b);
+	size_t np = n & ~(size_t)63;
+	float sum = 0.0f;
+	if (np) {
+		float acc[4][16] = { { 0 } };
+		for (size_t i = 0; i < np; i += 64)
+			for (size_t j = 0; j < 4; j++)
+				for (size_t l = 0; l < 16; l++)
+					acc[j][l] = fmaf(a[i + 16 * j + l], b[i + 16 * j + l], acc[j][l]);
+		for (size_t l = 0; l < 16; l++)
+			acc[0][l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+		sum = nf_sum16(acc[0]);
+	}
+	for (size_t i = np; i < n; i++)
+		sum += a[i] * b[i];
+	return sum;
 }
 
 void nf_kref_axpy_f32(size_t n, float a, const float *x, float *y)

@@ -335,7 +335,9 @@ int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct 
 		if (!(c->embd_buf = nf_io_buf_alloc(c->embd_cap * c->embd_span, a > 4096 ? a : 4096)))
 			rc = -ENOMEM;
 	}
-	c->scores = czalloc(c, NT * c->n_ctx, sizeof(float), &rc);
+	c->n_ctx_pad = ((size_t)c->n_ctx + 15) & ~(size_t)15;
+	c->scores_row = c->n_ctx_pad + 16 * (size_t)hp->head_dim;
+	c->scores = czalloc(c, NT * c->scores_row, sizeof(float), &rc);
 	c->qh_row = nf_act_size(NF_KT_F16, hp->head_dim);
 	c->qh = czalloc(c, NT, c->qh_row, &rc);
 	if (X) {

@@ -122,7 +122,8 @@ struct nf_ctx {
 	const void **embd_rows;
 
 	/* attention, per thread */
-	float *scores;  /* n_threads x n_ctx */
+	float *scores;  /* n_threads x scores_row: n_ctx_pad scores, then 16 x head_dim value chains */
+	size_t n_ctx_pad, scores_row; /* n_ctx rounded up to 16 */
 	void *qh;       /* n_threads x head_dim prepared query (F16 cache) */
 	size_t qh_row;
 

@@ -187,6 +187,11 @@ const struct nf_kernels *nf_kernels_ref(void);
 /* A named ISA's table, or NULL if this CPU (or build) cannot run it. */
 const struct nf_kernels *nf_kernels_isa(const char *isa);
 
+/* The sum of 16 floats in the tree of _mm512_reduce_add_ps (GCC's): a[i] +
+ * a[i + 8], then those i and i + 4, then (0 + 2) + (1 + 3): llama.cpp's
+ * AVX-512 reductions (softmax blocks, tinyBLAS's value sums). */
+float nf_sum16(const float *a);
+
 /*
  * RoPE, LLaMA "normal" style: rotates adjacent pairs (x[2i], x[2i+1]) of each
  * head by pos * freq_scale * base^(-2i/head_dim). x holds n_head heads.
