@@ -56,8 +56,8 @@ static void rope_store_rows(void *arg, size_t b0, size_t b1)
 		int64_t pos = (int64_t)c->row_pos[b];
 		const struct nf_ctx *sq = c->row_seq[b];
 		float *q = c->q + b * E, *k = c->kn + b * KV, *v = c->vn + b * KV;
-		nf_rope(q, hp->n_head, hp->head_dim, pos, hp->rope_freq_base, hp->rope_freq_scale);
-		nf_rope(k, hp->n_head_kv, hp->head_dim, pos, hp->rope_freq_base, hp->rope_freq_scale);
+		nf_rope(q, hp->n_head, hp->head_dim, pos, hp->rope_freq_base, hp->rope_freq_scale, c->m->rope_freqs);
+		nf_rope(k, hp->n_head_kv, hp->head_dim, pos, hp->rope_freq_base, hp->rope_freq_scale, c->m->rope_freqs);
 		char *kd = (char *)sq->kcache[j->il] + (size_t)pos * KV * c->kv_elt;
 		char *vd = (char *)sq->vcache[j->il] + (size_t)pos * KV * c->kv_elt;
 		if (c->kv_type == NF_KV_F32) {

@@ -152,8 +152,9 @@ const struct nf_kernels *nf_kernels_get(void)
 
 /*
  * RoPE as ggml computes it (mode 0, no YaRN): theta starts at pos and is
- * multiplied by base^(-2/head_dim) once per pair in f32, then scaled by
- * freq_scale; the rotation is fma(x0, c, -(x1*s)) and fma(x0, s, x1*c),
+ * multiplied by base^(-2/head_dim) once per pair in f32, divided by the
+ * pair's frequency factor where the model has them (rope_freqs, LLaMA 3.1
+ * and later), then scaled by freq_scale; the rotation is fma(x0, c, -(x1*s)) and fma(x0, s, x1*c),
  * the fused form GCC gives ggml's `x0*c - x1*s` and `x0*s + x1*c` (ggml
  * builds in GNU C mode, -ffp-contract=fast, with FMA on every x86 machine
  * it is tuned for and on arm64). The unfused form moved 93 of tiny-llama's
@@ -165,12 +166,12 @@ const struct nf_kernels *nf_kernels_get(void)
 __attribute__((target_clones("fma", "default")))
 #endif
 void nf_rope(float *x, size_t n_head, size_t head_dim, int64_t pos, float freq_base,
-	     float freq_scale)
+	     float freq_scale, const float *freq_factors)
 {
 	const float theta_scale = powf(freq_base, -2.0f / (float)head_dim);
 	float theta = (float)pos;
 	for (size_t i = 0; i < head_dim; i += 2) {
-		float t = freq_scale * theta;
+		float t = freq_scale * (freq_factors ? theta / freq_factors[i / 2] : theta);
 		float c = cosf(t), s = sinf(t);
 		for (size_t h = 0; h < n_head; h++) {
 			float *p = x + h * head_dim + i;

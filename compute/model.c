@@ -461,11 +461,17 @@ int nf_model_load(const char *path, const struct nf_model_opts *opts, struct nf_
 		goto fail;
 	if (!m->output.data)
 		m->output = m->tok_embd;  /* tied embeddings */
+	/* LLaMA 3.1's RoPE scaling: one frequency factor per rotated pair */
 	if (nf_model_find_tensor(m, "rope_freqs.weight")) {
-		rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
-				  "%s: tensor rope_freqs.weight: per-dimension RoPE frequency factors "
-				  "(LLaMA-3.1 scaling) are not supported", path);
-		goto fail;
+		if ((rc = bind_vec(&b, "rope_freqs.weight", hp->head_dim / 2, &m->rope_freqs)) < 0)
+			goto fail;
+		for (uint32_t i = 0; i < hp->head_dim / 2; i++)
+			if (!(m->rope_freqs[i] > 0.0f) || isinf(m->rope_freqs[i])) {
+				rc = nf_diag_fail(diag, NF_EFORMAT,
+						  "%s: tensor rope_freqs.weight: factor %u is %g, expected a "
+						  "positive finite number", path, i, (double)m->rope_freqs[i]);
+				goto fail;
+			}
 	}
 	m->layers = calloc(hp->n_layer, sizeof(*m->layers));
 	if (m->store)

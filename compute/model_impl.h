@@ -55,6 +55,7 @@ struct nf_model {
 	struct nf_weight tok_embd;
 	struct nf_weight output;    /* token_embd itself when the file ties them */
 	const float *output_norm;
+	const float *rope_freqs;    /* head_dim / 2 RoPE frequency factors (LLaMA 3.1+), or NULL */
 	struct nf_layer_weights *layers;
 	uint64_t weight_bytes;
 	/* nf_model_repack's anonymous mappings (the repacked matrices) */

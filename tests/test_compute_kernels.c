@@ -237,17 +237,20 @@ Test(kernels, ref_vector_ops_match_double)
 Test(kernels, rope_matches_double)
 {
 	const size_t n_head = 3, hd = 64;
-	const int64_t positions[] = { 0, 1, 7, 100 };
+	const int64_t positions[] = { 0, 1, 7, 100, 100 };
 	struct rng r = { 3 };
-	for (size_t pi = 0; pi < 4; pi++) {
+	float ff[32]; /* LLaMA 3.1-style factors: 1 for fast pairs, up to 8 for slow ones */
+	for (size_t i = 0; i < 32; i++)
+		ff[i] = i < 8 ? 1.0f : i < 24 ? 1.0f + (float)(i - 8) * 0.4375f : 8.0f;
+	for (size_t pi = 0; pi < 5; pi++) {
 		float x[3 * 64], y[3 * 64];
 		for (size_t i = 0; i < n_head * hd; i++)
 			x[i] = y[i] = rnd(&r);
 		float fs = pi == 3 ? 0.25f : 1.0f;
-		nf_rope(y, n_head, hd, positions[pi], 10000.0f, fs);
+		nf_rope(y, n_head, hd, positions[pi], 10000.0f, fs, pi == 4 ? ff : NULL);
 		for (size_t h = 0; h < n_head; h++)
 			for (size_t i = 0; i < hd; i += 2) {
-				double th = positions[pi] * fs * pow(10000.0, -(double)i / hd);
+				double th = positions[pi] * fs * pow(10000.0, -(double)i / hd) / (pi == 4 ? ff[i / 2] : 1);
 				double x0 = x[h * hd + i], x1 = x[h * hd + i + 1];
 				double e0 = x0 * cos(th) - x1 * sin(th), e1 = x0 * sin(th) + x1 * cos(th);
 				cr_assert(fabs(y[h * hd + i] - e0) < 2e-5 && fabs(y[h * hd + i + 1] - e1) < 2e-5,

@@ -381,6 +381,7 @@ struct tiny_opts {
 	bool tied;                /* no output.weight */
 	bool bad_norm_shape;
 	float rope_scale;         /* rope.scaling.factor, 0: absent */
+	float rope_freq;          /* rope_freqs.weight all this (<0: pair 3 is 0), 0: absent */
 };
 
 #define T_E 32
@@ -423,8 +424,9 @@ static void write_tiny(const char *path, const struct tiny_opts *o)
 		{ "blk.0.ffn_gate.weight", 2, { T_E, T_F } },
 		{ "blk.0.ffn_up.weight", 2, { T_E, T_F } },
 		{ "blk.0.ffn_down.weight", 2, { T_F, T_E } },
+		{ "rope_freqs.weight", 1, { T_E / 4, 1 } },
 	};
-	size_t nt = sizeof(t) / sizeof(t[0]);
+	size_t nt = sizeof(t) / sizeof(t[0]) - (o->rope_freq == 0);
 	bool keep[16];
 	for (size_t i = 0; i < nt; i++) {
 		keep[i] = !(o->skip_tensor && !strcmp(o->skip_tensor, t[i].name)) &&
@@ -437,9 +439,10 @@ static void write_tiny(const char *path, const struct tiny_opts *o)
 		if (!keep[i])
 			continue;
 		size_t n = t[i].ne[0] * t[i].ne[1];
-		bool norm = t[i].nd == 1;
+		bool norm = t[i].nd == 1, freqs = !strcmp(t[i].name, "rope_freqs.weight");
 		for (size_t j = 0; j < n; j++) {
-			float v = norm ? 1.0f : ((float)(lcg(&seed) % 2001) / 1000.0f - 1.0f) * 0.3f;
+			float v = freqs ? (o->rope_freq < 0 && j == 3 ? 0.0f : fabsf(o->rope_freq)) :
+				  norm ? 1.0f : ((float)(lcg(&seed) % 2001) / 1000.0f - 1.0f) * 0.3f;
 			cr_assert_eq(nf_gguf_writer_write(w, &v, sizeof(v)), 0);
 		}
 	}
@@ -527,6 +530,29 @@ Test(model, tied_embeddings_and_rope_scale)
 	tiny_logits(&o, b);
 	size_t at;
 	cr_assert(max_diff(a, b, T_V, &at) > 1e-5, "rope scaling had no effect");
+}
+
+/* LLaMA 3.1's rope_freqs.weight divides each pair's angle by its factor:
+ * factors of 2 are linear scaling by 2 (both halve the angle exactly, so
+ * the same bits); a zero factor is refused, naming the tensor. */
+Test(model, rope_freq_factors)
+{
+	float a[T_V], b[T_V], c[T_V];
+	struct tiny_opts o = { .rope_freq = 2.0f };
+	tiny_logits(&o, a);
+	o = (struct tiny_opts){ .rope_scale = 2.0f };
+	tiny_logits(&o, b);
+	o = (struct tiny_opts){ 0 };
+	tiny_logits(&o, c);
+	cr_assert_arr_eq(a, b, sizeof(a), "factors of 2 differ from linear scaling by 2");
+	size_t at;
+	cr_assert(max_diff(a, c, T_V, &at) > 1e-5, "rope_freqs had no effect");
+	struct nf_model *m = NULL;
+	struct nf_diag d = { 0 };
+	o = (struct tiny_opts){ .rope_freq = -1.0f };
+	cr_assert_eq(try_load(&o, &m, &d), NF_EFORMAT);
+	cr_assert(strstr(d.msg, "rope_freqs.weight") && strstr(d.msg, "factor 3"), "%s", d.msg);
+	cr_assert_null(m);
 }
 
 /* ---- the FFN seam -------------------------------------------------------------- */

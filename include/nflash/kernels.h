@@ -194,10 +194,11 @@ float nf_sum16(const float *a);
 
 /*
  * RoPE, LLaMA "normal" style: rotates adjacent pairs (x[2i], x[2i+1]) of each
- * head by pos * freq_scale * base^(-2i/head_dim). x holds n_head heads.
+ * head by pos * freq_scale * base^(-2i/head_dim) / freq_factors[i]
+ * (freq_factors NULL: 1). x holds n_head heads.
  */
 void nf_rope(float *x, size_t n_head, size_t head_dim, int64_t pos, float freq_base,
-	     float freq_scale);
+	     float freq_scale, const float *freq_factors);
 
 #ifdef __cplusplus
 }
