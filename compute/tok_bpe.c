@@ -1,6 +1,7 @@
 /*
- * tok_bpe.c - byte-level BPE ("gpt2" vocabularies) with GPT-2's pre-tokenizer,
- * as llama.cpp's llm_tokenizer_bpe_session and its hand-written matcher for
+ * tok_bpe.c - byte-level BPE ("gpt2" vocabularies) with GPT-2's pre-tokenizer
+ * (or Llama 3's, llama3_split below), as llama.cpp's llm_tokenizer_bpe_session
+ * and its hand-written matcher for
  *
  *	's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *
@@ -148,27 +149,57 @@ static bool is_other(unsigned f)
 	return (f & F_VALID) && !(f & (F_SPACE | F_LETTER | F_NUMBER));
 }
 
+static uint32_t ascii_lower(uint32_t cp)
+{
+	return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
+}
+
+/* The length of 's 't 're 've 'm 'll 'd at pos, 0 if none there; fold: any
+ * case (Llama 3's (?i:...); only ASCII letters lower-case to the letters
+ * tested, so an ASCII fold is exact). */
+static size_t contraction(const uint32_t *cps, size_t n, size_t pos, bool fold)
+{
+	if (cps[pos] != '\'' || pos + 1 >= n)
+		return 0;
+	uint32_t c1 = fold ? ascii_lower(cps[pos + 1]) : cps[pos + 1];
+	if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
+		return 2;
+	if (pos + 2 >= n)
+		return 0;
+	uint32_t c2 = fold ? ascii_lower(cps[pos + 2]) : cps[pos + 2];
+	return (c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l') ? 3 : 0;
+}
+
+/* The end of the word at pos when nothing before matched: with nl (Llama
+ * 3) \s*[\r\n]+ up to the last CR/LF of the whitespace run, then
+ * \s+(?!\S) (all but the run's last space when text follows), \s+, or one
+ * code point. */
+static size_t space_end(const uint32_t *cps, size_t n, size_t pos, bool nl)
+{
+	size_t ws = 0, last_nl = 0;
+	while (flags_at(cps, n, pos + ws) & F_SPACE) {
+		if (nl && (cps[pos + ws] == '\r' || cps[pos + ws] == '\n'))
+			last_nl = pos + ws + 1;
+		ws++;
+	}
+	if (last_nl)
+		return last_nl;
+	if (ws > 1 && pos + ws < n)
+		return pos + ws - 1;
+	return pos + (ws ? ws : 1);
+}
+
 /* Cut cps[0..n) into words; ends[i] is the end of word i. Returns the count. */
 static size_t gpt2_split(const uint32_t *cps, size_t n, size_t *ends)
 {
 	size_t nw = 0, pos = 0;
 	while (pos < n) {
 		uint32_t cp = cps[pos];
-		if (cp == '\'' && pos + 1 < n) {
-			uint32_t c1 = cps[pos + 1];
-			if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
-				pos += 2;
-				ends[nw++] = pos;
-				continue;
-			}
-			if (pos + 2 < n) {
-				uint32_t c2 = cps[pos + 2];
-				if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
-					pos += 3;
-					ends[nw++] = pos;
-					continue;
-				}
-			}
+		size_t cl = contraction(cps, n, pos, false);
+		if (cl) {
+			pos += cl;
+			ends[nw++] = pos;
+			continue;
 		}
 		unsigned f = cp == ' ' ? flags_at(cps, n, pos + 1) : flags_at(cps, n, pos);
 		unsigned cls = (f & F_LETTER) ? F_LETTER : (f & F_NUMBER) ? F_NUMBER : is_other(f) ? F_VALID : 0;
@@ -184,17 +215,62 @@ static size_t gpt2_split(const uint32_t *cps, size_t n, size_t *ends)
 			ends[nw++] = pos;
 			continue;
 		}
-		size_t ws = 0;
-		while (flags_at(cps, n, pos + ws) & F_SPACE)
-			ws++;
-		if (ws > 1 && pos + ws < n) {
-			/* \s+(?!\S): leave the last space to the word that follows */
-			pos += ws - 1;
-		} else if (ws > 0) {
-			pos += ws;
-		} else {
-			pos++;
+		pos = space_end(cps, n, pos, false);
+		ends[nw++] = pos;
+	}
+	return nw;
+}
+
+/*
+ * Llama 3's pre-tokenizer, as llama.cpp's hand-written matcher for
+ *
+ *	(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+ *	 ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ */
+
+static size_t llama3_split(const uint32_t *cps, size_t n, size_t *ends)
+{
+	size_t nw = 0, pos = 0;
+	while (pos < n) {
+		uint32_t cp = cps[pos];
+		unsigned f = flags_at(cps, n, pos);
+		size_t cl = contraction(cps, n, pos, true);
+		if (cl) {
+			pos += cl;
+			ends[nw++] = pos;
+			continue;
 		}
+		/* [^\r\n\p{L}\p{N}]?\p{L}+ */
+		if (cp != '\r' && cp != '\n' && !(f & F_NUMBER) &&
+		    ((f & F_LETTER) || (flags_at(cps, n, pos + 1) & F_LETTER))) {
+			pos++;
+			while (flags_at(cps, n, pos) & F_LETTER)
+				pos++;
+			ends[nw++] = pos;
+			continue;
+		}
+		/* \p{N}{1,3} */
+		if (f & F_NUMBER) {
+			size_t run = 0;
+			while ((flags_at(cps, n, pos) & F_NUMBER) && run < 3) {
+				pos++;
+				run++;
+			}
+			ends[nw++] = pos;
+			continue;
+		}
+		/* ' ?[^\s\p{L}\p{N}]+[\r\n]*' */
+		unsigned f2 = cp == ' ' ? flags_at(cps, n, pos + 1) : f;
+		if (is_other(f2) && f) {
+			pos += cp == ' ';
+			while (is_other(flags_at(cps, n, pos)))
+				pos++;
+			while (pos < n && (cps[pos] == '\r' || cps[pos] == '\n'))
+				pos++;
+			ends[nw++] = pos;
+			continue;
+		}
+		pos = space_end(cps, n, pos, true);
 		ends[nw++] = pos;
 	}
 	return nw;
@@ -216,6 +292,13 @@ static void try_pair(const struct nf_tok *t, struct nf_tok_sym *sym, struct nf_t
 static void bpe_word(const struct nf_tok *t, const char *w, size_t wlen, struct nf_tok_sym *sym,
 		     struct nf_tok_heap *h, struct nf_tok_ids *out)
 {
+	if (t->ignore_merges) {
+		int32_t id = nf_tok_lookup(t, w, wlen);
+		if (id >= 0) {
+			nf_tok_ids_push(out, id);
+			return;
+		}
+	}
 	int32_t n_sym = nf_tok_merge_syms(t, w, wlen, sym, h, try_pair);
 	if (h->err) {
 		out->err = h->err;
@@ -262,7 +345,7 @@ int nf_tok_bpe_encode(const struct nf_tok *t, const char *text, size_t len, stru
 	size_t n = 0;
 	for (size_t off = 0; off < len; n++)
 		off += nf_tok_utf8_decode(text + off, len - off, &cps[n]);
-	size_t nw = gpt2_split(cps, n, ends), longest = 0;
+	size_t nw = t->pre == NF_TOK_PRE_LLAMA3 ? llama3_split(cps, n, ends) : gpt2_split(cps, n, ends), longest = 0;
 	for (size_t i = 0, start = 0; i < nw; start = ends[i], i++) {
 		size_t wl = 0;
 		for (size_t k = start; k < ends[i]; k++)

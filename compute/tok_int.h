@@ -17,8 +17,17 @@ struct nf_tok_merge {
 	uint32_t alen, blen;
 };
 
+/* BPE pre-tokenizers (llama.cpp's LLAMA_VOCAB_PRE_TYPE_*): which regex cuts
+ * the text into words. */
+enum nf_tok_pre {
+	NF_TOK_PRE_GPT2 = 0,   /* 's|'t|... ?\p{L}+| ?\p{N}+|... */
+	NF_TOK_PRE_LLAMA3,     /* (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|... */
+};
+
 struct nf_tok {
 	enum nf_tok_kind kind;
+	enum nf_tok_pre pre;
+	bool ignore_merges;       /* a word that is a token is that token (llama3) */
 	uint32_t n_vocab;
 	const char **text;        /* NUL-terminated; empty tokens renamed "[EMPTY_i]" */
 	uint32_t *len;

@@ -212,6 +212,17 @@ static bool get_flag(const struct nf_gguf *g, const char *key, bool dflt)
 	return nf_gguf_get_bool(g, key, &b) == 0 ? b : dflt;
 }
 
+/* Pre-tokenizer names llama.cpp maps to the Llama 3 regex; the first four
+ * also take a word that is a token whole (ignore_merges) and add BOS. */
+static int pre_llama3(const char *pre)
+{
+	static const char *const names[] = { "llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe" };
+	for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++)
+		if (!strcmp(pre, names[i]))
+			return i < 4 ? 2 : 1;
+	return 0;
+}
+
 /* Pre-tokenizer names llama.cpp maps to the GPT-2 regex. */
 static bool pre_is_gpt2(const char *pre)
 {
@@ -401,12 +412,16 @@ int nf_tok_open(const struct nf_gguf *g, struct nf_tok **out, struct nf_diag *di
 		t->kind = NF_TOK_SPM;
 	} else if (!strcmp(model, "gpt2")) {
 		t->kind = NF_TOK_BPE;
-		if (nf_gguf_get_str(g, "tokenizer.ggml.pre", &pre) < 0 || !pre_is_gpt2(pre)) {
+		int l3 = 0;
+		if (nf_gguf_get_str(g, "tokenizer.ggml.pre", &pre) < 0 ||
+		    (!pre_is_gpt2(pre) && !(l3 = pre_llama3(pre)))) {
 			rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
-					  "%s: tokenizer.ggml.pre '%s' is not supported (nflash implements the GPT-2 pre-tokenizer: gpt-2, phi-2, mpt, olmo, ...)",
+					  "%s: tokenizer.ggml.pre '%s' is not supported (nflash implements the GPT-2 pre-tokenizer: gpt-2, phi-2, mpt, olmo, ..., and Llama 3's: llama-bpe, llama3, falcon3, dbrx, smaug-bpe)",
 					  path, pre ? pre : "(missing)");
 			goto fail;
 		}
+		t->pre = l3 ? NF_TOK_PRE_LLAMA3 : NF_TOK_PRE_GPT2;
+		t->ignore_merges = l3 == 2;
 	} else {
 		rc = nf_diag_fail(diag, NF_EUNSUPPORTED,
 				  "%s: tokenizer.ggml.model '%s' is not supported (nflash reads llama and gpt2)",
@@ -449,7 +464,7 @@ int nf_tok_open(const struct nf_gguf *g, struct nf_tok **out, struct nf_diag *di
 	t->bos = special_id(g, "tokenizer.ggml.bos_token_id", spm ? 1 : 11, t->n_vocab);
 	t->eos = special_id(g, "tokenizer.ggml.eos_token_id", spm ? 2 : 11, t->n_vocab);
 	t->unk = special_id(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, t->n_vocab);
-	t->add_bos = get_flag(g, "tokenizer.ggml.add_bos_token", spm);
+	t->add_bos = get_flag(g, "tokenizer.ggml.add_bos_token", spm || t->ignore_merges);
 	t->add_eos = get_flag(g, "tokenizer.ggml.add_eos_token", false);
 	t->add_space_prefix = get_flag(g, "tokenizer.ggml.add_space_prefix", spm);
 	for (int b = 0; b < 256; b++) {

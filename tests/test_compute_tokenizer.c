@@ -77,14 +77,11 @@ static char *decode(const struct nf_tok *t, const int32_t *ids, size_t n, size_t
 	return out;
 }
 
-static void run_cases(const char *name)
+/* The cases of ipath (texts between separators) against the ids of opath's
+ * lines, with the vocabulary at path. */
+static void run_cases_at(const char *name, const char *path, const char *ipath, const char *opath, int n_cases)
 {
-	char path[256];
-	snprintf(path, sizeof(path), VOCAB "%s", name);
 	struct nf_tok *t = open_tok(path, NULL);
-	char ipath[300], opath[300];
-	snprintf(ipath, sizeof(ipath), "%s.inp", path);
-	snprintf(opath, sizeof(opath), "%s.out", path);
 	size_t ilen, olen;
 	char *inp = slurp(ipath, &ilen), *outs = slurp(opath, &olen);
 	static const char sep[] = "\n__ggml_vocab_test__\n";
@@ -127,15 +124,58 @@ static void run_cases(const char *name)
 		free(got);
 		line = eol + 1;
 	}
-	cr_assert_eq(cases, 46, "%s: %d cases", name, cases);
+	cr_assert_eq(cases, n_cases, "%s: %d cases", name, cases);
 	cr_assert_eq(failed, 0, "%s: %d of %d cases differ (see stderr)", name, failed, cases);
 	free(inp);
 	free(outs);
 	nf_tok_close(t);
 }
 
+static void run_cases(const char *name)
+{
+	char path[256], ipath[300], opath[300];
+	snprintf(path, sizeof(path), VOCAB "%s", name);
+	snprintf(ipath, sizeof(ipath), "%s.inp", path);
+	snprintf(opath, sizeof(opath), "%s.out", path);
+	run_cases_at(name, path, ipath, opath, 46);
+}
+
 Test(tokenizer, llama_spm_cases) { run_cases("ggml-vocab-llama-spm.gguf"); }
 Test(tokenizer, gpt2_bpe_cases) { run_cases("ggml-vocab-gpt-2.gguf"); }
+
+/*
+ * Llama 3's pre-tokenizer (tokenizer.ggml.pre "llama-bpe"): the GPT-2
+ * vocabulary with that name, as llama.cpp tokenizes it (digits in threes,
+ * case-insensitive contractions, a letter run taking one leading non-letter,
+ * newlines kept with the whitespace before them, a word that is a token
+ * taken whole). tests/peer/llama3-pre.inp/.out: 210 texts and llama.cpp's
+ * ids for them on this file (tests/peer/README.md).
+ */
+Test(tokenizer, llama3_pre_cases)
+{
+	struct nf_gguf *g;
+	cr_assert_eq(nf_gguf_open(VOCAB "ggml-vocab-gpt-2.gguf", 0, &g, NULL), 0);
+	char path[] = "/tmp/nf-tok-l3-XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	struct nf_gguf_writer *w;
+	cr_assert_eq(nf_gguf_writer_open(path, false, &w, NULL), 0);
+	for (size_t i = 0; i < nf_gguf_n_kv(g); i++) {
+		const struct nf_gguf_kv *kv = nf_gguf_kv_at(g, i);
+		if (strcmp(kv->key, "tokenizer.ggml.pre"))
+			cr_assert_eq(nf_gguf_writer_kv_copy(w, kv), 0);
+		else
+			cr_assert_eq(nf_gguf_writer_kv_str(w, kv->key, "llama-bpe"), 0);
+	}
+	cr_assert_eq(nf_gguf_writer_finish(w, NULL), 0);
+	nf_gguf_close(g);
+	struct nf_tok *t = open_tok(path, NULL);
+	cr_assert(nf_tok_add_bos(t), "llama-bpe adds BOS unless the file says otherwise");
+	nf_tok_close(t);
+	run_cases_at("llama-bpe", path, "tests/peer/llama3-pre.inp", "tests/peer/llama3-pre.out", 210);
+	unlink(path);
+}
 
 Test(tokenizer, vocab_metadata_and_specials)
 {
@@ -386,7 +426,7 @@ Test(tokenizer, bad_vocabularies)
 	free(p);
 	expect_open(p = write_vocab("bert", NULL, 6, false), NF_EUNSUPPORTED, "bert");
 	free(p);
-	expect_open(p = write_vocab("gpt2", "llama-bpe", 6, true), NF_EUNSUPPORTED, "llama-bpe");
+	expect_open(p = write_vocab("gpt2", "qwen2", 6, true), NF_EUNSUPPORTED, "qwen2");
 	free(p);
 	expect_open(p = write_vocab("gpt2", "gpt-2", 6, false), NF_ENOTFOUND, "tokenizer.ggml.merges");
 	free(p);
