@@ -710,7 +710,7 @@ void nf_kavx2_rmsnorm(float *out, const float *x, const float *w, size_t n, floa
 /* ---- exp-based ops ----------------------------------------------------------- */
 
 /*
- * ggml's AVX-512 expf on 8 lanes, step for step as nf_kref_expf_ggml, so
+ * ggml's AVX-512 expf on 8 lanes, step for step as nf_expf_ggml, so
  * the same bits. scalef(j, n) is j times 2^n's bits where every |n| <= 126
  * (2^n a normal float: one rounding, as scalef); a lane outside that (an
  * underflow, an overflow, a NaN) sends the 8 lanes to the C reference.
@@ -727,7 +727,7 @@ static inline __m256 expf_ggml8(__m256 x)
 		float v[8];
 		_mm256_storeu_ps(v, x);
 		for (int l = 0; l < 8; l++)
-			v[l] = nf_kref_expf_ggml(v[l]);
+			v[l] = nf_expf_ggml(v[l]);
 		return _mm256_loadu_ps(v);
 	}
 	__m256 u = _mm256_mul_ps(b, b);

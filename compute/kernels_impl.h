@@ -21,7 +21,6 @@ extern const struct nf_kernels nf_kernels_table_neondot;
 
 /* Reference ops shared with the SIMD tables (compute/kernels_ref.c). */
 void nf_kref_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
-float nf_kref_expf_ggml(float x);
 void nf_kref_softmax(float *x, size_t n);
 void nf_kref_silu_mul(float *g, const float *u, size_t n);
 void nf_kref_relu_mul(float *g, const float *u, size_t n);

@@ -304,7 +304,7 @@ void nf_kneon_rmsnorm(float *out, const float *x, const float *w, size_t n, floa
 }
 
 /*
- * ggml's AVX-512 expf on 4 lanes, step for step as nf_kref_expf_ggml, so
+ * ggml's AVX-512 expf on 4 lanes, step for step as nf_expf_ggml, so
  * the same bits (kernels_avx2.c's expf_ggml8): a lane with |n| > 126 or a
  * NaN sends the 4 lanes to the C reference.
  */
@@ -319,7 +319,7 @@ static inline float32x4_t expf_ggml4(float32x4_t x)
 		float v[4];
 		vst1q_f32(v, x);
 		for (int l = 0; l < 4; l++)
-			v[l] = nf_kref_expf_ggml(v[l]);
+			v[l] = nf_expf_ggml(v[l]);
 		return vld1q_f32(v);
 	}
 	float32x4_t u = vmulq_f32(b, b);

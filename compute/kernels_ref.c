@@ -547,7 +547,10 @@ void nf_kref_rmsnorm(float *out, const float *x, const float *w, size_t n, float
  * 0 or inf. Every step is one IEEE operation, so the SIMD tables compute the
  * same bits with the same steps.
  */
-float nf_kref_expf_ggml(float x)
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+__attribute__((target_clones("fma", "default"))) /* fmaf inline where the CPU has FMA: the same bits */
+#endif
+float nf_expf_ggml(float x)
 {
 	const float r = 0x1.8p23f;
 	float z = fmaf(x, 0x1.715476p+0f, r);
@@ -593,7 +596,7 @@ void nf_kref_softmax(float *x, size_t n)
 	size_t i = 0;
 	for (; i + 16 <= n; i += 16) {
 		for (size_t l = 0; l < 16; l++)
-			x[i + l] = nf_kref_expf_ggml(x[i + l] - max);
+			x[i + l] = nf_expf_ggml(x[i + l] - max);
 		sum += (double)nf_sum16(x + i);
 	}
 	for (; i < n; i++) {
@@ -612,7 +615,7 @@ void nf_kref_silu_mul(float *g, const float *u, size_t n)
 	size_t i = 0;
 	for (; i + 16 <= n; i += 16)
 		for (size_t l = i; l < i + 16; l++) {
-			float s = g[l] / (1.0f + nf_kref_expf_ggml(0.0f - g[l]));
+			float s = g[l] / (1.0f + nf_expf_ggml(0.0f - g[l]));
 			g[l] = u ? s * u[l] : s;
 		}
 	for (; i < n; i++) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nflash/kernels.h"
 #include "sparse_impl.h"
 
 /* ---- group compute ----------------------------------------------------------- */
@@ -32,17 +33,25 @@ static void neuron_addr(const struct nf_sparse *s, uint32_t j, const char **g, c
 	*d = t->down + (size_t)j * t->down_stride;
 }
 
-static float act1(enum nf_ffn_act act, float g, float u, bool has_gate)
+/* SiLU of neuron id of F as llama.cpp's ggml_vec_silu_f32 computes it over
+ * the whole row (the kernels' silu_mul): its expf on blocks of 16, libm's
+ * on the last F % 16. */
+static float silu1(float x, uint32_t id, uint32_t F)
+{
+	return x / (1.0f + (id < (F & ~15u) ? nf_expf_ggml(0.0f - x) : expf(-x)));
+}
+
+static float act1(enum nf_ffn_act act, float g, float u, bool has_gate, uint32_t id, uint32_t F)
 {
 	if (!has_gate)
-		return act == NF_FFN_SILU ? u / (1.0f + expf(-u)) : (u > 0.0f ? u : 0.0f);
+		return act == NF_FFN_SILU ? silu1(u, id, F) : (u > 0.0f ? u : 0.0f);
 	switch (act) {
 	case NF_FFN_RELU:
 		return (g > 0.0f ? g : 0.0f) * u;
 	case NF_FFN_DRELU:
 		return (g > 0.0f ? g : 0.0f) * (u > 0.0f ? u : 0.0f);
 	default:
-		return g / (1.0f + expf(-g)) * u;
+		return silu1(g, id, F) * u;
 	}
 }
 
@@ -255,7 +264,7 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 				dp[j1] = NULL;
 				continue;
 			}
-			a[ids[j1] % unit] = act1(s->act, gv[j1], uv[j1], s->has_gate);
+			a[ids[j1] % unit] = act1(s->act, gv[j1], uv[j1], s->has_gate, ids[j1], s->F);
 		}
 		if (kcol) {
 			/* the down product waits for the layer's activations (kdown_rows) */

@@ -187,6 +187,10 @@ const struct nf_kernels *nf_kernels_ref(void);
 /* A named ISA's table, or NULL if this CPU (or build) cannot run it. */
 const struct nf_kernels *nf_kernels_isa(const char *isa);
 
+/* ggml's expf (ggml_v_expf of its AVX-512 build), one lane: llama.cpp's
+ * softmax and SiLU take exp from it on blocks of 16 (kernels_ref.c). */
+float nf_expf_ggml(float x);
+
 /* The sum of 16 floats in the tree of _mm512_reduce_add_ps (GCC's): a[i] +
  * a[i + 8], then those i and i + 4, then (0 + 2) + (1 + 3): llama.cpp's
  * AVX-512 reductions (softmax blocks, tinyBLAS's value sums). */
