@@ -151,7 +151,7 @@ static void fill_weights(enum nf_ktype kt, uint32_t dt, char *w, size_t rows, si
 					memcpy(row + b * bs + doff + 2, &d, 2); /* dmin follows d */
 			}
 		} else {
-			size_t bs = kt == NF_KT_Q4_0 ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
+			size_t bs = kt == NF_KT_Q4_0 || kt == NF_KT_Q4_0L ? sizeof(struct nf_block_q4_0) : sizeof(struct nf_block_q8_0);
 			for (size_t b = 0; b < n_cols / NF_QK; b++) {
 				uint16_t d = nf_fp32_to_fp16(0.001f * (float)(1 + (b + r) % 7));
 				memcpy(row + b * bs, &d, 2);
@@ -250,11 +250,14 @@ static void bench_kcol(const char **isas, int nisa, char *set, struct read_job *
 
 int main(int argc, char **argv)
 {
+	/* q4_0l: Q4_0 in ggml's vec_dot order (NF_KT_Q4_0L, kernels.h) */
 	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16, NF_KT_Q2_K, NF_KT_Q3_K,
-					       NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K };
-	static const char *const type_names[] = { "q4_0", "q8_0", "f16", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K" };
+					       NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K, NF_KT_Q4_0L };
+	static const char *const type_names[] = { "q4_0", "q8_0", "f16", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
+						  "q4_0l" };
 	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16, NF_DTYPE_Q2_K,
-						NF_DTYPE_Q3_K, NF_DTYPE_Q4_K, NF_DTYPE_Q5_K, NF_DTYPE_Q6_K };
+						NF_DTYPE_Q3_K, NF_DTYPE_Q4_K, NF_DTYPE_Q5_K, NF_DTYPE_Q6_K,
+						NF_DTYPE_Q4_0 };
 	/* NFLASH_BENCH_TYPES=q2_K,q3_K: only those types */
 	const char *only = getenv("NFLASH_BENCH_TYPES");
 	const int n_types = (int)(sizeof(types) / sizeof(types[0]));

@@ -329,6 +329,13 @@ static void init_state(struct nf_sparse *s, struct nf_ctx *ctx, struct nf_cache 
 	}
 }
 
+/* The kernel of the gate and up rows: the dense FFN's (nf_ktype_matrix),
+ * so a row sums in the order llama.cpp's matrix would. */
+static int gu_ktype(const struct nf_sparse *s)
+{
+	return nf_ktype_matrix(s->dt_gu, s->F, nf_model_hparams(s->m)->powerinfer);
+}
+
 /* The bundles' forms, from the store's geometry. */
 static void forms_of_geometry(struct nf_sparse *s, const struct nf_cache_geom *g)
 {
@@ -339,7 +346,7 @@ static void forms_of_geometry(struct nf_sparse *s, const struct nf_cache_geom *g
 	s->up_off_bundle = g->has_gate ? g->row_bytes : 0;
 	s->down_off_bundle = g->down_off;
 	s->kgroups = s->form == DOWN_QCOL && nf_dtype_is_kquant(s->dt_down) ? NF_QK_K / GROUP : 1;
-	s->kt_gu = nf_ktype_of(s->dt_gu);
+	s->kt_gu = gu_ktype(s);
 	s->kt_down = nf_ktype_of(s->dt_down);
 }
 
@@ -428,7 +435,7 @@ static int forms(struct nf_sparse *s, struct nf_diag *diag)
 		bool q = nf_dtype_block_len(s->dt_down) > 1;
 		s->form = (!transposed && q) ? DOWN_QCOL : DOWN_ROW;
 		s->kgroups = s->form == DOWN_QCOL && nf_dtype_is_kquant(s->dt_down) ? NF_QK_K / GROUP : 1;
-		s->kt_gu = nf_ktype_of(s->dt_gu);
+		s->kt_gu = gu_ktype(s);
 		s->kt_down = nf_ktype_of(s->dt_down);
 	}
 	bool quant_down = nf_dtype_block_len(s->dt_down) > 1;

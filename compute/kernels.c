@@ -40,12 +40,20 @@ int nf_ktype_of(uint32_t dtype)
 	}
 }
 
+int nf_ktype_matrix(uint32_t dtype, uint64_t nrows, bool vec_dot_order)
+{
+	int kt = nf_ktype_of(dtype);
+	if (kt == NF_KT_Q4_0 && (nrows % 8 || vec_dot_order))
+		kt = NF_KT_Q4_0L;
+	return kt;
+}
+
 uint32_t nf_ktype_dot_dtype(enum nf_ktype kt)
 {
 	switch (kt) {
 	case NF_KT_F16: return NF_DTYPE_F16;
 	case NF_KT_BF16: return NF_DTYPE_BF16;
-	case NF_KT_Q8_0: case NF_KT_Q4_0: return NF_DTYPE_Q8_0;
+	case NF_KT_Q8_0: case NF_KT_Q4_0: case NF_KT_Q4_0L: return NF_DTYPE_Q8_0;
 	case NF_KT_Q2_K: case NF_KT_Q3_K: case NF_KT_Q4_K: case NF_KT_Q5_K:
 	case NF_KT_Q6_K: return NF_DTYPE_Q8_K;
 	case NF_KT_F32: default: return NF_DTYPE_F32;
@@ -221,7 +229,7 @@ static const struct x8_form *x8_form(enum nf_ktype kt)
 					     { { 208, 0, 2, X8_FP16 }, { 192, 16, 16, X8_BYTES },
 					       { 0, 144, 128, X8_CHUNK4 }, { 128, 1168, 64, X8_CHUNK4 } } };
 	switch (kt) {
-	case NF_KT_Q4_0: return &q4_0;
+	case NF_KT_Q4_0: case NF_KT_Q4_0L: return &q4_0;
 	case NF_KT_Q8_0: return &q8_0;
 	case NF_KT_Q4_K: return &q4_K;
 	case NF_KT_Q5_K: return &q5_K;

@@ -203,9 +203,9 @@ static float row_q8_0_c(const struct nf_block_q8_0 *w, const struct nf_block_q8_
 	}
 
 QGEMV(q8_0, struct nf_block_q8_0, row_q8_0_c, 0)
-QGEMV(q4_0, struct nf_block_q4_0, row_q4_0, 1)
+QGEMV(q4_0l, struct nf_block_q4_0, row_q4_0, 1)
 #define gemv_q8_0 nf_kavx2_gemv_q8_0
-#define gemv_q4_0 nf_kavx2_gemv_q4_0
+#define gemv_q4_0l nf_kavx2_gemv_q4_0l
 
 /*
  * gemv over a list of rows: the activation scales (and Q4_0 corrections)
@@ -277,9 +277,9 @@ static inline __m256 step_q8_0(const struct nf_block_q8_0 *w, const struct nf_bl
 }
 
 QLIST(q8_0, struct nf_block_q8_0, step_q8_0, 0)
-QLIST(q4_0, struct nf_block_q4_0, step_q4_0, 1)
+QLIST(q4_0l, struct nf_block_q4_0, step_q4_0, 1)
 #define gemv_list_q8_0 nf_kavx2_gemv_list_q8_0
-#define gemv_list_q4_0 nf_kavx2_gemv_list_q4_0
+#define gemv_list_q4_0l nf_kavx2_gemv_list_q4_0l
 
 /*
  * gemm tile: 2 weight rows x 4 activation rows. Each weight block is
@@ -338,7 +338,7 @@ static inline __m256i q4_load(const struct nf_block_q4_0 *b)
 }
 
 QGEMM(q8_0, struct nf_block_q8_0, q8_load)
-QGEMM(q4_0, struct nf_block_q4_0, q4_load)
+QGEMM(q4_0l, struct nf_block_q4_0, q4_load)
 
 /*
  * gemm over TILE_R x TILE_B register tiles (tile_##T) inside blocks of
@@ -380,9 +380,9 @@ QGEMM(q4_0, struct nf_block_q4_0, q4_load)
 	}
 
 GEMM_DRIVER(q8_0)
-GEMM_DRIVER(q4_0)
+GEMM_DRIVER(q4_0l)
 #define gemm_q8_0 nf_kavx2_gemm_q8_0
-#define gemm_q4_0 nf_kavx2_gemm_q4_0
+#define gemm_q4_0l nf_kavx2_gemm_q4_0l
 
 /* ---- float weights ---------------------------------------------------------- */
 
@@ -1033,6 +1033,264 @@ static void gemm_q8_0x8(size_t n, size_t nrows, const void *w, size_t nbat, cons
 	x8_gemm(1, n, nrows, w, nbat, xq, xq_stride, y, ldy);
 }
 
+/* ---- Q4_0 in llama.cpp's repacked order (NF_KT_Q4_0) ---------------------------
+ *
+ * Per row and block the exact integer sum s of the 32 products, then
+ * acc = fma(s, d_w * d_x, acc), blocks in order (kernels_ref.c dot_q4_0).
+ * The integer sum is maddubs(nibbles, x) - maddubs(8, x) in int16 (each
+ * lane at most 2 * 15 * 127 + 2 * 8 * 127), widened by madd; eight rows go
+ * together so the lane sums of the eight become one register (a transpose
+ * by hadds, exact: qb_rows8), whose float chain is the eight rows' chains
+ * side by side. In the 8-row groups the rows are the lanes already (as in
+ * llama.cpp's own kernel): the eight 4-value slices of a block add up in
+ * int16 (at most 8 * 2 * 15 * 127 = 30480), one madd gives each row's sum.
+ */
+
+/*
+ * Eight rows (w[0..7], any addresses; repeat one for fewer) against nt
+ * activation rows x[0..nt-1]: acc[t] lane r = row r . x[t] in the chain
+ * above, blocks [0, nb); nx (or NULL): the eight rows to prefetch. Register k holds the block's 16 quant bytes of row
+ * k in its low half and of row k + 4 in its high half; against the
+ * activation's values 0-15 (low nibbles) and 16-31 (high nibbles), each
+ * copied to both halves, madd leaves 4 partial sums per row, and three
+ * hadds turn the four registers into the eight rows' sums in order.
+ */
+static inline __attribute__((always_inline)) void qb_rows8(int nt, size_t nb, const struct nf_block_q4_0 *const w[8],
+							   const struct nf_block_q4_0 *const *nx,
+							   const struct nf_block_q8_0 *const *x, __m256 *acc)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+	for (size_t i = 0; i < nb; i++) {
+		__m256i lo[4], hi[4];
+		/* the next eight rows into L1 while these run, a line of each
+		 * every 3 blocks (54 bytes) */
+		if (nx && i % 3 == 0)
+			_Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+				_mm_prefetch((const char *)(nx[k] + i), _MM_HINT_T0);
+		_Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+			__m256i v = _mm256_inserti128_si256(
+				_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)w[k][i].qs)),
+				_mm_loadu_si128((const __m128i *)w[k + 4][i].qs), 1);
+			lo[k] = _mm256_and_si256(v, m4);
+			hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+		}
+		__m128i h = _mm_setr_epi16((short)w[0][i].d, (short)w[1][i].d, (short)w[2][i].d, (short)w[3][i].d,
+					   (short)w[4][i].d, (short)w[5][i].d, (short)w[6][i].d, (short)w[7][i].d);
+		__m256 dw = _mm256_cvtph_ps(h);
+		for (int t = 0; t < nt; t++) {
+			__m256i xv = _mm256_loadu_si256((const __m256i *)x[t][i].qs);
+			__m256i xl = _mm256_permute2x128_si256(xv, xv, 0x00), xh = _mm256_permute2x128_si256(xv, xv, 0x11);
+			__m256i c = _mm256_add_epi16(_mm256_maddubs_epi16(eight, xl), _mm256_maddubs_epi16(eight, xh));
+			__m256i p[4];
+			_Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+				p[k] = _mm256_madd_epi16(
+					_mm256_sub_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[k], xl),
+									  _mm256_maddubs_epi16(hi[k], xh)),
+							 c),
+					ones);
+			__m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+			__m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(h2f(x[t][i].d)));
+			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[t]);
+		}
+	}
+}
+
+/* Rows [r, r + 8) of a list, the last repeated past nrows. */
+static inline void qb_pick(const void *const *rows, size_t r, size_t nrows, const struct nf_block_q4_0 *w[8])
+{
+	for (int k = 0; k < 8; k++)
+		w[k] = rows[r + (size_t)k < nrows ? r + (size_t)k : nrows - 1];
+}
+
+static inline void qb_put(__m256 a, float *y, size_t m)
+{
+	if (m == 8) {
+		_mm256_storeu_ps(y, a);
+		return;
+	}
+	float t[8];
+	_mm256_storeu_ps(t, a);
+	memcpy(y, t, m * sizeof(float));
+}
+
+void nf_kavx2_gemv_list_q4_0(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y)
+{
+	const struct nf_block_q8_0 *x = xq;
+	const struct nf_block_q4_0 *w[8], *nx[8];
+	if (nrows)
+		qb_pick(rows, 0, nrows, w);
+	for (size_t r = 0; r < nrows; r += 8) {
+		bool more = r + 8 < nrows;
+		if (more)
+			qb_pick(rows, r + 8, nrows, nx);
+		__m256 acc = _mm256_setzero_ps();
+		qb_rows8(1, n / NF_QK, w, more ? nx : NULL, &x, &acc);
+		if (more)
+			memcpy(w, nx, sizeof(w));
+		qb_put(acc, y + r, nrows - r < 8 ? nrows - r : 8);
+	}
+}
+
+/* Rows at a stride: the list form over a group's addresses. */
+static inline void qb_stride(const void *w, size_t row_bytes, size_t r, size_t nrows, const struct nf_block_q4_0 *p[8])
+{
+	for (size_t k = 0; k < 8; k++)
+		p[k] = (const void *)((const char *)w + (r + k < nrows ? r + k : nrows - 1) * row_bytes);
+}
+
+void nf_kavx2_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y)
+{
+	const struct nf_block_q8_0 *x = xq;
+	for (size_t r = 0; r < nrows; r += 8) {
+		const struct nf_block_q4_0 *p[8], *nx[8];
+		qb_stride(w, row_bytes, r, nrows, p);
+		if (r + 8 < nrows)
+			qb_stride(w, row_bytes, r + 8, nrows, nx);
+		__m256 acc = _mm256_setzero_ps();
+		qb_rows8(1, n / NF_QK, p, r + 8 < nrows ? nx : NULL, &x, &acc);
+		qb_put(acc, y + r, nrows - r < 8 ? nrows - r : 8);
+	}
+}
+
+/* gemm: eight rows unpacked once per block for four activation rows. */
+void nf_kavx2_gemm_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat, const void *xq,
+			size_t xq_stride, float *y, size_t ldy)
+{
+	for (size_t r = 0; r < nrows; r += 8) {
+		const struct nf_block_q4_0 *p[8];
+		qb_stride(w, row_bytes, r, nrows, p);
+		size_t m = nrows - r < 8 ? nrows - r : 8, b = 0;
+		for (; b + 4 <= nbat; b += 4) {
+			const struct nf_block_q8_0 *x[4];
+			__m256 acc[4];
+			for (int t = 0; t < 4; t++) {
+				x[t] = (const void *)((const char *)xq + (b + t) * xq_stride);
+				acc[t] = _mm256_setzero_ps();
+			}
+			qb_rows8(4, n / NF_QK, p, NULL, x, acc);
+			for (int t = 0; t < 4; t++)
+				qb_put(acc[t], y + (b + t) * ldy + r, m);
+		}
+		for (; b < nbat; b++) {
+			const struct nf_block_q8_0 *x = (const void *)((const char *)xq + b * xq_stride);
+			__m256 acc = _mm256_setzero_ps();
+			qb_rows8(1, n / NF_QK, p, NULL, &x, &acc);
+			qb_put(acc, y + b * ldy + r, m);
+		}
+	}
+}
+
+/* Per activation block: 8 * its sum, and its scale. */
+struct qb_tab {
+	int32_t corr;
+	float dx;
+};
+
+static void qb_table(const struct nf_block_q8_0 *x, size_t nb, struct qb_tab *t)
+{
+	for (size_t i = 0; i < nb; i++) {
+		int32_t s = 0;
+		for (int j = 0; j < NF_QK; j++)
+			s += x[i].qs[j];
+		t[i].corr = 8 * s;
+		t[i].dx = h2f(x[i].d);
+	}
+}
+
+/* One grouped block's row sums against x (lanes = rows). */
+static inline __attribute__((always_inline)) __m256i qb_x8_sum(const __m256i l[8], const struct nf_block_q8_0 *x,
+							       int32_t corr)
+{
+	__m256i a = _mm256_maddubs_epi16(l[0], bcast4(x->qs));
+	_Pragma("GCC unroll 8") for (int j = 1; j < 8; j++)
+		a = _mm256_add_epi16(a, _mm256_maddubs_epi16(l[j], bcast4(x->qs + 4 * j)));
+	return _mm256_sub_epi32(_mm256_madd_epi16(a, _mm256_set1_epi16(1)), _mm256_set1_epi32(corr));
+}
+
+static void gemv_q4_0x8b(size_t n, size_t nrows, const void *w, const void *xq, float *y)
+{
+	const struct nf_block_q8_0 *x = xq;
+	size_t nb = n / NF_QK;
+	struct qb_tab t[X8_CHUNK];
+	if (nb <= X8_CHUNK)
+		qb_table(x, nb, t);
+	for (size_t g = 0; g < nrows / 8; g++) {
+		__m256 acc = _mm256_setzero_ps();
+		for (size_t c = 0; c < nb; c += X8_CHUNK) {
+			size_t cn = nb - c < X8_CHUNK ? nb - c : X8_CHUNK;
+			if (nb > X8_CHUNK)
+				qb_table(x + c, cn, t);
+			const unsigned char *b = (const unsigned char *)w + (g * nb + c) * sizeof(struct nf_block_q4_0x8);
+			for (size_t i = 0; i < cn; i++, b += sizeof(struct nf_block_q4_0x8)) {
+				for (size_t o = 0; o < sizeof(struct nf_block_q4_0x8); o += 64)
+					_mm_prefetch((const char *)b + X8_PF + o, _MM_HINT_T0);
+				_mm_prefetch((const char *)b + X8_PF + sizeof(struct nf_block_q4_0x8) - 1, _MM_HINT_T0);
+				__m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b)),
+							 _mm256_broadcast_ss(&t[i].dx));
+				__m256i l[8];
+				x8_lanes(0, b + 16, l);
+				acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qb_x8_sum(l, x + c + i, t[i].corr)), d, acc);
+			}
+		}
+		_mm256_storeu_ps(y + 8 * g, acc);
+	}
+}
+
+/* gemm: as x8_gemm_tile, one accumulator per group and activation row. */
+static void gemm_q4_0x8b(size_t n, size_t nrows, const void *w, size_t nbat, const void *xq, size_t xq_stride,
+			 float *y, size_t ldy)
+{
+	size_t nb = n / NF_QK, ng = nrows / 8;
+	for (size_t g0 = 0; g0 < ng; g0 += X8_GRP) {
+		size_t g1 = g0 + X8_GRP < ng ? g0 + X8_GRP : ng;
+		for (size_t b0 = 0; b0 < nbat; b0 += X8_TOK) {
+			size_t nt = nbat - b0 < X8_TOK ? nbat - b0 : X8_TOK;
+			const char *xt = (const char *)xq + b0 * xq_stride;
+			__m256 acc[X8_GRP][X8_TOK];
+			struct qb_tab tab[X8_TOK][X8_GCHUNK];
+			for (size_t g = g0; g < g1; g++)
+				for (size_t t = 0; t < nt; t++)
+					acc[g - g0][t] = _mm256_setzero_ps();
+			for (size_t c = 0; c < nb; c += X8_GCHUNK) {
+				size_t cn = nb - c < X8_GCHUNK ? nb - c : X8_GCHUNK;
+				for (size_t t = 0; t < nt; t++)
+					qb_table((const struct nf_block_q8_0 *)(xt + t * xq_stride) + c, cn, tab[t]);
+				for (size_t g = g0; g < g1; g++) {
+					const unsigned char *b =
+						(const unsigned char *)w + (g * nb + c) * sizeof(struct nf_block_q4_0x8);
+					for (size_t i = 0; i < cn; i++, b += sizeof(struct nf_block_q4_0x8)) {
+						__m256i l[8];
+						x8_lanes(0, b + 16, l);
+						__m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+						for (size_t t = 0; t < nt; t++) {
+							const struct nf_block_q8_0 *x =
+								(const struct nf_block_q8_0 *)(xt + t * xq_stride) + c + i;
+							__m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&tab[t][i].dx));
+							acc[g - g0][t] = _mm256_fmadd_ps(
+								_mm256_cvtepi32_ps(qb_x8_sum(l, x, tab[t][i].corr)), d,
+								acc[g - g0][t]);
+						}
+					}
+				}
+			}
+			for (size_t g = g0; g < g1; g++)
+				for (size_t t = 0; t < nt; t++)
+					_mm256_storeu_ps(y + (b0 + t) * ldy + 8 * g, acc[g - g0][t]);
+		}
+	}
+}
+
+void nf_kavx2_gemv_x8_Q4_0(size_t n, size_t nrows, const void *w, const void *xq, float *y)
+{
+	gemv_q4_0x8b(n, nrows, w, xq, y);
+}
+
+void nf_kavx2_gemm_x8_Q4_0(size_t n, size_t nrows, const void *w, size_t nbat, const void *xq, size_t xq_stride,
+			   float *y, size_t ldy)
+{
+	gemm_q4_0x8b(n, nrows, w, nbat, xq, xq_stride, y, ldy);
+}
+
 const struct nf_kernels nf_kernels_table_avx2 = {
 	.isa = "avx2",
 	.act_prepare = {
@@ -1041,38 +1299,42 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_BF16] = nf_kavx2_prepare_bf16,
 		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,
 		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
+		[NF_KT_Q4_0L] = nf_kavx2_prepare_q8_0,
 		NF_KAVX2_KQUANT_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
-		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = gemv_q4_0,
+		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
+		[NF_KT_Q4_0L] = gemv_q4_0l,
 		NF_KAVX2_KQUANT(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
-		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = gemm_q4_0,
+		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemm_q4_0,
+		[NF_KT_Q4_0L] = gemm_q4_0l,
 		NF_KAVX2_KQUANT(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
-		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0,
+		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0, [NF_KT_Q4_0L] = nf_kavx2_axpy_q4_0,
 		NF_KAVX2_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16,
 		[NF_KT_BF16] = gemv_list_bf16, [NF_KT_Q8_0] = gemv_list_q8_0,
-		[NF_KT_Q4_0] = gemv_list_q4_0,
+		[NF_KT_Q4_0] = nf_kavx2_gemv_list_q4_0, [NF_KT_Q4_0L] = gemv_list_q4_0l,
 		NF_KAVX2_KQUANT(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8_0,
-		[NF_KT_Q4_0] = axpy_list_q4_0,
+		[NF_KT_Q4_0] = axpy_list_q4_0, [NF_KT_Q4_0L] = axpy_list_q4_0,
 		NF_KAVX2_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,
-	.qcol_down = { [NF_KT_Q8_0] = nf_kavx2_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx2_qcol_down_q4_0 },
+	.qcol_down = { [NF_KT_Q8_0] = nf_kavx2_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx2_qcol_down_q4_0,
+		       [NF_KT_Q4_0L] = nf_kavx2_qcol_down_q4_0 },
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kavx2_softmax,
 	.silu_mul = nf_kavx2_silu_mul,
@@ -1080,6 +1342,6 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 	.drelu_mul = nf_kref_drelu_mul,
 	.dot_f32 = nf_kavx2_dot_f32v,
 	.axpy_f32 = nf_kavx2_axpy_f32v,
-	.gemv_x8 = { [NF_KT_Q4_0] = gemv_q4_0x8, [NF_KT_Q8_0] = gemv_q8_0x8, NF_KAVX2_X8(gemv) },
-	.gemm_x8 = { [NF_KT_Q4_0] = gemm_q4_0x8, [NF_KT_Q8_0] = gemm_q8_0x8, NF_KAVX2_X8(gemm) },
+	.gemv_x8 = { [NF_KT_Q4_0] = gemv_q4_0x8b, [NF_KT_Q4_0L] = gemv_q4_0x8, [NF_KT_Q8_0] = gemv_q8_0x8, NF_KAVX2_X8(gemv) },
+	.gemm_x8 = { [NF_KT_Q4_0] = gemm_q4_0x8b, [NF_KT_Q4_0L] = gemm_q4_0x8, [NF_KT_Q8_0] = gemm_q8_0x8, NF_KAVX2_X8(gemm) },
 };

@@ -214,7 +214,7 @@ XR_TILE(q8_0, sizeof(struct nf_block_q8_0))
 		}                                                                             \
 	}
 
-#define XR_KT_q4_0 NF_KT_Q4_0
+#define XR_KT_q4_0 NF_KT_Q4_0L
 #define XR_KT_q8_0 NF_KT_Q8_0
 #define XR_SHIFT_q4_0 3
 #define XR_SHIFT_q8_0 7
@@ -393,7 +393,7 @@ static void go_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes
 	enum { BSZ = sizeof(struct nf_block_q4_0) };
 	size_t nb = n / NF_QK, len = nb * BSZ;
 	if (nb > GO_MAX_BLOCKS || nrows < 2) {
-		nf_kavx2_gemv_q4_0(n, nrows, w, row_bytes, xq, y);
+		nf_kavx2_gemv_q4_0l(n, nrows, w, row_bytes, xq, y);
 		return;
 	}
 	struct xr xp[GO_MAX_BLOCKS];
@@ -427,7 +427,7 @@ static void go_gemv_list_q4_0(size_t n, size_t nrows, const void *const *rows, c
 	enum { BSZ = sizeof(struct nf_block_q4_0) };
 	size_t nb = n / NF_QK, len = nb * BSZ;
 	if (nb > GO_MAX_BLOCKS) {
-		nf_kavx2_gemv_list_q4_0(n, nrows, rows, xq, y);
+		nf_kavx2_gemv_list_q4_0l(n, nrows, rows, xq, y);
 		return;
 	}
 	struct xr xp[GO_MAX_BLOCKS];
@@ -777,43 +777,48 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_BF16] = nf_kavx2_prepare_bf16,
 		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,
 		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
+		[NF_KT_Q4_0L] = nf_kavx2_prepare_q8_0,
 		NF_KAVX2_KQUANT_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
-		/* llama.cpp's summation order: see go_gemv_q4_0 */
-		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0] = go_gemv_q4_0,
+		/* ggml's vec_dot order: see go_gemv_q4_0 */
+		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0L] = go_gemv_q4_0,
+		[NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
 		NF_KAVX2_KQUANT(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
-		[NF_KT_Q8_0] = xr_gemm_q8_0, [NF_KT_Q4_0] = xr_gemm_q4_0,
+		[NF_KT_Q8_0] = xr_gemm_q8_0, [NF_KT_Q4_0L] = xr_gemm_q4_0,
+		[NF_KT_Q4_0] = nf_kavx2_gemm_q4_0,
 		NF_KAVX2_KQUANT(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,
-		[NF_KT_Q4_0] = axpy_q4,
+		[NF_KT_Q4_0] = axpy_q4, [NF_KT_Q4_0L] = axpy_q4,
 		NF_KAVX2_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
-		[NF_KT_Q8_0] = xr_gemv_list_q8_0, [NF_KT_Q4_0] = go_gemv_list_q4_0,
+		[NF_KT_Q8_0] = xr_gemv_list_q8_0, [NF_KT_Q4_0L] = go_gemv_list_q4_0,
+		[NF_KT_Q4_0] = nf_kavx2_gemv_list_q4_0,
 		NF_KAVX2_KQUANT(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8,
-		[NF_KT_Q4_0] = axpy_list_q4,
+		[NF_KT_Q4_0] = axpy_list_q4, [NF_KT_Q4_0L] = axpy_list_q4,
 		NF_KAVX2_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,
-	.qcol_down = { [NF_KT_Q8_0] = nf_kavx512_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx512_qcol_down_q4_0 },
+	.qcol_down = { [NF_KT_Q8_0] = nf_kavx512_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx512_qcol_down_q4_0,
+		       [NF_KT_Q4_0L] = nf_kavx512_qcol_down_q4_0 },
 	/* 8-row groups: Q4_0 and Q8_0 two groups per register
 	 * (kernels_avx512_x8.c), the K-quants the AVX2 kernels */
-	.gemv_x8 = { [NF_KT_Q4_0] = nf_kavx512_gemv_x8_Q4_0, [NF_KT_Q8_0] = nf_kavx512_gemv_x8_Q8_0,
+	.gemv_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemv_x8_Q4_0, [NF_KT_Q4_0] = nf_kavx2_gemv_x8_Q4_0, [NF_KT_Q8_0] = nf_kavx512_gemv_x8_Q8_0,
 		     NF_KAVX2_X8(gemv) },
-	.gemm_x8 = { [NF_KT_Q4_0] = nf_kavx512_gemm_x8_Q4_0, [NF_KT_Q8_0] = nf_kavx512_gemm_x8_Q8_0,
+	.gemm_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemm_x8_Q4_0, [NF_KT_Q4_0] = nf_kavx2_gemm_x8_Q4_0, [NF_KT_Q8_0] = nf_kavx512_gemm_x8_Q8_0,
 		     NF_KAVX2_X8(gemm) },
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kavx2_softmax,

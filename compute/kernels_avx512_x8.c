@@ -148,7 +148,7 @@ INLINE void gx_gemv(int q8, size_t n, size_t nrows, const void *w, const void *x
 		gx_store(acc, y + 8 * g);
 	}
 	if (ng % 2)
-		nf_kernels_table_avx2.gemv_x8[q8 ? NF_KT_Q8_0 : NF_KT_Q4_0](n, 8, (const uint8_t *)w + (ng - 1) * gb, xq,
+		nf_kernels_table_avx2.gemv_x8[q8 ? NF_KT_Q8_0 : NF_KT_Q4_0L](n, 8, (const uint8_t *)w + (ng - 1) * gb, xq,
 									  y + 8 * (ng - 1));
 }
 
@@ -216,7 +216,7 @@ INLINE void gx_gemm(int q8, size_t n, size_t nrows, const void *w, size_t nbat, 
 		}
 	}
 	if (ng % 2)
-		nf_kernels_table_avx2.gemm_x8[q8 ? NF_KT_Q8_0 : NF_KT_Q4_0](
+		nf_kernels_table_avx2.gemm_x8[q8 ? NF_KT_Q8_0 : NF_KT_Q4_0L](
 			n, 8, (const uint8_t *)w + (ng - 1) * gb, nbat, xq, xq_stride, y + 8 * (ng - 1), ldy);
 }
 

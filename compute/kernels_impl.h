@@ -217,16 +217,24 @@ void nf_kavx2_silu_mul(float *g, const float *u, size_t n);
 /* Quantized products in llama.cpp's summation order (kernels_ref.c); the
  * AVX-512 table uses them so every ISA rounds the same way. */
 void nf_kavx2_gemv_q8_0(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y);
-void nf_kavx2_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y);
+void nf_kavx2_gemv_q4_0l(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y);
 void nf_kavx2_gemm_q8_0(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb,
 			const void *xq, size_t xq_stride, float *y, size_t ldy);
 void nf_kavx2_gemv_list_q8_0(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y);
-void nf_kavx2_gemv_list_q4_0(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y);
+void nf_kavx2_gemv_list_q4_0l(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y);
 void nf_kavx2_axpy_list_f32(size_t n, size_t ncols, const float *a, const void *const *cols, float *y);
 void nf_kavx2_axpy_list_f16(size_t n, size_t ncols, const float *a, const void *const *cols, float *y);
 void nf_kavx2_axpy_list_bf16(size_t n, size_t ncols, const float *a, const void *const *cols, float *y);
+void nf_kavx2_gemm_q4_0l(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb,
+			const void *xq, size_t xq_stride, float *y, size_t ldy);
+/* NF_KT_Q4_0, llama.cpp's repacked order (kernels_ref.c dot_q4_0). */
+void nf_kavx2_gemv_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y);
 void nf_kavx2_gemm_q4_0(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb,
 			const void *xq, size_t xq_stride, float *y, size_t ldy);
+void nf_kavx2_gemv_list_q4_0(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y);
+void nf_kavx2_gemv_x8_Q4_0(size_t n, size_t nrows, const void *w, const void *xq, float *y);
+void nf_kavx2_gemm_x8_Q4_0(size_t n, size_t nrows, const void *w, size_t nb, const void *xq, size_t xq_stride,
+			   float *y, size_t ldy);
 
 /* NEON ops both arm64 tables use (compute/kernels_neon.c): everything but
  * the integer block products, which kernels_neon_q.h builds per table. */
@@ -263,6 +271,7 @@ void nf_kneon_axpy_f32v(size_t n, float a, const float *x, float *y);
 	.act_prepare[NF_KT_BF16] = nf_kneon_prepare_bf16,                                          \
 	.act_prepare[NF_KT_Q8_0] = nf_kneon_prepare_q8_0,                                          \
 	.act_prepare[NF_KT_Q4_0] = nf_kneon_prepare_q8_0,                                          \
+	.act_prepare[NF_KT_Q4_0L] = nf_kneon_prepare_q8_0,                                         \
 	.gemv[NF_KT_F32] = nf_kneon_gemv_f32, .gemv[NF_KT_F16] = nf_kneon_gemv_f16,                \
 	.gemv[NF_KT_BF16] = nf_kneon_gemv_bf16,                                                    \
 	.gemm[NF_KT_F32] = nf_kneon_gemm_f32, .gemm[NF_KT_F16] = nf_kneon_gemm_f16,                \
@@ -272,14 +281,17 @@ void nf_kneon_axpy_f32v(size_t n, float a, const float *x, float *y);
 	.axpy[NF_KT_F32] = nf_kneon_axpy_f32, .axpy[NF_KT_F16] = nf_kneon_axpy_f16,                \
 	.axpy[NF_KT_BF16] = nf_kneon_axpy_bf16, .axpy[NF_KT_Q8_0] = nf_kneon_axpy_q8_0,            \
 	.axpy[NF_KT_Q4_0] = nf_kneon_axpy_q4_0,                                                    \
+	.axpy[NF_KT_Q4_0L] = nf_kneon_axpy_q4_0,                                                   \
 	.axpy_list[NF_KT_F32] = nf_kneon_axpy_list_f32, .axpy_list[NF_KT_F16] = nf_kneon_axpy_list_f16, \
 	.axpy_list[NF_KT_BF16] = nf_kneon_axpy_list_bf16,                                          \
 	.axpy_list[NF_KT_Q8_0] = nf_kneon_axpy_list_q8_0,                                          \
 	.axpy_list[NF_KT_Q4_0] = nf_kneon_axpy_list_q4_0,                                          \
+	.axpy_list[NF_KT_Q4_0L] = nf_kneon_axpy_list_q4_0,                                         \
 	.rmsnorm = nf_kneon_rmsnorm, .softmax = nf_kneon_softmax, .silu_mul = nf_kneon_silu_mul,  \
 	.relu_mul = nf_kref_relu_mul, .drelu_mul = nf_kref_drelu_mul,                              \
 	.dot_f32 = nf_kneon_dot_f32v, .axpy_f32 = nf_kneon_axpy_f32v,                              \
-	.qcol_down[NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, .qcol_down[NF_KT_Q4_0] = nf_kref_qcol_down_q4_0
+	.qcol_down[NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, .qcol_down[NF_KT_Q4_0] = nf_kref_qcol_down_q4_0, \
+	.qcol_down[NF_KT_Q4_0L] = nf_kref_qcol_down_q4_0
 /* (the arm64 tables' K-quant entries, axpys included, are
  * kernels_neon_kquant.h's) */
 

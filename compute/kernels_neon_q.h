@@ -21,6 +21,7 @@
 #define NF_KERNELS_NEON_Q_H
 
 #include <arm_neon.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels_impl.h"
@@ -150,10 +151,62 @@ static inline void nq_step(int8x16_t w0, int8x16_t w1, float dw, const struct nf
 NQ_ROW(q8_0, struct nf_block_q8_0)
 NQ_ROW(q4_0, struct nf_block_q4_0)
 
-/* The table entries this header defines. */
+/*
+ * NF_KT_Q4_0, llama.cpp's repacked order (kernels_ref.c dot_q4_0): per
+ * block the exact integer sum of the 32 products, acc = fma(sum, d_w * d_x,
+ * acc), blocks in order. Two rows at a time for the latency of the chain.
+ */
+static inline int32_t nqb_sum(const struct nf_block_q4_0 *w, const struct nf_block_q8_0 *x)
+{
+	int8x16_t w0, w1;
+	nq_q4_0_unpack(w, &w0, &w1);
+	return vaddvq_s32(vaddq_s32(dot16(w0, vld1q_s8(x->qs)), dot16(w1, vld1q_s8(x->qs + 16))));
+}
+
+static void nqb_rows2(size_t nb, const struct nf_block_q4_0 *p, const struct nf_block_q4_0 *q,
+		      const struct nf_block_q8_0 *x, float *y0, float *y1)
+{
+	float a = 0.0f, b = 0.0f;
+	for (size_t i = 0; i < nb; i++) {
+		float dx = nq_h2f(x[i].d);
+		a = fmaf((float)nqb_sum(p + i, x + i), nq_h2f(p[i].d) * dx, a);
+		b = fmaf((float)nqb_sum(q + i, x + i), nq_h2f(q[i].d) * dx, b);
+	}
+	*y0 = a;
+	if (y1)
+		*y1 = b;
+}
+
+static void gemv_list_q4_0b(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y)
+{
+	for (size_t r = 0; r < nrows; r += 2)
+		nqb_rows2(n / NF_QK, rows[r], rows[r + 1 < nrows ? r + 1 : r], xq, y + r,
+			  r + 1 < nrows ? y + r + 1 : NULL);
+}
+
+static void gemv_q4_0b(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y)
+{
+	const char *wc = w;
+	for (size_t r = 0; r < nrows; r += 2)
+		nqb_rows2(n / NF_QK, (const void *)(wc + r * row_bytes),
+			  (const void *)(wc + (r + 1 < nrows ? r + 1 : r) * row_bytes), xq, y + r,
+			  r + 1 < nrows ? y + r + 1 : NULL);
+}
+
+static void gemm_q4_0b(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat, const void *xq,
+		       size_t xq_stride, float *y, size_t ldy)
+{
+	for (size_t b = 0; b < nbat; b++)
+		gemv_q4_0b(n, nrows, w, row_bytes, (const char *)xq + b * xq_stride, y + b * ldy);
+}
+
+/* The table entries this header defines (NF_KT_Q4_0L: ggml's vec_dot
+ * order, the lanes of NQ_ROW). */
 #define NF_KNEON_QUANT_ENTRIES                                                          \
-	.gemv[NF_KT_Q8_0] = gemv_q8_0, .gemv[NF_KT_Q4_0] = gemv_q4_0,                   \
-	.gemm[NF_KT_Q8_0] = gemm_q8_0, .gemm[NF_KT_Q4_0] = gemm_q4_0,                   \
-	.gemv_list[NF_KT_Q8_0] = gemv_list_q8_0, .gemv_list[NF_KT_Q4_0] = gemv_list_q4_0
+	.gemv[NF_KT_Q8_0] = gemv_q8_0, .gemv[NF_KT_Q4_0L] = gemv_q4_0,                  \
+	.gemm[NF_KT_Q8_0] = gemm_q8_0, .gemm[NF_KT_Q4_0L] = gemm_q4_0,                  \
+	.gemv_list[NF_KT_Q8_0] = gemv_list_q8_0, .gemv_list[NF_KT_Q4_0L] = gemv_list_q4_0, \
+	.gemv[NF_KT_Q4_0] = gemv_q4_0b, .gemm[NF_KT_Q4_0] = gemm_q4_0b,                 \
+	.gemv_list[NF_KT_Q4_0] = gemv_list_q4_0b
 
 #endif /* NF_KERNELS_NEON_Q_H */

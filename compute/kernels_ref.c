@@ -165,20 +165,49 @@ static float dot_q8_0(size_t n, const void *w, const void *x)
 	return reduce8(acc);
 }
 
-static float dot_q4_0(size_t n, const void *w, const void *x)
+/* A Q4_0 block's weights as signed bytes -8..7, in x's order. */
+static void q4_0_bytes(const struct nf_block_q4_0 *a, int8_t q[NF_QK])
+{
+	for (int j = 0; j < NF_QK / 2; j++) {
+		q[j] = (int8_t)((a->qs[j] & 0x0f) - 8);
+		q[j + NF_QK / 2] = (int8_t)((a->qs[j] >> 4) - 8);
+	}
+}
+
+/* NF_KT_Q4_0L: ggml's vec_dot_q4_0_q8_0, the lanes above. */
+static float dot_q4_0l(size_t n, const void *w, const void *x)
 {
 	const struct nf_block_q4_0 *a = w;
 	const struct nf_block_q8_0 *b = x;
 	float acc[8] = { 0 };
 	for (size_t i = 0; i < n / NF_QK; i++) {
 		int8_t q[NF_QK];
-		for (int j = 0; j < NF_QK / 2; j++) {
-			q[j] = (int8_t)((a[i].qs[j] & 0x0f) - 8);
-			q[j + NF_QK / 2] = (int8_t)((a[i].qs[j] >> 4) - 8);
-		}
+		q4_0_bytes(&a[i], q);
 		lanes_fma(q, b[i].qs, nf_fp16_to_fp32(a[i].d) * nf_fp16_to_fp32(b[i].d), acc);
 	}
 	return reduce8(acc);
+}
+
+/*
+ * NF_KT_Q4_0: llama.cpp's repacked Q4_0 (ggml_gemv/gemm_q4_0_8x8_q8_0, x86),
+ * which every Q4_0 matrix of a multiple of 8 rows goes through there: per
+ * block the exact integer sum s of the 32 products, then one chain
+ * acc = fma(s, d_w * d_x, acc) over the blocks in order; no lanes.
+ */
+static float dot_q4_0(size_t n, const void *w, const void *x)
+{
+	const struct nf_block_q4_0 *a = w;
+	const struct nf_block_q8_0 *b = x;
+	float acc = 0.0f;
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		int8_t q[NF_QK];
+		q4_0_bytes(&a[i], q);
+		int32_t s = 0;
+		for (int j = 0; j < NF_QK; j++)
+			s += (int32_t)q[j] * b[i].qs[j];
+		acc = fmaf((float)s, nf_fp16_to_fp32(a[i].d) * nf_fp16_to_fp32(b[i].d), acc);
+	}
+	return acc;
 }
 
 /*
@@ -331,6 +360,7 @@ REF_MATMUL(f16)
 REF_MATMUL(bf16)
 REF_MATMUL(q8_0)
 REF_MATMUL(q4_0)
+REF_MATMUL(q4_0l)
 
 /* gemv over a list of rows: each row's dot alone, as gemv computes it */
 #define REF_LIST(T)                                                                     \
@@ -346,6 +376,7 @@ REF_LIST(f16)
 REF_LIST(bf16)
 REF_LIST(q8_0)
 REF_LIST(q4_0)
+REF_LIST(q4_0l)
 
 /* ---- sparse down-column update --------------------------------------------- */
 
@@ -675,35 +706,38 @@ const struct nf_kernels nf_kernels_table_ref = {
 		[NF_KT_BF16] = nf_kref_prepare_bf16,
 		[NF_KT_Q8_0] = nf_kref_prepare_q8_0,
 		[NF_KT_Q4_0] = nf_kref_prepare_q8_0,
+		[NF_KT_Q4_0L] = nf_kref_prepare_q8_0,
 		NF_KREF_KQUANT_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
-		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = gemv_q4_0,
+		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = gemv_q4_0, [NF_KT_Q4_0L] = gemv_q4_0l,
 		NF_KREF_KQUANT(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
-		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = gemm_q4_0,
+		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = gemm_q4_0, [NF_KT_Q4_0L] = gemm_q4_0l,
 		NF_KREF_KQUANT(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = axpy_f32w, [NF_KT_F16] = axpy_f16, [NF_KT_BF16] = nf_kref_axpy_bf16,
-		[NF_KT_Q8_0] = axpy_q8_0, [NF_KT_Q4_0] = axpy_q4_0,
+		[NF_KT_Q8_0] = axpy_q8_0, [NF_KT_Q4_0] = axpy_q4_0, [NF_KT_Q4_0L] = axpy_q4_0,
 		NF_KREF_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
-		[NF_KT_Q8_0] = gemv_list_q8_0, [NF_KT_Q4_0] = gemv_list_q4_0,
+		[NF_KT_Q8_0] = gemv_list_q8_0, [NF_KT_Q4_0] = gemv_list_q4_0, [NF_KT_Q4_0L] = gemv_list_q4_0l,
 		NF_KREF_KQUANT(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = axpy_list_f32, [NF_KT_F16] = axpy_list_f16, [NF_KT_BF16] = axpy_list_bf16,
 		[NF_KT_Q8_0] = axpy_list_q8_0, [NF_KT_Q4_0] = axpy_list_q4_0,
+		[NF_KT_Q4_0L] = axpy_list_q4_0,
 		NF_KREF_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kref_kcol_madd,
-	.qcol_down = { [NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kref_qcol_down_q4_0 },
+	.qcol_down = { [NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kref_qcol_down_q4_0,
+		       [NF_KT_Q4_0L] = nf_kref_qcol_down_q4_0 },
 	.gemv_x8 = { NF_KREF_X8(gemv) },
 	.gemm_x8 = { NF_KREF_X8(gemm) },
 	.rmsnorm = nf_kref_rmsnorm,

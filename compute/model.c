@@ -290,7 +290,9 @@ static int bind_mat(struct binder *b, const char *name, bool required, uint32_t 
 	int rc = bind_raw(b, name, required, n_expert ? 3 : 2, ne, &t);
 	if (rc < 0 || !t)
 		return rc;
-	int kt = nf_ktype_of(t->type);
+	/* llama.cpp repacks (and so sums in NF_KT_Q4_0's order) every Q4_0
+	 * matrix of a multiple of 8 rows, a tied output's too */
+	int kt = nf_ktype_matrix(t->type, nrows, b->m->hp.powerinfer);
 	size_t row = nf_dtype_row_size(t->type, n);
 	if (kt < 0 || row == 0)
 		return nf_diag_fail(b->diag, NF_EUNSUPPORTED,

@@ -14,13 +14,14 @@
 
 static const char *const isas[] = { "scalar", "avx2", "avx512", "neon", "neon-dot" };
 static const enum nf_ktype all_kt[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
-					NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K };
+					NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K,
+					NF_KT_Q4_0L };
 _Static_assert(sizeof(all_kt) / sizeof(all_kt[0]) == NF_KT_COUNT, "every ktype tested");
 static const uint32_t kt_dtype[NF_KT_COUNT] = {
 	[NF_KT_F32] = NF_DTYPE_F32, [NF_KT_F16] = NF_DTYPE_F16, [NF_KT_BF16] = NF_DTYPE_BF16,
 	[NF_KT_Q8_0] = NF_DTYPE_Q8_0, [NF_KT_Q4_0] = NF_DTYPE_Q4_0,
 	[NF_KT_Q2_K] = NF_DTYPE_Q2_K, [NF_KT_Q3_K] = NF_DTYPE_Q3_K, [NF_KT_Q4_K] = NF_DTYPE_Q4_K,
-	[NF_KT_Q5_K] = NF_DTYPE_Q5_K, [NF_KT_Q6_K] = NF_DTYPE_Q6_K,
+	[NF_KT_Q5_K] = NF_DTYPE_Q5_K, [NF_KT_Q6_K] = NF_DTYPE_Q6_K, [NF_KT_Q4_0L] = NF_DTYPE_Q4_0,
 };
 
 /* Row lengths a type can hold: multiples of its block (256 for K-quants). */
@@ -87,12 +88,75 @@ static void quant_row(enum nf_ktype kt, const float *src, void *dst, size_t n)
 	nf_quantize_row(kt_dtype[kt], src, dst, n);
 }
 
+/*
+ * The two Q4_0 orders of the reference, written out: NF_KT_Q4_0 as
+ * llama.cpp's repacked kernels (one fma of the block's integer sum per
+ * block), NF_KT_Q4_0L as ggml's vec_dot (8 lanes, hsum at the end); and
+ * the two differ on some row, so neither can stand in for the other.
+ */
+static bool same_bits(float a, float b)
+{
+	return !memcmp(&a, &b, sizeof(a));
+}
+
+Test(kernels, q4_0_orders)
+{
+	const size_t n = 4096, nrows = 64, nb = n / 32;
+	struct rng r = { 41 };
+	float *w = xmalloc(n * nrows * sizeof(float)), *x = xmalloc(n * sizeof(float));
+	for (size_t i = 0; i < n * nrows; i++)
+		w[i] = rnd(&r);
+	for (size_t i = 0; i < n; i++)
+		x[i] = rnd(&r) * 3.0f;
+	struct nf_block_q4_0 *wq = xmalloc(nrows * nb * sizeof(*wq));
+	struct nf_block_q8_0 *xq = xmalloc(nb * sizeof(*xq));
+	for (size_t i = 0; i < nrows; i++)
+		nf_quantize_row(NF_DTYPE_Q4_0, w + i * n, wq + i * nb, n);
+	const struct nf_kernels *k = nf_kernels_ref();
+	k->act_prepare[NF_KT_Q4_0](x, xq, n);
+	float yb[64], yl[64];
+	k->gemv[NF_KT_Q4_0](n, nrows, wq, nb * sizeof(*wq), xq, yb);
+	k->gemv[NF_KT_Q4_0L](n, nrows, wq, nb * sizeof(*wq), xq, yl);
+	int differ = 0;
+	for (size_t row = 0; row < nrows; row++) {
+		const struct nf_block_q4_0 *b = wq + row * nb;
+		float acc = 0.0f, lane[8] = { 0 };
+		for (size_t i = 0; i < nb; i++) {
+			int32_t s = 0, l[8] = { 0 };
+			for (int j = 0; j < 32; j++) {
+				int q = j < 16 ? (b[i].qs[j] & 15) - 8 : (b[i].qs[j - 16] >> 4) - 8;
+				s += q * xq[i].qs[j];
+				l[j / 4] += q * xq[i].qs[j];
+			}
+			float d = nf_fp16_to_fp32(b[i].d) * nf_fp16_to_fp32(xq[i].d);
+			acc = fmaf((float)s, d, acc);
+			for (int j = 0; j < 8; j++)
+				lane[j] = fmaf(d, (float)l[j], lane[j]);
+		}
+		float hs = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+		cr_assert(same_bits(yb[row], acc), "row %zu: block order %a, want %a", row, yb[row], acc);
+		cr_assert(same_bits(yl[row], hs), "row %zu: lane order %a, want %a", row, yl[row], hs);
+		differ += !same_bits(acc, hs);
+	}
+	cr_assert(differ > 0, "the two orders gave the same bits on all %zu rows", nrows);
+	free(w);
+	free(x);
+	free(wq);
+	free(xq);
+}
+
 Test(kernels, type_mapping)
 {
 	cr_assert_eq(nf_ktype_of(NF_DTYPE_Q4_0), NF_KT_Q4_0);
 	cr_assert_eq(nf_ktype_of(NF_DTYPE_BF16), NF_KT_BF16);
 	cr_assert_eq(nf_ktype_of(12345), -1);
 	cr_assert_eq(nf_ktype_dot_dtype(NF_KT_Q4_0), NF_DTYPE_Q8_0);
+	cr_assert_eq(nf_ktype_dot_dtype(NF_KT_Q4_0L), NF_DTYPE_Q8_0);
+	cr_assert_eq(nf_ktype_matrix(NF_DTYPE_Q4_0, 4096, false), NF_KT_Q4_0);
+	cr_assert_eq(nf_ktype_matrix(NF_DTYPE_Q4_0, 4100, false), NF_KT_Q4_0L, "rows not a multiple of 8");
+	cr_assert_eq(nf_ktype_matrix(NF_DTYPE_Q4_0, 4096, true), NF_KT_Q4_0L);
+	cr_assert_eq(nf_ktype_matrix(NF_DTYPE_Q8_0, 4100, true), NF_KT_Q8_0);
+	cr_assert_eq(nf_ktype_matrix(NF_DTYPE_Q4_K, 4096, true), NF_KT_Q4_K);
 	cr_assert_eq(nf_ktype_dot_dtype(NF_KT_F16), NF_DTYPE_F16);
 	cr_assert_eq(nf_ktype_dot_dtype(NF_KT_F32), NF_DTYPE_F32);
 	cr_assert_eq(nf_act_size(NF_KT_Q4_0, 4096), 4096 / 32 * 34);
@@ -1000,6 +1064,7 @@ Test(kernels, x8_matches_ref, .timeout = 180)
 {
 	int tables = 0;
 	check_x8(NF_KT_Q4_0, &tables);
+	check_x8(NF_KT_Q4_0L, &tables);
 	check_x8(NF_KT_Q8_0, &tables);
 	check_x8(NF_KT_Q4_K, &tables);
 	check_x8(NF_KT_Q5_K, &tables);
@@ -1016,7 +1081,8 @@ Test(kernels, x8_matches_ref, .timeout = 180)
  */
 Test(kernels, gemm_token_equals_gemv_bits, .timeout = 120)
 {
-	const enum nf_ktype kts[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0, NF_KT_Q4_K, NF_KT_Q6_K };
+	const enum nf_ktype kts[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0, NF_KT_Q4_0L,
+				      NF_KT_Q4_K, NF_KT_Q6_K };
 	const size_t ns[] = { 256, 768, 4096 + 256 }, nrows = 13, nbat = 6;
 	struct rng r = { 29 };
 	int tables = 0;

@@ -36,15 +36,30 @@
 extern "C" {
 #endif
 
-/* Weight types the kernels index by. */
+/*
+ * Weight types the kernels index by. Q4_0 has two, the same bytes summed in
+ * the two orders llama.cpp uses on x86 (kernels_ref.c):
+ *   NF_KT_Q4_0   llama.cpp's repacked Q4_0 (q4_0_8x8, chosen for every Q4_0
+ *                matrix of a multiple of 8 rows): per block the exact
+ *                integer sum, acc = fma(sum, d_w * d_x, acc);
+ *   NF_KT_Q4_0L  ggml's vec_dot_q4_0_q8_0 (rows not a multiple of 8,
+ *                PowerInfer's ggml): 8 lanes per block, summed at the end.
+ * nf_ktype_matrix() says which a matrix takes.
+ */
 enum nf_ktype {
 	NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
 	NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K,
+	NF_KT_Q4_0L,
 	NF_KT_COUNT,
 };
 
-/* The kernel index of a dtype, or -1 if no kernel handles it. */
+/* The kernel index of a dtype (Q4_0: NF_KT_Q4_0), or -1 if no kernel
+ * handles it. */
 int nf_ktype_of(uint32_t dtype);
+/* The kernel index of a matrix of nrows rows of dtype: nf_ktype_of, but
+ * NF_KT_Q4_0L for Q4_0 when nrows is not a multiple of 8 (llama.cpp does
+ * not repack it) or vec_dot_order (a model of PowerInfer's ggml). */
+int nf_ktype_matrix(uint32_t dtype, uint64_t nrows, bool vec_dot_order);
 /* The dtype in which activations are given to a weight type's dot product. */
 uint32_t nf_ktype_dot_dtype(enum nf_ktype kt);
 /* Bytes of a prepared activation row of n values for weight kernel kt. */
@@ -171,7 +186,8 @@ struct nf_block_q6_Kx8 {
 };
 _Static_assert(sizeof(struct nf_block_q6_Kx8) == 8 * sizeof(struct nf_block_q6_K), "q6_Kx8 block");
 
-/* Whether type kt has an 8-row group form (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K). */
+/* Whether type kt has an 8-row group form (Q4_0 in both orders, Q8_0,
+ * Q4_K, Q5_K, Q6_K). */
 bool nf_x8_supported(enum nf_ktype kt);
 /* Repack nrows (a multiple of 8) plain rows of type kt (nf_x8_supported)
  * of n values (row_bytes = nf_dtype_row_size apart) from src into 8-row
