@@ -21,7 +21,6 @@
 #define NF_KERNELS_NEON_Q_H
 
 #include <arm_neon.h>
-#include <math.h>
 #include <string.h>
 
 #include "kernels_impl.h"
@@ -154,50 +153,100 @@ NQ_ROW(q4_0, struct nf_block_q4_0)
 /*
  * NF_KT_Q4_0, llama.cpp's repacked order (kernels_ref.c dot_q4_0): per
  * block the exact integer sum of the 32 products, acc = fma(sum, d_w * d_x,
- * acc), blocks in order. Two rows at a time for the latency of the chain.
+ * acc), blocks in order. Four rows at a time, one row per lane: each row's
+ * two dot16 lanes added, three pairwise adds turn the four rows' lanes into
+ * their four sums, one vector fma with the four rows' d_w * d_x (a lane's
+ * chain is its row's, so any row count gives the reference's bits).
  */
-static inline int32_t nqb_sum(const struct nf_block_q4_0 *w, const struct nf_block_q8_0 *x)
+static inline int32x4_t nqb_lanes(const struct nf_block_q4_0 *w, int8x16_t x0, int8x16_t x1)
 {
 	int8x16_t w0, w1;
 	nq_q4_0_unpack(w, &w0, &w1);
-	return vaddvq_s32(vaddq_s32(dot16(w0, vld1q_s8(x->qs)), dot16(w1, vld1q_s8(x->qs + 16))));
+	return vaddq_s32(dot16(w0, x0), dot16(w1, x1));
 }
 
-static void nqb_rows2(size_t nb, const struct nf_block_q4_0 *p, const struct nf_block_q4_0 *q,
-		      const struct nf_block_q8_0 *x, float *y0, float *y1)
+static inline float32x4_t nqb_scales(const struct nf_block_q4_0 *const w[4], size_t i)
 {
-	float a = 0.0f, b = 0.0f;
+	uint16_t h[4] = { w[0][i].d, w[1][i].d, w[2][i].d, w[3][i].d };
+	return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
+}
+
+/* acc lane r += rows w[r] . x for nt activation rows, blocks [0, nb). */
+static inline void nqb_rows4(int nt, size_t nb, const struct nf_block_q4_0 *const w[4],
+			     const struct nf_block_q8_0 *const *x, float32x4_t *acc)
+{
 	for (size_t i = 0; i < nb; i++) {
-		float dx = nq_h2f(x[i].d);
-		a = fmaf((float)nqb_sum(p + i, x + i), nq_h2f(p[i].d) * dx, a);
-		b = fmaf((float)nqb_sum(q + i, x + i), nq_h2f(q[i].d) * dx, b);
+		float32x4_t dw = nqb_scales(w, i);
+		for (int t = 0; t < nt; t++) {
+			int8x16_t x0 = vld1q_s8(x[t][i].qs), x1 = vld1q_s8(x[t][i].qs + 16);
+			int32x4_t s = vpaddq_s32(vpaddq_s32(nqb_lanes(w[0] + i, x0, x1), nqb_lanes(w[1] + i, x0, x1)),
+						 vpaddq_s32(nqb_lanes(w[2] + i, x0, x1), nqb_lanes(w[3] + i, x0, x1)));
+			acc[t] = vfmaq_f32(acc[t], vcvtq_f32_s32(s), vmulq_n_f32(dw, nq_h2f(x[t][i].d)));
+		}
 	}
-	*y0 = a;
-	if (y1)
-		*y1 = b;
+}
+
+static inline void nqb_put(float32x4_t a, float *y, size_t m)
+{
+	float t[4];
+	vst1q_f32(t, a);
+	memcpy(y, t, m * sizeof(float));
 }
 
 static void gemv_list_q4_0b(size_t n, size_t nrows, const void *const *rows, const void *xq, float *y)
 {
-	for (size_t r = 0; r < nrows; r += 2)
-		nqb_rows2(n / NF_QK, rows[r], rows[r + 1 < nrows ? r + 1 : r], xq, y + r,
-			  r + 1 < nrows ? y + r + 1 : NULL);
+	const struct nf_block_q8_0 *x = xq;
+	for (size_t r = 0; r < nrows; r += 4) {
+		const struct nf_block_q4_0 *w[4];
+		for (size_t k = 0; k < 4; k++)
+			w[k] = rows[r + k < nrows ? r + k : nrows - 1];
+		float32x4_t acc = vdupq_n_f32(0.0f);
+		nqb_rows4(1, n / NF_QK, w, &x, &acc);
+		nqb_put(acc, y + r, nrows - r < 4 ? nrows - r : 4);
+	}
+}
+
+static void nqb_stride(const void *w, size_t row_bytes, size_t r, size_t nrows, const struct nf_block_q4_0 *p[4])
+{
+	for (size_t k = 0; k < 4; k++)
+		p[k] = (const void *)((const char *)w + (r + k < nrows ? r + k : nrows - 1) * row_bytes);
 }
 
 static void gemv_q4_0b(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, float *y)
 {
-	const char *wc = w;
-	for (size_t r = 0; r < nrows; r += 2)
-		nqb_rows2(n / NF_QK, (const void *)(wc + r * row_bytes),
-			  (const void *)(wc + (r + 1 < nrows ? r + 1 : r) * row_bytes), xq, y + r,
-			  r + 1 < nrows ? y + r + 1 : NULL);
+	const struct nf_block_q8_0 *x = xq;
+	for (size_t r = 0; r < nrows; r += 4) {
+		const struct nf_block_q4_0 *p[4];
+		nqb_stride(w, row_bytes, r, nrows, p);
+		float32x4_t acc = vdupq_n_f32(0.0f);
+		nqb_rows4(1, n / NF_QK, p, &x, &acc);
+		nqb_put(acc, y + r, nrows - r < 4 ? nrows - r : 4);
+	}
 }
 
+/* gemm: four rows against two activation rows per pass, the rest one. */
 static void gemm_q4_0b(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat, const void *xq,
 		       size_t xq_stride, float *y, size_t ldy)
 {
-	for (size_t b = 0; b < nbat; b++)
-		gemv_q4_0b(n, nrows, w, row_bytes, (const char *)xq + b * xq_stride, y + b * ldy);
+	for (size_t r = 0; r < nrows; r += 4) {
+		const struct nf_block_q4_0 *p[4];
+		nqb_stride(w, row_bytes, r, nrows, p);
+		size_t m = nrows - r < 4 ? nrows - r : 4, b = 0;
+		for (; b + 2 <= nbat; b += 2) {
+			const struct nf_block_q8_0 *x[2] = { (const void *)((const char *)xq + b * xq_stride),
+							     (const void *)((const char *)xq + (b + 1) * xq_stride) };
+			float32x4_t acc[2] = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };
+			nqb_rows4(2, n / NF_QK, p, x, acc);
+			nqb_put(acc[0], y + b * ldy + r, m);
+			nqb_put(acc[1], y + (b + 1) * ldy + r, m);
+		}
+		for (; b < nbat; b++) {
+			const struct nf_block_q8_0 *x = (const void *)((const char *)xq + b * xq_stride);
+			float32x4_t acc = vdupq_n_f32(0.0f);
+			nqb_rows4(1, n / NF_QK, p, &x, &acc);
+			nqb_put(acc, y + b * ldy + r, m);
+		}
+	}
 }
 
 /* The table entries this header defines (NF_KT_Q4_0L: ggml's vec_dot
