@@ -243,19 +243,39 @@ bool nf_x8_supported(enum nf_ktype kt)
 	return x8_form(kt) != NULL;
 }
 
-/* One row's plain block <-> its place in a group block. */
+/* One row's plain block <-> its place in a group block. Each kind in its
+ * own loop with constant-size copies: matrices of gigabytes are repacked
+ * at load, and a generic loop ran at a few hundred MB/s. */
 static void x8_row(const struct x8_field *f, size_t nf, unsigned char *plain, unsigned char *grp, size_t r,
 		   int pack)
 {
 	for (size_t i = 0; i < nf; i++) {
-		unsigned char *p = plain + f[i].plain;
-		for (size_t b = 0; b < f[i].len; b += f[i].kind == X8_BYTES ? 1 : f[i].kind == X8_FP16 ? 2 : 4) {
-			size_t o = f[i].kind == X8_FP16    ? 2 * r
-				   : f[i].kind == X8_CHUNK4 ? 32 * (b / 4) + 4 * r
-							     : 32 * (b / 4) + 16 * (r / 4) + 4 * (b % 4) + r % 4;
-			size_t len = f[i].kind == X8_BYTES ? 1 : f[i].kind == X8_FP16 ? 2 : 4;
-			unsigned char *g = grp + f[i].grp + o;
-			memcpy(pack ? g : p + b, pack ? p + b : g, len);
+		unsigned char *p = plain + f[i].plain, *g = grp + f[i].grp;
+		switch (f[i].kind) {
+		case X8_FP16:
+			if (pack)
+				memcpy(g + 2 * r, p, 2);
+			else
+				memcpy(p, g + 2 * r, 2);
+			break;
+		case X8_CHUNK4:
+			g += 4 * r;
+			if (pack)
+				for (size_t b = 0; b < f[i].len; b += 4)
+					memcpy(g + 8 * b, p + b, 4);
+			else
+				for (size_t b = 0; b < f[i].len; b += 4)
+					memcpy(p + b, g + 8 * b, 4);
+			break;
+		default: /* X8_BYTES */
+			g += 16 * (r / 4) + r % 4;
+			for (size_t b = 0; b < f[i].len; b++) {
+				unsigned char *q = g + 32 * (b / 4) + 4 * (b % 4);
+				if (pack)
+					*q = p[b];
+				else
+					p[b] = *q;
+			}
 		}
 	}
 }
