@@ -355,7 +355,8 @@ static int kernel_rates(struct nf_store *s, const struct nf_plan_device_opts *o,
 			p->mem_read_gb_s = med;
 		progress(o->progress, "measuring the kernels", ++step, steps);
 		for (uint32_t t = 0; t < nt; t++) {
-			int kt = nf_ktype_of(types[t]);
+			/* the kernel this store's matrices run (kernels.h) */
+			int kt = nf_ktype_matrix(types[t], KROWS, o->q4_0_vec_dot);
 			size_t row = nf_dtype_row_size(types[t], ncols);
 			size_t mat = row * KROWS, n_mat = KSET_BYTES / mat;
 			k->act_prepare[kt](x, xq, ncols);

@@ -1727,7 +1727,8 @@ static size_t probe_median(const struct probe_fit *f, uint32_t n, double *iops, 
  * engine is probed anyway. */
 static int measure_step(const struct nf_plan_opts *o, struct nf_store_plan *old, struct nf_store_plan *np,
 			uint64_t overhead, const uint64_t *budgets, const int32_t *ids, size_t n_ids, uint32_t n_layer,
-			struct read_sample *rs, double *iops, double *layer_s, double *verify_spb, struct nf_diag *d)
+			bool q4_0_vec_dot, struct read_sample *rs, double *iops, double *layer_s, double *verify_spb,
+			struct nf_diag *d)
 {
 	struct nf_store *s = NULL;
 	struct nf_store_plan pass[PLAN_PASSES] = { 0 };
@@ -1751,6 +1752,7 @@ static int measure_step(const struct nf_plan_opts *o, struct nf_store_plan *old,
 		return rc;
 	}
 	struct nf_plan_device_opts dop = o->device;
+	dop.q4_0_vec_dot = q4_0_vec_dot;
 	dop.n_threads = o->n_threads;
 	dop.progress = o->progress;
 	dop.seconds = o->device.seconds / PLAN_PASSES;
@@ -1947,8 +1949,9 @@ int nf_plan_run(const struct nf_plan_opts *o, struct nf_store_plan **out, struct
 	 * 63K), and so may a flash device whose write cache is full */
 	double engine_iops = 0, layer_s = 0, verify_spb = 0;
 	if ((rc = measure_step(o, old, np, overhead, budgets, ids, n_ids,
-			       nf_model_hparams(nf_engine_model(cal))->n_layer, rs, &engine_iops, &layer_s, &verify_spb,
-			       d)) < 0)
+			       nf_model_hparams(nf_engine_model(cal))->n_layer,
+			       nf_model_hparams(nf_engine_model(cal))->powerinfer, rs, &engine_iops, &layer_s,
+			       &verify_spb, d)) < 0)
 		goto out;
 
 	/* 3. lay the store out now, so that the dry runs below size the

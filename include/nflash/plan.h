@@ -57,6 +57,10 @@ struct nf_plan_device_opts {
 	 * a tiered volume); on plain flash the two are the same. */
 	const uint64_t *offsets;
 	size_t n_offsets;
+	/* Kernels: the model's Q4_0 matrices sum in ggml's vec_dot order
+	 * (NF_KT_Q4_0L: a PowerInfer file), so that is the kernel measured for
+	 * Q4_0; false: llama.cpp's repacked order (NF_KT_Q4_0). */
+	bool q4_0_vec_dot;
 };
 void nf_plan_device_opts_default(struct nf_plan_device_opts *o);
 
