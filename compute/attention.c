@@ -95,6 +95,48 @@ static void softmax_exp_f16(float *x, size_t n)
 		x[i] *= inv;
 }
 
+/*
+ * The value sum of a batch of one row (a decode step), as ggml's mul_mat
+ * takes it with one column: vec_dot over the KV cache's n_kv positions (a
+ * multiple of 32, at least 32; the masked ones add nothing): four 16-lane
+ * chains over each 64 positions (position t in lane t % 64 of lanes),
+ * combined (0+2)+(1+3) and summed as nf_sum16, then the rest one by one:
+ * unfused in f32 with an F32 cache; with an F16 one, the weights rounded
+ * to fp16 and the f32 products added in double (ggml_vec_dot_f16).
+ */
+static void value_sum_column(const struct nf_kernels *k, bool f16, const float *p, size_t n_t,
+			     const char *vb, size_t row_bytes, size_t HD, float *lanes, float *out)
+{
+	size_t n_kv = (n_t + 31) & ~(size_t)31, np = n_kv & ~(size_t)63;
+	size_t nc = np < n_t ? np : n_t;
+	memset(lanes, 0, 64 * HD * sizeof(float));
+	for (size_t t = 0; t < nc; t++) {
+		float *acc = lanes + (t % 64) * HD;
+		if (f16)
+			k->axpy[NF_KT_F16](HD, nf_fp16_to_fp32(nf_fp32_to_fp16(p[t])), vb + t * row_bytes, acc);
+		else
+			k->axpy_f32(HD, p[t], (const float *)(vb + t * row_bytes), acc);
+	}
+	for (size_t d = 0; d < HD; d++) {
+		float v[16];
+		for (size_t l = 0; l < 16; l++)
+			v[l] = (lanes[l * HD + d] + lanes[(32 + l) * HD + d]) +
+			       (lanes[(16 + l) * HD + d] + lanes[(48 + l) * HD + d]);
+		float s = nf_sum16(v);
+		if (f16) {
+			double sd = s;
+			for (size_t t = nc; t < n_t; t++)
+				sd += (double)(nf_fp16_to_fp32(((const uint16_t *)(vb + t * row_bytes))[d]) *
+					       nf_fp16_to_fp32(nf_fp32_to_fp16(p[t])));
+			s = (float)sd;
+		} else {
+			for (size_t t = nc; t < n_t; t++)
+				s += ((const float *)(vb + t * row_bytes))[d] * p[t];
+		}
+		out[d] = s;
+	}
+}
+
 static void attend(void *arg, int ith, int nth)
 {
 	struct att_job *j = arg;
@@ -128,8 +170,12 @@ static void attend(void *arg, int ith, int nth)
 		const char *kb = (const char *)sq->kcache[j->il] + hk * HD * c->kv_elt;
 		const char *vb = (const char *)sq->vcache[j->il] + hk * HD * c->kv_elt;
 		if (f16) {
-			k->act_prepare[NF_KT_F16](q, qh, HD);
-			k->gemv[NF_KT_F16](HD, n_t, kb, row_bytes, qh, scores);
+			/* ggml's K*Q rounds Q to fp16 into a contiguous buffer,
+			 * which llamafile's sgemm takes when the batch has two or
+			 * more rows (PowerInfer's ggml has no sgemm) */
+			int kt = c->m->hp.powerinfer ? NF_KT_F16V : nf_ktype_column(NF_KT_F16, j->nb);
+			k->act_prepare[kt](q, qh, HD);
+			k->gemv[kt](HD, n_t, kb, row_bytes, qh, scores);
 		} else if (c->m->hp.powerinfer) {
 			k->gemv[NF_KT_F32](HD, n_t, kb, row_bytes, q, scores);
 		} else {
@@ -147,10 +193,14 @@ static void attend(void *arg, int ith, int nth)
 				scores[t] = -INFINITY;
 			k->softmax(scores, n_pad);
 		}
-		/* the value sum in llama.cpp's order (tinyBLAS over the
-		 * positions): 16 chains, position t in chain t % 16, then
-		 * nf_kref_sum16 across the chains */
 		float *out = c->att + b * E + h * HD;
+		if (j->nb == 1 && !c->m->hp.powerinfer) {
+			value_sum_column(k, f16, scores, n_t, vb, row_bytes, HD, lanes, out);
+			continue;
+		}
+		/* the value sum in llama.cpp's order for two or more rows
+		 * (tinyBLAS over the positions): 16 chains, position t in
+		 * chain t % 16, then nf_kref_sum16 across the chains */
 		size_t chains = c->m->hp.powerinfer ? 1 : 16; /* PowerInfer's ggml: one */
 		memset(lanes, 0, chains * HD * sizeof(float));
 		for (size_t t = 0; t < n_t; t++) {

@@ -45,13 +45,20 @@ int nf_ktype_matrix(uint32_t dtype, uint64_t nrows, bool vec_dot_order)
 	int kt = nf_ktype_of(dtype);
 	if (kt == NF_KT_Q4_0 && (nrows % 8 || vec_dot_order))
 		kt = NF_KT_Q4_0L;
+	if (kt == NF_KT_F16 && vec_dot_order)
+		kt = NF_KT_F16V;
 	return kt;
+}
+
+int nf_ktype_column(int kt, size_t nb)
+{
+	return kt == NF_KT_F16 && nb == 1 ? NF_KT_F16V : kt;
 }
 
 uint32_t nf_ktype_dot_dtype(enum nf_ktype kt)
 {
 	switch (kt) {
-	case NF_KT_F16: return NF_DTYPE_F16;
+	case NF_KT_F16: case NF_KT_F16V: return NF_DTYPE_F16;
 	case NF_KT_BF16: return NF_DTYPE_BF16;
 	case NF_KT_Q8_0: case NF_KT_Q4_0: case NF_KT_Q4_0L: return NF_DTYPE_Q8_0;
 	case NF_KT_Q2_K: case NF_KT_Q3_K: case NF_KT_Q4_K: case NF_KT_Q5_K:

@@ -509,6 +509,33 @@ static float fdot_f16(size_t n, const void *w, const void *x)
 	return hsum8(_mm256_add_ps(a0, a1));
 }
 FDOT_F16_OPS(f16)
+
+/* F16 in ggml_vec_dot_f16's order (kernels_ref.c, nf_kref_dot_f16v): its
+ * four 16-lane chains as eight 8-lane ones (a[2j]: chain j's lanes 0-7,
+ * a[2j + 1]: 8-15), combined per lane as the reference, reduced as
+ * fdot_f16, the tail's f32 products added in double. */
+static float fdot_f16v(size_t n, const void *w, const void *x)
+{
+	__m256 a[8];
+	for (int k = 0; k < 8; k++)
+		a[k] = _mm256_setzero_ps();
+	size_t np = n & ~(size_t)63;
+	for (size_t i = 0; i < np; i += 64)
+		for (int k = 0; k < 8; k++)
+			a[k] = _mm256_fmadd_ps(ld_f16(w, i + 8 * k), ld_f16(x, i + 8 * k), a[k]);
+	__m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+	__m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+	double s = hsum8(_mm256_add_ps(lo, hi));
+	for (size_t i = np; i < n; i++)
+		s += (double)(el_f16(w, i) * el_f16(x, i));
+	return (float)s;
+}
+static void gemv_f16v(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq,
+		      float *y)
+{
+	for (size_t r = 0; r < nrows; r++)
+		y[r] = fdot_f16v(n, (const char *)w + r * row_bytes, xq);
+}
 FDOT(bf16)
 FTILE(f32)
 FTILE(bf16)
@@ -541,7 +568,17 @@ void nf_kavx2_gemm_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, 
 	}
 FLIST(f32)
 FLIST(f16)
+FLIST(f16v)
 FLIST(bf16)
+
+/* F16V gemm column by column: the one-column order for each (a
+ * PowerInfer model's products of several tokens) */
+static void gemm_f16v(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
+		      const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	for (size_t b = 0; b < nbat; b++)
+		gemv_f16v(n, nrows, w, row_bytes, (const char *)xq + b * xq_stride, y + b * ldy);
+}
 
 /*
  * Float axpy over a list: columns in slices of LIST_COLS, each slice in one
@@ -1300,36 +1337,40 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,
 		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
 		[NF_KT_Q4_0L] = nf_kavx2_prepare_q8_0,
+		[NF_KT_F16V] = nf_kavx2_prepare_f16,
 		NF_KAVX2_KQUANT_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
 		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
-		[NF_KT_Q4_0L] = gemv_q4_0l,
+		[NF_KT_Q4_0L] = gemv_q4_0l, [NF_KT_F16V] = gemv_f16v,
 		NF_KAVX2_KQUANT(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
 		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemm_q4_0,
-		[NF_KT_Q4_0L] = gemm_q4_0l,
+		[NF_KT_Q4_0L] = gemm_q4_0l, [NF_KT_F16V] = gemm_f16v,
 		NF_KAVX2_KQUANT(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = nf_kavx2_axpy_q8_0,
 		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0, [NF_KT_Q4_0L] = nf_kavx2_axpy_q4_0,
+		[NF_KT_F16V] = nf_kavx2_axpy_f16,
 		NF_KAVX2_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16,
 		[NF_KT_BF16] = gemv_list_bf16, [NF_KT_Q8_0] = gemv_list_q8_0,
 		[NF_KT_Q4_0] = nf_kavx2_gemv_list_q4_0, [NF_KT_Q4_0L] = gemv_list_q4_0l,
+		[NF_KT_F16V] = gemv_list_f16v,
 		NF_KAVX2_KQUANT(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8_0,
 		[NF_KT_Q4_0] = axpy_list_q4_0, [NF_KT_Q4_0L] = axpy_list_q4_0,
+		[NF_KT_F16V] = nf_kavx2_axpy_list_f16,
 		NF_KAVX2_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,

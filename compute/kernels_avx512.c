@@ -627,6 +627,47 @@ static void gemv_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, co
 	}
 }
 
+/*
+ * F16 in ggml_vec_dot_f16's order (kernels_ref.c, nf_kref_dot_f16v): four
+ * 16-lane chains per row over 64-element steps, two rows side by side,
+ * combined (0+2)+(1+3) and reduced as _mm512_reduce_add_ps, the tail's f32
+ * products added in double.
+ */
+static void gemv_f16v(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq,
+		      float *y)
+{
+	const char *wc = w;
+	size_t np = n & ~(size_t)63;
+	for (size_t r = 0; r < nrows; r += 2) {
+		int R = nrows - r >= 2 ? 2 : 1;
+		const char *wr[2] = { wc + r * row_bytes, wc + (r + R - 1) * row_bytes };
+		__m512 a[2][4];
+		for (int q = 0; q < 2; q++)
+			for (int k = 0; k < 4; k++)
+				a[q][k] = _mm512_setzero_ps();
+		for (size_t i = 0; i < np; i += 64)
+			for (int k = 0; k < 4; k++) {
+				__m512 xv = ld16_f16(xq, i + 16 * k);
+				a[0][k] = _mm512_fmadd_ps(ld16_f16(wr[0], i + 16 * k), xv, a[0][k]);
+				a[1][k] = _mm512_fmadd_ps(ld16_f16(wr[1], i + 16 * k), xv, a[1][k]);
+			}
+		for (int q = 0; q < R; q++) {
+			__m512 c = _mm512_add_ps(_mm512_add_ps(a[q][0], a[q][2]), _mm512_add_ps(a[q][1], a[q][3]));
+			double s = _mm512_reduce_add_ps(c);
+			for (size_t i = np; i < n; i++)
+				s += (double)(el_f16(wr[q], i) * el_f16(xq, i));
+			y[r + q] = (float)s;
+		}
+	}
+}
+
+static void gemm_f16v(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
+		      const void *xq, size_t xq_stride, float *y, size_t ldy)
+{
+	for (size_t b = 0; b < nbat; b++)
+		gemv_f16v(n, nrows, w, row_bytes, (const char *)xq + b * xq_stride, y + b * ldy);
+}
+
 /* ftile_f16 keeps one 16-lane chain per (row, token): the same order. */
 static void gemm_f16(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nbat,
 		     const void *xq, size_t xq_stride, float *y, size_t ldy)
@@ -731,6 +772,7 @@ QAXPY_LIST512(q8, struct nf_block_q8_0)
 	}
 FLIST512(f32)
 FLIST512(f16)
+FLIST512(f16v)
 FLIST512(bf16)
 
 /* y += a * w with w = (q - 8) * d exact in f32: one fma per element, as the
@@ -778,37 +820,39 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,
 		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
 		[NF_KT_Q4_0L] = nf_kavx2_prepare_q8_0,
+		[NF_KT_F16V] = nf_kavx2_prepare_f16,
 		NF_KAVX2_KQUANT_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
 		/* ggml's vec_dot order: see go_gemv_q4_0 */
 		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0L] = go_gemv_q4_0,
-		[NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
+		[NF_KT_Q4_0] = nf_kavx2_gemv_q4_0, [NF_KT_F16V] = gemv_f16v,
 		NF_KAVX2_KQUANT(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
 		[NF_KT_Q8_0] = xr_gemm_q8_0, [NF_KT_Q4_0L] = xr_gemm_q4_0,
-		[NF_KT_Q4_0] = nf_kavx2_gemm_q4_0,
+		[NF_KT_Q4_0] = nf_kavx2_gemm_q4_0, [NF_KT_F16V] = gemm_f16v,
 		NF_KAVX2_KQUANT(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,
-		[NF_KT_Q4_0] = axpy_q4, [NF_KT_Q4_0L] = axpy_q4,
+		[NF_KT_Q4_0] = axpy_q4, [NF_KT_Q4_0L] = axpy_q4, [NF_KT_F16V] = nf_kavx2_axpy_f16,
 		NF_KAVX2_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
 		[NF_KT_Q8_0] = xr_gemv_list_q8_0, [NF_KT_Q4_0L] = go_gemv_list_q4_0,
-		[NF_KT_Q4_0] = nf_kavx2_gemv_list_q4_0,
+		[NF_KT_Q4_0] = nf_kavx2_gemv_list_q4_0, [NF_KT_F16V] = gemv_list_f16v,
 		NF_KAVX2_KQUANT(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
 		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8,
 		[NF_KT_Q4_0] = axpy_list_q4, [NF_KT_Q4_0L] = axpy_list_q4,
+		[NF_KT_F16V] = nf_kavx2_axpy_list_f16,
 		NF_KAVX2_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,

@@ -38,6 +38,7 @@ void nf_kref_axpy_list(void (*axpy)(size_t, float, const void *, float *), size_
 /* F16 dot product in llama.cpp's summation order (see kernels_ref.c); the
  * SIMD tables use it for rows that are not a multiple of 16 long. */
 float nf_kref_dot_f16(size_t n, const void *w, const void *x);
+float nf_kref_dot_f16v(size_t n, const void *w, const void *x);
 
 /* K-quant down columns (kcol_madd): 16 values of b bits are 2b bytes; word
  * i of a 16-byte source register gathers bytes (ib / 8, ib / 8 + 1), i.e.
@@ -250,6 +251,7 @@ void nf_kneon_prepare_bf16(const float *x, void *xq, size_t n);
 				    float *y);
 NF_KNEON_FLOAT_DECL(f32)
 NF_KNEON_FLOAT_DECL(f16)
+NF_KNEON_FLOAT_DECL(f16v)
 NF_KNEON_FLOAT_DECL(bf16)
 #define NF_KNEON_AXPY_DECL(T)                                                                      \
 	void nf_kneon_axpy_##T(size_t n, float a, const void *wrow, float *y);                    \
@@ -273,11 +275,14 @@ void nf_kneon_axpy_f32v(size_t n, float a, const float *x, float *y);
 	.act_prepare[NF_KT_Q4_0] = nf_kneon_prepare_q8_0,                                          \
 	.act_prepare[NF_KT_Q4_0L] = nf_kneon_prepare_q8_0,                                         \
 	.gemv[NF_KT_F32] = nf_kneon_gemv_f32, .gemv[NF_KT_F16] = nf_kneon_gemv_f16,                \
-	.gemv[NF_KT_BF16] = nf_kneon_gemv_bf16,                                                    \
+	.gemv[NF_KT_BF16] = nf_kneon_gemv_bf16, .gemv[NF_KT_F16V] = nf_kneon_gemv_f16v,            \
 	.gemm[NF_KT_F32] = nf_kneon_gemm_f32, .gemm[NF_KT_F16] = nf_kneon_gemm_f16,                \
-	.gemm[NF_KT_BF16] = nf_kneon_gemm_bf16,                                                    \
+	.gemm[NF_KT_BF16] = nf_kneon_gemm_bf16, .gemm[NF_KT_F16V] = nf_kneon_gemm_f16v,            \
 	.gemv_list[NF_KT_F32] = nf_kneon_gemv_list_f32, .gemv_list[NF_KT_F16] = nf_kneon_gemv_list_f16, \
 	.gemv_list[NF_KT_BF16] = nf_kneon_gemv_list_bf16,                                          \
+	.gemv_list[NF_KT_F16V] = nf_kneon_gemv_list_f16v,                                          \
+	.act_prepare[NF_KT_F16V] = nf_kneon_prepare_f16, .axpy[NF_KT_F16V] = nf_kneon_axpy_f16,    \
+	.axpy_list[NF_KT_F16V] = nf_kneon_axpy_list_f16,                                           \
 	.axpy[NF_KT_F32] = nf_kneon_axpy_f32, .axpy[NF_KT_F16] = nf_kneon_axpy_f16,                \
 	.axpy[NF_KT_BF16] = nf_kneon_axpy_bf16, .axpy[NF_KT_Q8_0] = nf_kneon_axpy_q8_0,            \
 	.axpy[NF_KT_Q4_0] = nf_kneon_axpy_q4_0,                                                    \

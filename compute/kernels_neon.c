@@ -147,7 +147,30 @@ static float fdot_f16(size_t n, const void *w, const void *x)
 	return nq_reduce8(vaddq_f32(a0, a2), vaddq_f32(a1, a3));
 }
 
-#define FOPS(T)                                                                              \
+/* F16 in ggml_vec_dot_f16's order (nf_kref_dot_f16v): its four 16-lane
+ * chains as sixteen 4-lane ones (a[4j + q]: chain j, lanes 4q..4q+3),
+ * combined per lane as the reference, reduced as fdot_f16, the tail's f32
+ * products added in double. */
+static float fdot_f16v(size_t n, const void *w, const void *x)
+{
+	float32x4_t a[16];
+	for (int k = 0; k < 16; k++)
+		a[k] = vdupq_n_f32(0.0f);
+	size_t np = n & ~(size_t)63;
+	for (size_t i = 0; i < np; i += 64)
+		for (int k = 0; k < 16; k++)
+			a[k] = vfmaq_f32(a[k], ld_f16(w, i + 4 * k), ld_f16(x, i + 4 * k));
+	float32x4_t c[4];
+	for (int q = 0; q < 4; q++)
+		c[q] = vaddq_f32(vaddq_f32(a[q], a[8 + q]), vaddq_f32(a[4 + q], a[12 + q]));
+	double s = nq_reduce8(vaddq_f32(c[0], c[2]), vaddq_f32(c[1], c[3]));
+	for (size_t i = np; i < n; i++)
+		s += (double)(el_f16(w, i) * el_f16(x, i));
+	return (float)s;
+}
+
+#define FOPS(T) FMM(T) FAX(T)
+#define FMM(T)                                                                               \
 	void nf_kneon_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,     \
 			       const void *xq, float *y)                                     \
 	{                                                                                    \
@@ -167,7 +190,8 @@ static float fdot_f16(size_t n, const void *w, const void *x)
 	{                                                                                    \
 		for (size_t r = 0; r < nrows; r++)                                           \
 			y[r] = fdot_##T(n, rows[r], xq);                                     \
-	}                                                                                    \
+	}
+#define FAX(T)                                                                               \
 	void nf_kneon_axpy_##T(size_t n, float a, const void *wrow, float *y)               \
 	{                                                                                    \
 		size_t i = 0;                                                                \
@@ -208,6 +232,7 @@ static float fdot_f16(size_t n, const void *w, const void *x)
 FOPS(f32)
 FOPS(f16)
 FOPS(bf16)
+FMM(f16v)
 
 /* ---- quantized axpy ---------------------------------------------------------- */
 

@@ -83,22 +83,30 @@ static float dot_f32(size_t n, const void *w, const void *x)
  * F16 rows follow llama.cpp's summation order, because with activations
  * rounded to fp16 a last-bit difference in one layer's output can flip a
  * rounding in the next and move logits by 1e-3 (seen on tiny-llama-f16).
- * Rows of a multiple of 16 (llamafile's tinyBLAS, which ggml uses for F16
- * on AVX-512): lane l accumulates elements l, l+16, ... with fma, then the
- * 16 lanes are summed as _mm512_reduce_add_ps does. Other rows (ggml's
- * vec_dot_f16): four 16-lane accumulators over 64-element steps, combined
- * (0+2, 1+3, then 0+1) and reduced the same way, the tail added in double.
+ * ggml's mul_mat has two: a product of two or more columns goes to
+ * llamafile's tinyBLAS when the row length is a multiple of 16 (AVX-512),
+ * where lane l accumulates elements l, l+16, ... with fma and the 16 lanes
+ * are summed as _mm512_reduce_add_ps does (NF_KT_F16); every other product
+ * to ggml_vec_dot_f16 (NF_KT_F16V, nf_kref_dot_f16v).
  */
 float nf_kref_dot_f16(size_t n, const void *w, const void *x)
 {
 	const uint16_t *a = w, *b = x;
-	if (n % 16 == 0) {
-		float acc[16] = { 0 };
-		for (size_t i = 0; i < n; i += 16)
-			for (int l = 0; l < 16; l++)
-				acc[l] = fmaf(nf_fp16_to_fp32(a[i + l]), nf_fp16_to_fp32(b[i + l]), acc[l]);
-		return nf_sum16(acc);
-	}
+	if (n % 16)
+		return nf_kref_dot_f16v(n, w, x);
+	float acc[16] = { 0 };
+	for (size_t i = 0; i < n; i += 16)
+		for (int l = 0; l < 16; l++)
+			acc[l] = fmaf(nf_fp16_to_fp32(a[i + l]), nf_fp16_to_fp32(b[i + l]), acc[l]);
+	return nf_sum16(acc);
+}
+
+/* ggml_vec_dot_f16 (AVX-512 build): four 16-lane accumulators over
+ * 64-element steps, combined (0+2, 1+3, then 0+1) and reduced as
+ * _mm512_reduce_add_ps, the tail's f32 products added in double. */
+float nf_kref_dot_f16v(size_t n, const void *w, const void *x)
+{
+	const uint16_t *a = w, *b = x;
 	float acc[4][16] = { { 0 } };
 	size_t np = n & ~(size_t)63;
 	for (size_t i = 0; i < np; i += 64)
@@ -117,6 +125,11 @@ float nf_kref_dot_f16(size_t n, const void *w, const void *x)
 static float dot_f16(size_t n, const void *w, const void *x)
 {
 	return nf_kref_dot_f16(n, w, x);
+}
+
+static float dot_f16v(size_t n, const void *w, const void *x)
+{
+	return nf_kref_dot_f16v(n, w, x);
 }
 
 static float dot_bf16(size_t n, const void *w, const void *x)
@@ -357,6 +370,7 @@ static void gemm_rows(row_dot_fn dot, size_t n, size_t nrows, const void *w,
 
 REF_MATMUL(f32)
 REF_MATMUL(f16)
+REF_MATMUL(f16v)
 REF_MATMUL(bf16)
 REF_MATMUL(q8_0)
 REF_MATMUL(q4_0)
@@ -373,6 +387,7 @@ REF_MATMUL(q4_0l)
 
 REF_LIST(f32)
 REF_LIST(f16)
+REF_LIST(f16v)
 REF_LIST(bf16)
 REF_LIST(q8_0)
 REF_LIST(q4_0)
@@ -707,32 +722,37 @@ const struct nf_kernels nf_kernels_table_ref = {
 		[NF_KT_Q8_0] = nf_kref_prepare_q8_0,
 		[NF_KT_Q4_0] = nf_kref_prepare_q8_0,
 		[NF_KT_Q4_0L] = nf_kref_prepare_q8_0,
+		[NF_KT_F16V] = nf_kref_prepare_f16,
 		NF_KREF_KQUANT_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
 		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = gemv_q4_0, [NF_KT_Q4_0L] = gemv_q4_0l,
+		[NF_KT_F16V] = gemv_f16v,
 		NF_KREF_KQUANT(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
 		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = gemm_q4_0, [NF_KT_Q4_0L] = gemm_q4_0l,
+		[NF_KT_F16V] = gemm_f16v,
 		NF_KREF_KQUANT(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = axpy_f32w, [NF_KT_F16] = axpy_f16, [NF_KT_BF16] = nf_kref_axpy_bf16,
 		[NF_KT_Q8_0] = axpy_q8_0, [NF_KT_Q4_0] = axpy_q4_0, [NF_KT_Q4_0L] = axpy_q4_0,
+		[NF_KT_F16V] = axpy_f16,
 		NF_KREF_KQUANT(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
 		[NF_KT_Q8_0] = gemv_list_q8_0, [NF_KT_Q4_0] = gemv_list_q4_0, [NF_KT_Q4_0L] = gemv_list_q4_0l,
+		[NF_KT_F16V] = gemv_list_f16v,
 		NF_KREF_KQUANT(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = axpy_list_f32, [NF_KT_F16] = axpy_list_f16, [NF_KT_BF16] = axpy_list_bf16,
 		[NF_KT_Q8_0] = axpy_list_q8_0, [NF_KT_Q4_0] = axpy_list_q4_0,
-		[NF_KT_Q4_0L] = axpy_list_q4_0,
+		[NF_KT_Q4_0L] = axpy_list_q4_0, [NF_KT_F16V] = axpy_list_f16,
 		NF_KREF_KQUANT(axpy_list),
 	},
 	.kcol_madd = nf_kref_kcol_madd,

@@ -120,7 +120,8 @@ static void mm_rows(const struct mm_job *j, const struct nf_mm *m, size_t r0, si
 		else
 			k->gemm_x8[w->kt](w->n, r1 - r0, wr, j->nb, j->xq, j->xq_stride, m->y + r0, m->ldy);
 	} else if (j->nb == 1)
-		j->k->gemv[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->xq, m->y + r0);
+		/* one column: F16 in vec_dot's order, as ggml (nf_ktype_column) */
+		j->k->gemv[nf_ktype_column(w->kt, 1)](w->n, r1 - r0, wr, w->row_bytes, j->xq, m->y + r0);
 	else
 		j->k->gemm[w->kt](w->n, r1 - r0, wr, w->row_bytes, j->nb, j->xq, j->xq_stride, m->y + r0,
 				  m->ldy);
@@ -258,6 +259,7 @@ int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct 
 	c->n_ctx = p->n_ctx ? p->n_ctx : hp->n_ctx_train;
 	c->n_batch = p->n_batch < c->n_ctx ? p->n_batch : c->n_ctx;
 	c->kv_type = p->kv_type;
+	c->all_rows = p->all_rows;
 	c->kv_elt = p->kv_type == NF_KV_F16 ? 2 : 4;
 	c->kv_dim = hp->n_head_kv * hp->head_dim;
 
@@ -336,7 +338,7 @@ int nf_ctx_open(const struct nf_model *m, const struct nf_ctx_params *p, struct 
 			rc = -ENOMEM;
 	}
 	c->n_ctx_pad = ((size_t)c->n_ctx + 15) & ~(size_t)15;
-	c->scores_row = c->n_ctx_pad + 16 * (size_t)hp->head_dim;
+	c->scores_row = c->n_ctx_pad + 64 * (size_t)hp->head_dim; /* + value-sum lanes */
 	c->scores = czalloc(c, NT * c->scores_row, sizeof(float), &rc);
 	c->qh_row = nf_act_size(NF_KT_F16, hp->head_dim);
 	c->qh = czalloc(c, NT, c->qh_row, &rc);
@@ -519,6 +521,31 @@ static bool last_of_seq(const struct nf_ctx *c, size_t b, size_t nb)
 	return true;
 }
 
+/*
+ * After the last layer's attention only the rows whose logits are taken
+ * (the last of each sequence) go on, as llama.cpp's inp_out_ids does: they
+ * move to the front, with their sequence and position, and their count is
+ * returned. Besides the work saved, this is what keeps llama.cpp's bits:
+ * its last FFN and output product then run on one column per sequence,
+ * which for F16 weights is another order than a prompt's columns
+ * (nf_ktype_column).
+ */
+static size_t keep_output_rows(struct nf_ctx *c, size_t nb)
+{
+	size_t E = c->m->hp.n_embd, k = 0;
+	for (size_t b = 0; b < nb; b++) {
+		if (!last_of_seq(c, b, nb))
+			continue;
+		if (k != b) {
+			memcpy(c->x + k * E, c->x + b * E, E * sizeof(float));
+			c->row_seq[k] = c->row_seq[b];
+			c->row_pos[k] = c->row_pos[b];
+		}
+		k++;
+	}
+	return k;
+}
+
 /* One forward step of rows [0, nb) (c->row_seq / c->row_pos filled). */
 static int forward(struct nf_ctx *c, const int32_t *ids, size_t nb)
 {
@@ -547,6 +574,8 @@ static int forward(struct nf_ctx *c, const int32_t *ids, size_t nb)
 		int rc = nf_attention(c, il, nb);
 		if (rc < 0)
 			return rc;
+		if (il + 1 == hp->n_layer && !c->all_rows)
+			nb = keep_output_rows(c, nb);
 
 		j = (struct rows_job){ .c = c, .w = m->layers[il].ffn_norm, .dst = c->xn, .src = c->x };
 		nf_ctx_parallel(c, nb, norm_rows, &j);

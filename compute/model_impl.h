@@ -91,6 +91,7 @@ struct nf_ctx {
 	struct nf_ctx **row_seq;
 	uint32_t *row_pos;
 	enum nf_kv_type kv_type;
+	bool all_rows;           /* nf_ctx_params.all_rows */
 	size_t kv_elt;              /* bytes per cached value */
 	uint32_t kv_dim;            /* n_head_kv * head_dim */
 	void **kcache, **vcache;    /* per layer: n_ctx x kv_dim, page-aligned in kv_map */

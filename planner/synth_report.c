@@ -297,6 +297,7 @@ int nf_synth_report_run(const char *path, const struct nf_synth_report_opts *o,
 	cp.n_ctx = window;
 	cp.n_batch = window;
 	cp.n_threads = o->n_threads;
+	cp.all_rows = true; /* every token's activations, in every layer */
 	if ((rc = nf_ctx_open(m, &cp, &c, d)) < 0)
 		goto cleanup;
 

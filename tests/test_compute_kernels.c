@@ -15,13 +15,14 @@
 static const char *const isas[] = { "scalar", "avx2", "avx512", "neon", "neon-dot" };
 static const enum nf_ktype all_kt[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
 					NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K,
-					NF_KT_Q4_0L };
+					NF_KT_Q4_0L, NF_KT_F16V };
 _Static_assert(sizeof(all_kt) / sizeof(all_kt[0]) == NF_KT_COUNT, "every ktype tested");
 static const uint32_t kt_dtype[NF_KT_COUNT] = {
 	[NF_KT_F32] = NF_DTYPE_F32, [NF_KT_F16] = NF_DTYPE_F16, [NF_KT_BF16] = NF_DTYPE_BF16,
 	[NF_KT_Q8_0] = NF_DTYPE_Q8_0, [NF_KT_Q4_0] = NF_DTYPE_Q4_0,
 	[NF_KT_Q2_K] = NF_DTYPE_Q2_K, [NF_KT_Q3_K] = NF_DTYPE_Q3_K, [NF_KT_Q4_K] = NF_DTYPE_Q4_K,
 	[NF_KT_Q5_K] = NF_DTYPE_Q5_K, [NF_KT_Q6_K] = NF_DTYPE_Q6_K, [NF_KT_Q4_0L] = NF_DTYPE_Q4_0,
+	[NF_KT_F16V] = NF_DTYPE_F16,
 };
 
 /* Row lengths a type can hold: multiples of its block (256 for K-quants). */
@@ -145,8 +146,83 @@ Test(kernels, q4_0_orders)
 	free(xq);
 }
 
+/*
+ * F16's two orders, written out as ggml sums them: NF_KT_F16 as llamafile's
+ * tinyBLAS (one 16-lane fma chain, _mm512_reduce_add_ps), NF_KT_F16V as
+ * ggml_vec_dot_f16 (four 16-lane chains per 64 values, the tail in
+ * double); every table gives these bits, and the two differ on some row.
+ */
+static float reduce16(const float *v)
+{
+	float h[8], q[4];
+	for (int l = 0; l < 8; l++)
+		h[l] = v[l] + v[l + 8];
+	for (int l = 0; l < 4; l++)
+		q[l] = h[l] + h[l + 4];
+	return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+Test(kernels, f16_orders)
+{
+	const size_t ns[] = { 4096, 4096 + 48, 40 }, nrows = 32;
+	struct rng r = { 43 };
+	int differ = 0;
+	for (size_t ni = 0; ni < 3; ni++) {
+		size_t n = ns[ni];
+		float *wf = xmalloc(n * sizeof(float)), *xf = xmalloc(n * sizeof(float));
+		uint16_t *w = xmalloc(nrows * n * 2), *xh = xmalloc(n * 2);
+		for (size_t i = 0; i < nrows; i++) {
+			fill(&r, wf, n);
+			nf_quantize_row(NF_DTYPE_F16, wf, w + i * n, n);
+		}
+		fill(&r, xf, n);
+		nf_kernels_ref()->act_prepare[NF_KT_F16V](xf, xh, n);
+		for (size_t row = 0; row < nrows; row++) {
+			const uint16_t *a = w + row * n;
+			float t[16] = { 0 }, v[4][16] = { { 0 } };
+			size_t np = n & ~(size_t)63;
+			for (size_t i = 0; i + 16 <= n && n % 16 == 0; i += 16)
+				for (int l = 0; l < 16; l++)
+					t[l] = fmaf(nf_fp16_to_fp32(a[i + l]), nf_fp16_to_fp32(xh[i + l]), t[l]);
+			for (size_t i = 0; i < np; i++)
+				v[i % 64 / 16][i % 16] = fmaf(nf_fp16_to_fp32(a[i]), nf_fp16_to_fp32(xh[i]),
+							       v[i % 64 / 16][i % 16]);
+			for (int l = 0; l < 16; l++)
+				v[0][l] = (v[0][l] + v[2][l]) + (v[1][l] + v[3][l]);
+			double s = reduce16(v[0]);
+			for (size_t i = np; i < n; i++)
+				s += (double)(nf_fp16_to_fp32(a[i]) * nf_fp16_to_fp32(xh[i]));
+			float want_v = (float)s, want_t = n % 16 ? want_v : reduce16(t);
+			for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+				const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+				if (!k)
+					continue;
+				float yt, yv;
+				k->gemv[NF_KT_F16](n, 1, a, 0, xh, &yt);
+				k->gemv[NF_KT_F16V](n, 1, a, 0, xh, &yv);
+				cr_assert(same_bits(yt, want_t), "%s n %zu row %zu: tinyBLAS order %a, want %a", k->isa,
+					  n, row, yt, want_t);
+				cr_assert(same_bits(yv, want_v), "%s n %zu row %zu: vec_dot order %a, want %a", k->isa,
+					  n, row, yv, want_v);
+			}
+			differ += !same_bits(want_t, want_v);
+		}
+		free(wf);
+		free(xf);
+		free(w);
+		free(xh);
+	}
+	cr_assert(differ > 0, "the two F16 orders gave the same bits on every row");
+}
+
 Test(kernels, type_mapping)
 {
+	cr_assert_eq(nf_ktype_matrix(NF_DTYPE_F16, 4096, false), NF_KT_F16);
+	cr_assert_eq(nf_ktype_matrix(NF_DTYPE_F16, 4096, true), NF_KT_F16V, "PowerInfer's ggml: vec_dot");
+	cr_assert_eq(nf_ktype_column(NF_KT_F16, 1), NF_KT_F16V, "one column: vec_dot");
+	cr_assert_eq(nf_ktype_column(NF_KT_F16, 2), NF_KT_F16, "two or more: tinyBLAS");
+	cr_assert_eq(nf_ktype_column(NF_KT_Q4_0, 1), NF_KT_Q4_0);
+	cr_assert_eq(nf_ktype_dot_dtype(NF_KT_F16V), NF_DTYPE_F16);
 	cr_assert_eq(nf_ktype_of(NF_DTYPE_Q4_0), NF_KT_Q4_0);
 	cr_assert_eq(nf_ktype_of(NF_DTYPE_BF16), NF_KT_BF16);
 	cr_assert_eq(nf_ktype_of(12345), -1);
@@ -1082,7 +1158,7 @@ Test(kernels, x8_matches_ref, .timeout = 180)
 Test(kernels, gemm_token_equals_gemv_bits, .timeout = 120)
 {
 	const enum nf_ktype kts[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0, NF_KT_Q4_0L,
-				      NF_KT_Q4_K, NF_KT_Q6_K };
+				      NF_KT_Q4_K, NF_KT_Q6_K, NF_KT_F16V };
 	const size_t ns[] = { 256, 768, 4096 + 256 }, nrows = 13, nbat = 6;
 	struct rng r = { 29 };
 	int tables = 0;

@@ -89,17 +89,17 @@ static double max_diff(const float *a, const float *b, size_t n, size_t *at)
 	return md;
 }
 
-static void check_model_how(const char *gguf, const char *ref_path, bool every_way);
+static void check_model_how(const char *gguf, const char *ref_path, bool every_way, bool tbt);
 
 static void check_model(const char *gguf, const char *ref_path)
 {
-	check_model_how(gguf, ref_path, true);
+	check_model_how(gguf, ref_path, true, false);
 }
 
 /* every_way: every ISA, 1 and 2 threads, batched and token by token (else
- * the start-up table, 2 threads, batched: the ways agree bit for bit, and
- * the testdata models check that) */
-static void check_model_how(const char *gguf, const char *ref_path, bool every_way)
+ * the start-up table, 2 threads, batched, or token by token if tbt: the
+ * ISAs and thread counts agree, and the testdata models check that) */
+static void check_model_how(const char *gguf, const char *ref_path, bool every_way, bool tbt)
 {
 	struct nf_ref r;
 	struct nf_diag d = { 0 };
@@ -108,7 +108,7 @@ static void check_model_how(const char *gguf, const char *ref_path, bool every_w
 	struct nf_model *m = load(gguf);
 	uint32_t nv = nf_model_hparams(m)->n_vocab;
 	cr_assert_eq(nv, r.n_vocab, "%s: n_vocab %u, reference has %zu", gguf, nv, r.n_vocab);
-	float *lg = malloc(nv * sizeof(float)), *first = malloc(nv * sizeof(float));
+	float *lg = malloc(nv * sizeof(float)), *first = malloc(2 * nv * sizeof(float));
 	int32_t *greedy = malloc(r.n_greedy * sizeof(int32_t));
 	cr_assert(lg && first && greedy);
 	int runs = 0;
@@ -117,9 +117,13 @@ static void check_model_how(const char *gguf, const char *ref_path, bool every_w
 		const struct nf_kernels *k = every_way ? nf_kernels_isa(isas[ii]) : ii ? NULL : nf_kernels_get();
 		if (!k)
 			continue;
-		bool have_first = false;
+		/* per way of feeding the prompt: with F16 weights a batch's
+		 * products and a single token's sum in other orders, as in
+		 * llama.cpp (nf_ktype_column); each is checked against the
+		 * reference above */
+		bool have_first[2] = { false, false };
 		for (int threads = every_way ? 1 : 2; threads <= 2; threads++) {
-			for (int batched = 1; batched >= (every_way ? 0 : 1); batched--) {
+			for (int batched = !(tbt && !every_way); batched >= (every_way || tbt ? 0 : 1); batched--) {
 				struct nf_ctx *c = open_ctx(m, k, threads, 512, NF_KV_F32);
 				run(c, &r, batched, lg, greedy, r.n_greedy, nv);
 				nf_ctx_close(c);
@@ -133,13 +137,13 @@ static void check_model_how(const char *gguf, const char *ref_path, bool every_w
 					cr_expect_eq(greedy[i], r.greedy[i],
 						     "%s [%s, %d threads, %s]: greedy token %zu is %d, reference %d",
 						     gguf, k->isa, threads, how, i, greedy[i], r.greedy[i]);
-				/* Within one ISA, batched and token-by-token prefill and
-				 * the thread count must agree with the first run. */
-				if (!have_first) {
-					memcpy(first, lg, nv * sizeof(float));
-					have_first = true;
+				/* Within one ISA and way, the thread count must agree. */
+				float *fw = first + (size_t)batched * nv;
+				if (!have_first[batched]) {
+					memcpy(fw, lg, nv * sizeof(float));
+					have_first[batched] = true;
 				} else {
-					md = max_diff(lg, first, nv, &at);
+					md = max_diff(lg, fw, nv, &at);
 					cr_expect(md <= MODE_TOL, "%s [%s, %d threads, %s]: differs from "
 						  "the first way by %.3g at %zu", gguf, k->isa, threads,
 						  how, md, at);
@@ -216,7 +220,8 @@ Test(model, fidelity_peer_prompts, .timeout = 240 * NF_TEST_SLOWDOWN)
 			snprintf(gguf, sizeof(gguf), "%s/%.*s.gguf", KQUANT_DIR, (int)(dot - base), base);
 		if (access(gguf, R_OK) != 0)
 			cr_skip_test("%s: model not in ../shared/testdata", ref);
-		check_model_how(gguf, ref, false);
+		/* MODEL.pN-sS-tbt.ref.txt: the peer fed the prompt token by token */
+		check_model_how(gguf, ref, false, strstr(base, "-tbt.") != NULL);
 	}
 	cr_assert_geq(gl.gl_pathc, 7);
 	globfree(&gl);

@@ -44,12 +44,18 @@ extern "C" {
  *                integer sum, acc = fma(sum, d_w * d_x, acc);
  *   NF_KT_Q4_0L  ggml's vec_dot_q4_0_q8_0 (rows not a multiple of 8,
  *                PowerInfer's ggml): 8 lanes per block, summed at the end.
- * nf_ktype_matrix() says which a matrix takes.
+ * nf_ktype_matrix() says which a matrix takes. F16 has two as well:
+ *   NF_KT_F16    a product of two or more columns, as llamafile's tinyBLAS
+ *                sums it (one 16-lane chain per row and column);
+ *   NF_KT_F16V   a product of one column (a decode step, the last layer of
+ *                a prompt), or any F16 product of PowerInfer's ggml, as
+ *                ggml_vec_dot_f16 sums it (four 16-lane chains per 64
+ *                values, the tail in double): nf_ktype_column() picks it.
  */
 enum nf_ktype {
 	NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
 	NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K,
-	NF_KT_Q4_0L,
+	NF_KT_Q4_0L, NF_KT_F16V,
 	NF_KT_COUNT,
 };
 
@@ -60,6 +66,11 @@ int nf_ktype_of(uint32_t dtype);
  * NF_KT_Q4_0L for Q4_0 when nrows is not a multiple of 8 (llama.cpp does
  * not repack it) or vec_dot_order (a model of PowerInfer's ggml). */
 int nf_ktype_matrix(uint32_t dtype, uint64_t nrows, bool vec_dot_order);
+/* The kernel a product of matrix kernel kt with nb activation columns
+ * runs: NF_KT_F16V for NF_KT_F16 when nb == 1 (ggml's mul_mat leaves
+ * one-column products to vec_dot, llamafile's sgemm takes two or more);
+ * kt otherwise. */
+int nf_ktype_column(int kt, size_t nb);
 /* The dtype in which activations are given to a weight type's dot product. */
 uint32_t nf_ktype_dot_dtype(enum nf_ktype kt);
 /* Bytes of a prepared activation row of n values for weight kernel kt. */

@@ -280,6 +280,11 @@ struct nf_ctx_params {
 	int n_threads;        /* default 0: all CPUs of the node */
 	enum nf_kv_type kv_type;
 	const struct nf_kernels *kernels; /* NULL: nf_kernels_get() */
+	/* Run every row of a step through the last layer's FFN (activation
+	 * records). Default false: as llama.cpp, only the rows whose logits
+	 * are taken (each sequence's last) go on after its attention, which
+	 * is also what keeps llama.cpp's bits for F16 weights. */
+	bool all_rows;
 };
 
 struct nf_ctx_params nf_ctx_defaults(void);

@@ -3,8 +3,9 @@
  * format: n_input, the ids, n_vocab, the last prompt position's logits
  * (%.6e), n_greedy 16 and the greedy continuation (argmax, lowest id on
  * ties). One batch, 2 threads, F32 KV cache, context 512, as the
- * references in ../shared/testdata were made. Not part of the build: it
- * links the llama.cpp peer of ../shared/PEERS.md (see README.md here).
+ * references in ../shared/testdata were made; with PEER_TBT set in the
+ * environment the prompt goes in one token per llama_decode instead.
+ * Not part of the build: it links the llama.cpp peer of ../shared/PEERS.md (see README.md here).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,8 +32,16 @@ int main(int argc, char **argv)
 	cp.type_k = cp.type_v = GGML_TYPE_F32;
 	struct llama_context *c = llama_init_from_model(m, cp);
 	int nv = llama_vocab_n_tokens(llama_model_get_vocab(m));
-	if (!c || llama_decode(c, llama_batch_get_one(ids, n)))
+	if (!c)
 		return 1;
+	if (getenv("PEER_TBT")) {
+		/* one llama_decode per prompt token, as a decode step runs */
+		for (int i = 0; i < n; i++)
+			if (llama_decode(c, llama_batch_get_one(ids + i, 1)))
+				return 1;
+	} else if (llama_decode(c, llama_batch_get_one(ids, n))) {
+		return 1;
+	}
 	const float *lg = llama_get_logits_ith(c, -1);
 	printf("n_input %d\n", n);
 	for (int i = 0; i < n; i++)
