@@ -99,6 +99,9 @@ static int sparse_forward(void *self, const struct nf_ffn_env *env, const struct
 				s->tokens / NF_SPARSE_REPLAN_TOKENS != (s->tokens + io->nb) / NF_SPARSE_REPLAN_TOKENS;
 		s->tokens += io->nb;
 	}
+	/* llama.cpp's products have one column for a single token, and for
+	 * experts always (mul_mat_id runs vec_dot): invariant 8 */
+	s->one_col = io->nb == 1 || s->n_expert;
 	double t0 = nf_sp_now();
 	if (s->n_expert)
 		rc = nf_sp_moe_forward(s, env, io);
@@ -194,6 +197,16 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	    (!(s->kact = zalloc(s, s->F * sizeof(float))) ||
 	     !(s->kx = zalloc(s, (size_t)(s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
 	     !(s->kacc = zalloc(s, (size_t)s->E * KACC * sizeof(float)))))
+		return -ENOMEM;
+	if (s->fdown &&
+	    ((!s->kact && !(s->kact = zalloc(s, s->F * sizeof(float)))) ||
+	     !(s->flanes = zalloc(s, (size_t)64 * s->E * sizeof(float))) ||
+	     !(s->facc = zalloc(s, (size_t)s->E * sizeof(double)))))
+		return -ENOMEM;
+	if (s->n_batch > 1 && s->fdown &&
+	    ((!s->bkact && !(s->bkact = zalloc(s, (size_t)s->n_batch * s->F * sizeof(float)))) ||
+	     !(s->bflanes = zalloc(s, (size_t)s->nth * 64 * s->E * sizeof(float))) ||
+	     !(s->bfacc = zalloc(s, (size_t)s->nth * s->E * sizeof(double)))))
 		return -ENOMEM;
 	if (s->n_batch > 1 && s->kgroups > 1 &&
 	    (!(s->bkact = zalloc(s, (size_t)s->n_batch * s->F * sizeof(float))) ||
@@ -337,6 +350,13 @@ static int gu_ktype(const struct nf_sparse *s)
 }
 
 /* The bundles' forms, from the store's geometry. */
+/* Invariant 8: F16 down columns of a llama.cpp model (PowerInfer's
+ * ffn_down_t keeps its ggml's neuron-by-neuron order). */
+static bool fdown_of(const struct nf_sparse *s)
+{
+	return s->dt_down == NF_DTYPE_F16 && s->form == DOWN_ROW && !nf_model_hparams(s->m)->powerinfer;
+}
+
 static void forms_of_geometry(struct nf_sparse *s, const struct nf_cache_geom *g)
 {
 	s->has_gate = g->has_gate;
@@ -348,6 +368,7 @@ static void forms_of_geometry(struct nf_sparse *s, const struct nf_cache_geom *g
 	s->kgroups = s->form == DOWN_QCOL && nf_dtype_is_kquant(s->dt_down) ? NF_QK_K / GROUP : 1;
 	s->kt_gu = gu_ktype(s);
 	s->kt_down = nf_ktype_of(s->dt_down);
+	s->fdown = fdown_of(s);
 }
 
 /* The mode asked for, checked against the model. */
@@ -437,6 +458,7 @@ static int forms(struct nf_sparse *s, struct nf_diag *diag)
 		s->kgroups = s->form == DOWN_QCOL && nf_dtype_is_kquant(s->dt_down) ? NF_QK_K / GROUP : 1;
 		s->kt_gu = gu_ktype(s);
 		s->kt_down = nf_ktype_of(s->dt_down);
+		s->fdown = fdown_of(s);
 	}
 	bool quant_down = nf_dtype_block_len(s->dt_down) > 1;
 	if (quant_down && s->F % (GROUP * s->kgroups))
@@ -686,6 +708,10 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->gout);
 	free(s->tscratch);
 	free(s->kact);
+	free(s->flanes);
+	free(s->facc);
+	free(s->bflanes);
+	free(s->bfacc);
 	free(s->kx);
 	free(s->kacc);
 	free(s->bkact);

@@ -224,6 +224,9 @@ struct nf_weight nf_weight_expert(const struct nf_weight *w, uint32_t e)
 	if (w->data)
 		v.data = (const char *)w->data + (size_t)e * w->expert_bytes;
 	v.n_expert = 1;
+	/* ggml's mul_mat_id takes vec_dot for every column: F16 experts
+	 * sum in the one-column order at any batch size */
+	v.kt = nf_ktype_column(w->kt, 1);
 	return v;
 }
 

@@ -31,10 +31,10 @@ static void batch_worker(void *arg, int ith, int nth)
 	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
 	float *g = s->bsum + (size_t)ith * E;
 	uint32_t kdt = s->cur_tab->dt_down;
-	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(kdt);
+	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(kdt), fq = nf_sp_is_fdown(s, kdt);
 	for (size_t b = b0; b < b1; b++) {
 		memset(s->cur_out + b * E, 0, E * sizeof(float));
-		if (kq)
+		if (kq || fq)
 			memset(s->bkact + b * s->F, 0, s->F * sizeof(float));
 		s->bchunk[2 * b] = 0;
 		s->bchunk[2 * b + 1] = 0;
@@ -62,12 +62,25 @@ static void batch_worker(void *arg, int ith, int nth)
 			}
 			memset(g, 0, E * sizeof(float));
 			nf_sp_chunk_compute(s, open[0], last ? s->n_groups : gi + 1, bm, s->bxq + b * s->xq_size, g, scratch,
-					    kq ? s->bkact + b * s->F : NULL);
+					    kq || fq ? s->bkact + b * s->F : NULL);
 			float *out = s->cur_out + b * E;
 			for (size_t r = 0; r < E; r++)
 				out[r] += g[r];
 			open[1] = 0;
 		}
+	}
+	/* F16 down: every group landed, each token's down in llama.cpp's
+	 * order for this call (invariant 8), all rows on this thread */
+	if (fq) {
+		float *lanes = s->bflanes + (size_t)ith * 64 * E;
+		double *facc = s->bfacc + (size_t)ith * E;
+		for (size_t b = b0; b < b1; b++) {
+			memset(lanes, 0, (nf_sp_fdown_vec(s) ? 64 : 16) * E * sizeof(float));
+			nf_sp_fdown_rows(s, s->bkact + b * s->F, lanes, facc, false, 0, s->F, 0, (uint32_t)E);
+			nf_sp_fdown_finish(s, lanes, facc, s->F > (s->F & ~63u) && nf_sp_fdown_vec(s), 0,
+					   (uint32_t)E, s->cur_out + b * E);
+		}
+		return;
 	}
 	/* K-quant down: every group landed, each token's down in ggml's
 	 * dense order from its activations (as nf_sp_token_forward's) */

@@ -5,7 +5,8 @@
  *
  * Invariants: a chunk's down contributions are added in ascending neuron
  * order into its own output row (sparse_impl.h invariant 2); K-quant downs
- * are summed per super-block as ggml sums them (invariant 7).
+ * are summed per super-block as ggml sums them (invariant 7), F16 downs in
+ * vec_dot's or tinyBLAS's lanes as llama.cpp's product would (invariant 8).
  */
 #include <errno.h>
 #include <math.h>
@@ -192,6 +193,63 @@ void nf_sp_kdown_worker(void *arg, int ith, int nth)
 		nf_sp_kdown_finish(j->dt, j->s->kacc, r0, r1, j->out);
 }
 
+/* ---- F16 downs in llama.cpp's order (invariant 8) ------------------------------ */
+
+/* vec_dot's four chains of row r combined (0+2)+(1+3), then summed */
+static double fdown_close(const float *lanes, size_t E, uint32_t r)
+{
+	float v[16];
+	for (int l = 0; l < 16; l++)
+		v[l] = (lanes[(size_t)l * E + r] + lanes[(size_t)(32 + l) * E + r]) +
+		       (lanes[(size_t)(16 + l) * E + r] + lanes[(size_t)(48 + l) * E + r]);
+	return nf_sum16(v);
+}
+
+void nf_sp_fdown_rows(const struct nf_sparse *s, const float *act, float *lanes, double *facc, bool closed,
+		      uint32_t i0, uint32_t i1, uint32_t r0, uint32_t r1)
+{
+	size_t E = s->E;
+	bool vec = nf_sp_fdown_vec(s);
+	uint32_t L = vec ? 64 : 16, np = vec ? s->F & ~63u : s->F;
+	for (uint32_t i = i0; i < i1 && i < np; i++) {
+		if (act[i] == 0.0f)
+			continue; /* adds exact zeros in the dense sum */
+		const char *g, *u, *d;
+		neuron_addr(s, i, &g, &u, &d);
+		/* lane = fma(w, a, lane): tinyBLAS's and vec_dot's step */
+		s->k->axpy[NF_KT_F16](r1 - r0, act[i], (const uint16_t *)d + r0, lanes + (size_t)(i % L) * E + r0);
+	}
+	if (i1 <= np)
+		return;
+	for (uint32_t r = r0; r < r1 && !closed; r++)
+		facc[r] = fdown_close(lanes, E, r);
+	for (uint32_t i = i0 > np ? i0 : np; i < i1; i++) {
+		if (act[i] == 0.0f)
+			continue;
+		const char *g, *u, *d;
+		neuron_addr(s, i, &g, &u, &d);
+		const uint16_t *w = (const uint16_t *)d;
+		for (uint32_t r = r0; r < r1; r++)
+			facc[r] += (double)(nf_fp16_to_fp32(w[r]) * act[i]);
+	}
+}
+
+void nf_sp_fdown_finish(const struct nf_sparse *s, const float *lanes, double *facc, bool closed, uint32_t r0,
+			uint32_t r1, float *out)
+{
+	size_t E = s->E;
+	for (uint32_t r = r0; r < r1; r++) {
+		if (!nf_sp_fdown_vec(s)) {
+			float v[16];
+			for (int l = 0; l < 16; l++)
+				v[l] = lanes[(size_t)l * E + r];
+			out[r] = nf_sum16(v);
+		} else {
+			out[r] = (float)(closed ? facc[r] : fdown_close(lanes, E, r));
+		}
+	}
+}
+
 /* Computes the neurons of groups [g0, g1) of the current layer that mask
  * (indexed by group) selects, for the token whose prepared input is xq,
  * into out (E floats). */
@@ -225,11 +283,11 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 		return;
 	if (s->has_gate && s->mode != NF_SPARSE_EXACT) {
 		memcpy(gp + n, up, n * sizeof(*up));
-		k->gemv_list[s->kt_gu](E, 2 * n, gp, xq, gv);
+		k->gemv_list[nf_sp_kt_gu(s)](E, 2 * n, gp, xq, gv);
 		uv = gv + n;
 	} else {
 		if (s->has_gate) {
-			k->gemv_list[s->kt_gu](E, n, gp, xq, gv);
+			k->gemv_list[nf_sp_kt_gu(s)](E, n, gp, xq, gv);
 			uint32_t kept = 0;
 			for (uint32_t j = 0; j < n; j++) {
 				if (!(gv[j] > 0.0f))
@@ -244,7 +302,7 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 		}
 		uv = gv + CHUNK_MAX;
 		if (n)
-			k->gemv_list[s->kt_gu](E, n, up, xq, uv);
+			k->gemv_list[nf_sp_kt_gu(s)](E, n, up, xq, uv);
 	}
 
 	/* per group (K-quant QCOL: per super-block): activations, rounded or
@@ -291,6 +349,15 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 			float ar[GROUP];
 			k->act_prepare[tab->kt_down](a, scratch, GROUP);
 			nf_dequantize_row(nf_ktype_dot_dtype(tab->kt_down), scratch, ar, GROUP);
+			if (nf_sp_is_fdown(s, dt_down)) {
+				/* the down product waits for the layer's activations
+				 * (invariant 8) */
+				for (uint32_t j = j0; j < j1; j++)
+					if (dp[j])
+						kact[ids[j]] = ar[ids[j] % GROUP];
+				j0 = j1;
+				continue;
+			}
 			for (uint32_t j = j0; j < j1; j++) {
 				float v = ar[ids[j] % GROUP];
 				if (dp[j] && v != 0.0f) {

@@ -69,6 +69,17 @@
  *     of lane accumulators over the super-blocks in ascending order. Where
  *     every neuron runs, the output is llama.cpp's dense product bit for
  *     bit; skipped neurons contribute what a zero activation does.
+ *  8. F16 down columns (not PowerInfer's ffn_down_t) wait for the layer's
+ *     activations as K-quant ones do (invariant 7: s->kact, rounded to
+ *     fp16), and then run in the order llama.cpp's product takes
+ *     (nf_sp_fdown_rows): with one column (s->one_col: a forward of one
+ *     token, or any expert, which ggml's mul_mat_id computes by vec_dot)
+ *     or rows not a multiple of 16, vec_dot_f16's four 16-lane chains
+ *     (neuron i into lane i % 64 below F & ~63, the rest in double); else
+ *     tinyBLAS's one 16-lane chain (lane i % 16). The gate and up rows take
+ *     F16's one-column kernel in the first case (nf_ktype_column). So a
+ *     batch of F16 tokens no longer equals its tokens one by one bit for
+ *     bit (invariant 5), as in llama.cpp; it equals llama.cpp's batch.
  */
 #ifndef NF_SPARSE_IMPL_H
 #define NF_SPARSE_IMPL_H
@@ -156,6 +167,13 @@ struct nf_sparse {
 	float *bkact;                /* batches: each token's activations (n_batch x n_ff) */
 	struct nf_block_q8_K *bkx;   /* batches, per thread: kx and kacc */
 	float *bkacc;
+	bool fdown;                  /* F16 downs in llama.cpp's order (invariant 8) */
+	bool one_col;                /* this call's products have one column (invariant 8) */
+	bool fclosed;                /* vec_dot order: the rows' chains summed into facc */
+	float *flanes;               /* F16 down: lane accumulators (64 x n_embd, lane-major) */
+	double *facc;                /* and the rows' sums past the chains (n_embd) */
+	float *bflanes;              /* batches, per thread: flanes and facc */
+	double *bfacc;
 	uint32_t down_off_bundle;    /* cache bundles: byte offset of the down row */
 	uint32_t up_off_bundle;
 	struct layer_tab *tabs;      /* n_layer x nx */
@@ -307,6 +325,32 @@ void nf_sp_kdown_worker(void *arg, int ith, int nth);
 void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx, float *kacc,
 		      uint32_t kb0, uint32_t kb1, uint32_t r0, uint32_t r1);
 void nf_sp_kdown_finish(uint32_t dt, const float *kacc, uint32_t r0, uint32_t r1, float *out);
+/* Invariant 8 applies to this down type. */
+static inline bool nf_sp_is_fdown(const struct nf_sparse *s, uint32_t dt_down)
+{
+	return s->fdown && dt_down == NF_DTYPE_F16;
+}
+/* Invariant 8's vec_dot order (one column, or rows tinyBLAS refuses);
+ * else tinyBLAS's. */
+static inline bool nf_sp_fdown_vec(const struct nf_sparse *s)
+{
+	return s->one_col || s->F % 16;
+}
+/* The gate/up kernel of this call: F16's one-column one when s->one_col. */
+static inline int nf_sp_kt_gu(const struct nf_sparse *s)
+{
+	return nf_ktype_column(s->kt_gu, s->one_col ? 1 : 2);
+}
+/* F16 down (invariant 8) of neurons [i0, i1) with activations act, rows
+ * [r0, r1), into lanes (lane-major, 64 x n_embd) and facc; closed: the
+ * chains were summed already (a neuron at or past F & ~63 was added). */
+void nf_sp_fdown_rows(const struct nf_sparse *s, const float *act, float *lanes, double *facc, bool closed,
+		      uint32_t i0, uint32_t i1, uint32_t r0, uint32_t r1);
+void nf_sp_fdown_finish(const struct nf_sparse *s, const float *lanes, double *facc, bool closed, uint32_t r0,
+			uint32_t r1, float *out);
+/* Token path: F16 down of groups [g0, g1) (rows over the threads), then
+ * s->fclosed updated; with out, the finishing pass instead. */
+void nf_sp_fdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t g0, uint32_t g1, float *out);
 /* kact: where a K-quant down's activations go (n_ff floats of the token) */
 void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const uint32_t *mask, const void *xq,
 			  float *out, char *scratch, float *kact);

@@ -126,6 +126,39 @@ void nf_sp_kdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 	nf_sp_run_job(env, nf_sp_kdown_worker, &j);
 }
 
+struct fdown_job {
+	struct nf_sparse *s;
+	uint32_t i0, i1;
+	float *out;                  /* final pass: the layer's output */
+};
+
+static void fdown_worker(void *arg, int ith, int nth)
+{
+	struct fdown_job *j = arg;
+	struct nf_sparse *s = j->s;
+	/* rows in multiples of 16, so each slice's axpys stay on whole vectors */
+	uint32_t E16 = (s->E + 15) / 16;
+	uint32_t r0 = (uint32_t)((uint64_t)E16 * ith / nth) * 16, r1 = (uint32_t)((uint64_t)E16 * (ith + 1) / nth) * 16;
+	if (r1 > s->E)
+		r1 = s->E;
+	if (r0 >= r1)
+		return;
+	if (!j->out)
+		nf_sp_fdown_rows(s, s->kact, s->flanes, s->facc, s->fclosed, j->i0, j->i1, r0, r1);
+	else
+		nf_sp_fdown_finish(s, s->flanes, s->facc, s->fclosed, r0, r1, j->out);
+}
+
+void nf_sp_fdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t g0, uint32_t g1, float *out)
+{
+	uint32_t i1 = g1 * GROUP < s->F ? g1 * GROUP : s->F;
+	struct fdown_job j = { .s = s, .i0 = g0 * GROUP, .i1 = i1, .out = out };
+	nf_sp_run_job(env, fdown_worker, &j);
+	/* vec_dot's order: past F & ~63 the chains were summed (rows_) */
+	if (!out && nf_sp_fdown_vec(s) && i1 > (s->F & ~63u))
+		s->fclosed = true;
+}
+
 /* out = sum of the chunks' contributions in chunk order, each thread a
  * slice of the rows: the same sums whatever the thread count or the order
  * in which chunks became ready. */

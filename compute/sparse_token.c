@@ -75,7 +75,7 @@ void nf_sp_measure_recall(struct nf_sparse *s)
 		for (uint32_t i = 0; i < GROUP && gi * GROUP + i < s->F; i++) {
 			uint32_t j = gi * GROUP + i;
 			float gv;
-			s->k->gemv[s->kt_gu](s->E, 1, t->gate + (size_t)j * t->gate_stride, 0, s->xq, &gv);
+			s->k->gemv[nf_sp_kt_gu(s)](s->E, 1, t->gate + (size_t)j * t->gate_stride, 0, s->xq, &gv);
 			if (gv > 0.0f) {
 				s->st.recall_fired++;
 				s->st.recall_hit += (s->gmask[gi] >> i) & 1u;
@@ -138,7 +138,7 @@ uint64_t nf_sp_token_masks(struct nf_sparse *s, uint32_t layer, const float *x, 
 	 * a chunk's gemv_list gives), and only the positive ones computed */
 	const char *gate = s->gate_first ? s->cur_gate : NULL;
 	if (gate)
-		s->k->gemv[s->kt_gu](s->E, s->F, gate, nf_dtype_row_size(s->dt_gu, s->E), s->xq, s->score);
+		s->k->gemv[nf_sp_kt_gu(s)](s->E, s->F, gate, nf_dtype_row_size(s->dt_gu, s->E), s->xq, s->score);
 	uint64_t active = 0;
 	for (uint32_t gi = 0; gi < s->n_groups; gi++) {
 		uint32_t m = nf_sp_group_mask(s, gi);
@@ -256,6 +256,12 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 		memset(s->kact, 0, s->F * sizeof(float));
 		memset(s->kacc, 0, (size_t)s->E * KACC * sizeof(float));
 	}
+	bool fq = nf_sp_is_fdown(s, t->dt_down);
+	if (fq) {
+		memset(s->kact, 0, s->F * sizeof(float));
+		memset(s->flanes, 0, (nf_sp_fdown_vec(s) ? 64 : 16) * (size_t)s->E * sizeof(float));
+		s->fclosed = false;
+	}
 
 	atomic_store(&s->n_ready, 0);
 	atomic_store(&s->next, 0);
@@ -305,6 +311,8 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 		nf_sp_run_workers(s, env, nf_sp_worker);
 		if (kq && nc)
 			nf_sp_kdown_blocks(s, env, t->dt_down, s->chunks[0].g0, s->chunks[nc - 1].g1);
+		if (fq && nc)
+			nf_sp_fdown_blocks(s, env, s->chunks[0].g0, s->chunks[nc - 1].g1, NULL);
 	} else if (s->together) {
 		/* the reads are in flight already; released after the last expert */
 		drop_guards(s, 0, nc);
@@ -314,6 +322,8 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 			return err;
 		if (kq && nc)
 			nf_sp_kdown_blocks(s, env, t->dt_down, s->chunks[0].g0, s->chunks[nc - 1].g1);
+		if (fq && nc)
+			nf_sp_fdown_blocks(s, env, s->chunks[0].g0, s->chunks[nc - 1].g1, NULL);
 	} else {
 		/* one request for the layer; when its misses could outnumber the
 		 * cold slots, windows of whole chunks, each requested, computed
@@ -372,6 +382,8 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 			nf_sp_run_workers(s, env, nf_sp_worker);
 			if (kq && !atomic_load(&s->err))
 				nf_sp_kdown_blocks(s, env, t->dt_down, s->chunks[c0].g0, s->chunks[c1 - 1].g1);
+			if (fq && !atomic_load(&s->err))
+				nf_sp_fdown_blocks(s, env, s->chunks[c0].g0, s->chunks[c1 - 1].g1, NULL);
 			/* every read must have landed before its slots are reused */
 			rc = nf_cache_release(s->cache);
 			int err = atomic_load(&s->err);
@@ -400,6 +412,8 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 	if (kq) {
 		struct kdown_job kj = { .s = s, .dt = t->dt_down, .out = out };
 		nf_sp_run_job(env, nf_sp_kdown_worker, &kj);
+	} else if (fq) {
+		nf_sp_fdown_blocks(s, env, 0, 0, out);
 	} else {
 		nf_sp_run_workers(s, env, nf_sp_reduce_worker);
 	}
