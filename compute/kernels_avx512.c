@@ -860,9 +860,9 @@ const struct nf_kernels nf_kernels_table_avx512 = {
 		       [NF_KT_Q4_0L] = nf_kavx512_qcol_down_q4_0 },
 	/* 8-row groups: Q4_0 and Q8_0 two groups per register
 	 * (kernels_avx512_x8.c), the K-quants the AVX2 kernels */
-	.gemv_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemv_x8_Q4_0, [NF_KT_Q4_0] = nf_kavx2_gemv_x8_Q4_0, [NF_KT_Q8_0] = nf_kavx512_gemv_x8_Q8_0,
+	.gemv_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemv_x8_Q4_0, [NF_KT_Q4_0] = nf_kavx512_gemv_x8_Q4_0c, [NF_KT_Q8_0] = nf_kavx512_gemv_x8_Q8_0,
 		     NF_KAVX2_X8(gemv) },
-	.gemm_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemm_x8_Q4_0, [NF_KT_Q4_0] = nf_kavx2_gemm_x8_Q4_0, [NF_KT_Q8_0] = nf_kavx512_gemm_x8_Q8_0,
+	.gemm_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemm_x8_Q4_0, [NF_KT_Q4_0] = nf_kavx512_gemm_x8_Q4_0c, [NF_KT_Q8_0] = nf_kavx512_gemm_x8_Q8_0,
 		     NF_KAVX2_X8(gemm) },
 	.rmsnorm = nf_kavx2_rmsnorm,
 	.softmax = nf_kavx2_softmax,

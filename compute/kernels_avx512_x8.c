@@ -21,6 +21,11 @@
  * unpacked lane registers, so a block is unpacked once per tile. An odd
  * group count leaves the last group to the AVX2 group kernel (same bits).
  *
+ * NF_KT_Q4_0 (llama.cpp's repacked chain, "chain" below) takes the same
+ * lane registers but sums the 8 lanes of a block as integers (two dpbusd
+ * chains from the block's whole correction, then their sum: exact), and
+ * keeps one accumulator per row: acc = fma(d_w * d_x, isum, acc).
+ *
  * Invariants:
  * 1. Every result has the bits of the reference's gemv/gemm on the plain
  *    rows (kernels::x8_matches_ref).
@@ -47,6 +52,7 @@
 
 struct gx_tab {
 	int32_t corr[8]; /* -8 (Q4_0) or -128 (Q8_0) times the sum of lane j's 4 values */
+	int32_t corr_sum; /* the 8 summed (chain) */
 	float dx;
 };
 
@@ -56,6 +62,10 @@ static void gx_table(int q8, const struct nf_block_q8_0 *x, size_t nb, struct gx
 	for (size_t i = 0; i < nb; i++) {
 		__m256i xv = _mm256_loadu_si256((const __m256i *)x[i].qs);
 		_mm256_storeu_si256((__m256i *)t[i].corr, _mm256_madd_epi16(_mm256_maddubs_epi16(ones, xv), k));
+		int32_t cs = 0;
+		for (int j = 0; j < 8; j++)
+			cs += t[i].corr[j];
+		t[i].corr_sum = cs;
 		t[i].dx = _cvtsh_ss(x[i].d);
 	}
 }
@@ -91,8 +101,20 @@ INLINE __m512 gx_dw(const uint8_t *a, const uint8_t *b)
 	return _mm512_cvtph_ps(h);
 }
 
-INLINE void gx_step(const __m512i l[8], __m512 s, const int8_t *xqs, const struct gx_tab *t, __m512 acc[8])
+INLINE void gx_step(int chain, const __m512i l[8], __m512 s, const int8_t *xqs, const struct gx_tab *t, __m512 acc[8])
 {
+	if (chain) {
+		__m512i va = _mm512_set1_epi32(t->corr_sum), vb = _mm512_setzero_si512();
+		_Pragma("GCC unroll 4") for (int j = 0; j < 8; j += 2) {
+			int32_t x0, x1;
+			memcpy(&x0, xqs + 4 * j, sizeof(x0));
+			memcpy(&x1, xqs + 4 * j + 4, sizeof(x1));
+			va = _mm512_dpbusd_epi32(va, l[j], _mm512_set1_epi32(x0));
+			vb = _mm512_dpbusd_epi32(vb, l[j + 1], _mm512_set1_epi32(x1));
+		}
+		acc[0] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_add_epi32(va, vb)), acc[0]);
+		return;
+	}
 	_Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
 		int32_t xv;
 		memcpy(&xv, xqs + 4 * j, sizeof(xv));
@@ -101,8 +123,12 @@ INLINE void gx_step(const __m512i l[8], __m512 s, const int8_t *xqs, const struc
 	}
 }
 
-INLINE void gx_store(const __m512 a[8], float *y)
+INLINE void gx_store(int chain, const __m512 a[8], float *y)
 {
+	if (chain) {
+		_mm512_storeu_ps(y, a[0]);
+		return;
+	}
 	__m512 t0 = _mm512_add_ps(a[0], a[4]), t1 = _mm512_add_ps(a[1], a[5]);
 	__m512 t2 = _mm512_add_ps(a[2], a[6]), t3 = _mm512_add_ps(a[3], a[7]);
 	_mm512_storeu_ps(y, _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3)));
@@ -111,7 +137,7 @@ INLINE void gx_store(const __m512 a[8], float *y)
 /* acc += blocks [0, nb) of the group pair at a, b against x (table t); both
  * streams prefetched GX_PF bytes ahead into L1 (the 32-byte loads at 144-
  * or 272-byte strides straddle cache lines). */
-INLINE void gx_blocks1(int q8, const uint8_t *a, const uint8_t *b, const struct nf_block_q8_0 *x,
+INLINE void gx_blocks1(int q8, int chain, const uint8_t *a, const uint8_t *b, const struct nf_block_q8_0 *x,
 		       const struct gx_tab *t, size_t nb, __m512 acc[8])
 {
 	const size_t bs = GX_BS(q8);
@@ -123,11 +149,11 @@ INLINE void gx_blocks1(int q8, const uint8_t *a, const uint8_t *b, const struct 
 		__m512i l[8];
 		gx_lanes(q8, a + 16, b + 16, l);
 		__m512 s = _mm512_mul_ps(gx_dw(a, b), _mm512_set1_ps(t[i].dx));
-		gx_step(l, s, x[i].qs, &t[i], acc);
+		gx_step(chain, l, s, x[i].qs, &t[i], acc);
 	}
 }
 
-INLINE void gx_gemv(int q8, size_t n, size_t nrows, const void *w, const void *xq, float *y)
+INLINE void gx_gemv(int q8, int chain, size_t n, size_t nrows, const void *w, const void *xq, float *y)
 {
 	const struct nf_block_q8_0 *x = xq;
 	const size_t nb = n / NF_QK, gb = nb * GX_BS(q8), ng = nrows / 8;
@@ -143,18 +169,18 @@ INLINE void gx_gemv(int q8, size_t n, size_t nrows, const void *w, const void *x
 			size_t cn = nb - c < GX_CHUNK ? nb - c : GX_CHUNK;
 			if (nb > GX_CHUNK)
 				gx_table(q8, x + c, cn, t);
-			gx_blocks1(q8, a + c * GX_BS(q8), a + gb + c * GX_BS(q8), x + c, t, cn, acc);
+			gx_blocks1(q8, chain, a + c * GX_BS(q8), a + gb + c * GX_BS(q8), x + c, t, cn, acc);
 		}
-		gx_store(acc, y + 8 * g);
+		gx_store(chain, acc, y + 8 * g);
 	}
 	if (ng % 2)
-		nf_kernels_table_avx2.gemv_x8[q8 ? NF_KT_Q8_0 : NF_KT_Q4_0L](n, 8, (const uint8_t *)w + (ng - 1) * gb, xq,
-									  y + 8 * (ng - 1));
+		nf_kernels_table_avx2.gemv_x8[q8 ? NF_KT_Q8_0 : chain ? NF_KT_Q4_0 : NF_KT_Q4_0L](
+			n, 8, (const uint8_t *)w + (ng - 1) * gb, xq, y + 8 * (ng - 1));
 }
 
 /* One group pair against NT (1 or GX_TOK) tokens: blocks [c, c + cn) with
  * tables tab[t] (indexed from c). */
-INLINE void gx_tile(int q8, int NT, const uint8_t *a, const uint8_t *b, const struct nf_block_q8_0 *const xs[],
+INLINE void gx_tile(int q8, int chain, int NT, const uint8_t *a, const uint8_t *b, const struct nf_block_q8_0 *const xs[],
 		    const struct gx_tab *const tab[], size_t cn, __m512 acc[][8])
 {
 	const size_t bs = GX_BS(q8);
@@ -163,11 +189,12 @@ INLINE void gx_tile(int q8, int NT, const uint8_t *a, const uint8_t *b, const st
 		gx_lanes(q8, a + 16, b + 16, l);
 		__m512 dw = gx_dw(a, b);
 		_Pragma("GCC unroll 2") for (int t = 0; t < NT; t++)
-			gx_step(l, _mm512_mul_ps(dw, _mm512_set1_ps(tab[t][i].dx)), xs[t][i].qs, &tab[t][i], acc[t]);
+			gx_step(chain, l, _mm512_mul_ps(dw, _mm512_set1_ps(tab[t][i].dx)), xs[t][i].qs, &tab[t][i],
+				acc[t]);
 	}
 }
 
-INLINE void gx_pair(int q8, int NT, size_t nb, const uint8_t *a, const uint8_t *b, const struct nf_block_q8_0 *const x0[],
+INLINE void gx_pair(int q8, int chain, int NT, size_t nb, const uint8_t *a, const uint8_t *b, const struct nf_block_q8_0 *const x0[],
 		    struct gx_tab (*tab)[GX_CHUNK], bool tab_ready, float *y, size_t ldy)
 {
 	__m512 acc[GX_TOK][8];
@@ -184,13 +211,13 @@ INLINE void gx_pair(int q8, int NT, size_t nb, const uint8_t *a, const uint8_t *
 				gx_table(q8, xs[t], cn, tab[t]);
 			tp[t] = tab[t];
 		}
-		gx_tile(q8, NT, a + c * GX_BS(q8), b + c * GX_BS(q8), xs, tp, cn, acc);
+		gx_tile(q8, chain, NT, a + c * GX_BS(q8), b + c * GX_BS(q8), xs, tp, cn, acc);
 	}
 	for (int t = 0; t < NT; t++)
-		gx_store(acc[t], y + t * ldy);
+		gx_store(chain, acc[t], y + t * ldy);
 }
 
-INLINE void gx_gemm(int q8, size_t n, size_t nrows, const void *w, size_t nbat, const void *xq, size_t xq_stride,
+INLINE void gx_gemm(int q8, int chain, size_t n, size_t nrows, const void *w, size_t nbat, const void *xq, size_t xq_stride,
 		    float *y, size_t ldy)
 {
 	const size_t nb = n / NF_QK, gb = nb * GX_BS(q8), ng = nrows / 8, np = ng / 2;
@@ -209,35 +236,46 @@ INLINE void gx_gemm(int q8, size_t n, size_t nrows, const void *w, size_t nbat, 
 				const uint8_t *a = (const uint8_t *)w + 2 * p * gb;
 				float *yp = y + t0 * ldy + 16 * p;
 				if (nt == GX_TOK)
-					gx_pair(q8, GX_TOK, nb, a, a + gb, x0, tab, nb <= GX_CHUNK, yp, ldy);
+					gx_pair(q8, chain, GX_TOK, nb, a, a + gb, x0, tab, nb <= GX_CHUNK, yp, ldy);
 				else
-					gx_pair(q8, 1, nb, a, a + gb, x0, tab, nb <= GX_CHUNK, yp, ldy);
+					gx_pair(q8, chain, 1, nb, a, a + gb, x0, tab, nb <= GX_CHUNK, yp, ldy);
 			}
 		}
 	}
 	if (ng % 2)
-		nf_kernels_table_avx2.gemm_x8[q8 ? NF_KT_Q8_0 : NF_KT_Q4_0L](
+		nf_kernels_table_avx2.gemm_x8[q8 ? NF_KT_Q8_0 : chain ? NF_KT_Q4_0 : NF_KT_Q4_0L](
 			n, 8, (const uint8_t *)w + (ng - 1) * gb, nbat, xq, xq_stride, y + 8 * (ng - 1), ldy);
 }
 
 void nf_kavx512_gemv_x8_Q4_0(size_t n, size_t nrows, const void *w, const void *xq, float *y)
 {
-	gx_gemv(0, n, nrows, w, xq, y);
+	gx_gemv(0, 0, n, nrows, w, xq, y);
+}
+
+void nf_kavx512_gemv_x8_Q4_0c(size_t n, size_t nrows, const void *w, const void *xq, float *y)
+{
+	gx_gemv(0, 1, n, nrows, w, xq, y);
 }
 
 void nf_kavx512_gemv_x8_Q8_0(size_t n, size_t nrows, const void *w, const void *xq, float *y)
 {
-	gx_gemv(1, n, nrows, w, xq, y);
+	gx_gemv(1, 0, n, nrows, w, xq, y);
 }
 
 void nf_kavx512_gemm_x8_Q4_0(size_t n, size_t nrows, const void *w, size_t nbat, const void *xq, size_t xq_stride,
 			 float *y, size_t ldy)
 {
-	gx_gemm(0, n, nrows, w, nbat, xq, xq_stride, y, ldy);
+	gx_gemm(0, 0, n, nrows, w, nbat, xq, xq_stride, y, ldy);
+}
+
+void nf_kavx512_gemm_x8_Q4_0c(size_t n, size_t nrows, const void *w, size_t nbat, const void *xq, size_t xq_stride,
+			  float *y, size_t ldy)
+{
+	gx_gemm(0, 1, n, nrows, w, nbat, xq, xq_stride, y, ldy);
 }
 
 void nf_kavx512_gemm_x8_Q8_0(size_t n, size_t nrows, const void *w, size_t nbat, const void *xq, size_t xq_stride,
 			 float *y, size_t ldy)
 {
-	gx_gemm(1, n, nrows, w, nbat, xq, xq_stride, y, ldy);
+	gx_gemm(1, 0, n, nrows, w, nbat, xq, xq_stride, y, ldy);
 }

@@ -128,6 +128,7 @@ NF_KX8_DECL(nf_kavx2, Q6_K)
 /* AVX-512 Q4_0/Q8_0 in 8-row groups (kernels_avx512_x8.c) */
 NF_KX8_DECL(nf_kavx512, Q4_0)
 NF_KX8_DECL(nf_kavx512, Q8_0)
+NF_KX8_DECL(nf_kavx512, Q4_0c) /* NF_KT_Q4_0: llama.cpp's repacked chain */
 #define NF_KREF_X8(op)                                                                             \
 	[NF_KT_Q4_K] = nf_kref_##op##_x8_Q4_K, [NF_KT_Q5_K] = nf_kref_##op##_x8_Q5_K,                  \
 	[NF_KT_Q6_K] = nf_kref_##op##_x8_Q6_K
