@@ -250,14 +250,15 @@ static void bench_kcol(const char **isas, int nisa, char *set, struct read_job *
 
 int main(int argc, char **argv)
 {
-	/* q4_0l: Q4_0 in ggml's vec_dot order (NF_KT_Q4_0L, kernels.h) */
+	/* q4_0l: Q4_0 in ggml's vec_dot order (NF_KT_Q4_0L, kernels.h); f16v:
+	 * F16 in ggml_vec_dot_f16's (NF_KT_F16V: one-column products) */
 	static const enum nf_ktype types[] = { NF_KT_Q4_0, NF_KT_Q8_0, NF_KT_F16, NF_KT_Q2_K, NF_KT_Q3_K,
-					       NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K, NF_KT_Q4_0L };
+					       NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K, NF_KT_Q4_0L, NF_KT_F16V };
 	static const char *const type_names[] = { "q4_0", "q8_0", "f16", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
-						  "q4_0l" };
+						  "q4_0l", "f16v" };
 	static const uint32_t type_dtypes[] = { NF_DTYPE_Q4_0, NF_DTYPE_Q8_0, NF_DTYPE_F16, NF_DTYPE_Q2_K,
 						NF_DTYPE_Q3_K, NF_DTYPE_Q4_K, NF_DTYPE_Q5_K, NF_DTYPE_Q6_K,
-						NF_DTYPE_Q4_0 };
+						NF_DTYPE_Q4_0, NF_DTYPE_F16 };
 	/* NFLASH_BENCH_TYPES=q2_K,q3_K: only those types */
 	const char *only = getenv("NFLASH_BENCH_TYPES");
 	const int n_types = (int)(sizeof(types) / sizeof(types[0]));

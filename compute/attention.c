@@ -122,18 +122,30 @@ static void value_sum_column(const struct nf_kernels *k, bool f16, const float *
 		for (size_t l = 0; l < 16; l++)
 			v[l] = (lanes[l * HD + d] + lanes[(32 + l) * HD + d]) +
 			       (lanes[(16 + l) * HD + d] + lanes[(48 + l) * HD + d]);
-		float s = nf_sum16(v);
-		if (f16) {
-			double sd = s;
-			for (size_t t = nc; t < n_t; t++)
-				sd += (double)(nf_fp16_to_fp32(((const uint16_t *)(vb + t * row_bytes))[d]) *
-					       nf_fp16_to_fp32(nf_fp32_to_fp16(p[t])));
-			s = (float)sd;
-		} else {
-			for (size_t t = nc; t < n_t; t++)
-				s += ((const float *)(vb + t * row_bytes))[d] * p[t];
+		out[d] = nf_sum16(v);
+	}
+	if (nc == n_t)
+		return;
+	/* The tail, position by position: each d's sum keeps its order, and
+	 * the HD sums are independent chains (the lanes are free again). */
+	if (f16) {
+		double *sd = (double *)lanes;
+		for (size_t d = 0; d < HD; d++)
+			sd[d] = out[d];
+		for (size_t t = nc; t < n_t; t++) {
+			const uint16_t *vr = (const uint16_t *)(vb + t * row_bytes);
+			float pt = nf_fp16_to_fp32(nf_fp32_to_fp16(p[t]));
+			for (size_t d = 0; d < HD; d++)
+				sd[d] += (double)(nf_fp16_to_fp32(vr[d]) * pt);
 		}
-		out[d] = s;
+		for (size_t d = 0; d < HD; d++)
+			out[d] = (float)sd[d];
+	} else {
+		for (size_t t = nc; t < n_t; t++) {
+			const float *vr = (const float *)(vb + t * row_bytes);
+			for (size_t d = 0; d < HD; d++)
+				out[d] += vr[d] * p[t];
+		}
 	}
 }
 

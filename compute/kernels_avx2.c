@@ -516,15 +516,21 @@ FDOT_F16_OPS(f16)
  * fdot_f16, the tail's f32 products added in double. */
 static float fdot_f16v(size_t n, const void *w, const void *x)
 {
-	__m256 a[8];
-	for (int k = 0; k < 8; k++)
-		a[k] = _mm256_setzero_ps();
+	/* named registers, not an array: GCC kept an array on the stack */
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
 	size_t np = n & ~(size_t)63;
-	for (size_t i = 0; i < np; i += 64)
-		for (int k = 0; k < 8; k++)
-			a[k] = _mm256_fmadd_ps(ld_f16(w, i + 8 * k), ld_f16(x, i + 8 * k), a[k]);
-	__m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-	__m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+	for (size_t i = 0; i < np; i += 64) {
+		a0 = _mm256_fmadd_ps(ld_f16(w, i), ld_f16(x, i), a0);
+		a1 = _mm256_fmadd_ps(ld_f16(w, i + 8), ld_f16(x, i + 8), a1);
+		a2 = _mm256_fmadd_ps(ld_f16(w, i + 16), ld_f16(x, i + 16), a2);
+		a3 = _mm256_fmadd_ps(ld_f16(w, i + 24), ld_f16(x, i + 24), a3);
+		a4 = _mm256_fmadd_ps(ld_f16(w, i + 32), ld_f16(x, i + 32), a4);
+		a5 = _mm256_fmadd_ps(ld_f16(w, i + 40), ld_f16(x, i + 40), a5);
+		a6 = _mm256_fmadd_ps(ld_f16(w, i + 48), ld_f16(x, i + 48), a6);
+		a7 = _mm256_fmadd_ps(ld_f16(w, i + 56), ld_f16(x, i + 56), a7);
+	}
+	__m256 lo = _mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a2, a6));
+	__m256 hi = _mm256_add_ps(_mm256_add_ps(a1, a5), _mm256_add_ps(a3, a7));
 	double s = hsum8(_mm256_add_ps(lo, hi));
 	for (size_t i = np; i < n; i++)
 		s += (double)(el_f16(w, i) * el_f16(x, i));

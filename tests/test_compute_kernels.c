@@ -177,6 +177,7 @@ Test(kernels, f16_orders)
 		}
 		fill(&r, xf, n);
 		nf_kernels_ref()->act_prepare[NF_KT_F16V](xf, xh, n);
+		float want_rows[32];
 		for (size_t row = 0; row < nrows; row++) {
 			const uint16_t *a = w + row * n;
 			float t[16] = { 0 }, v[4][16] = { { 0 } };
@@ -193,6 +194,7 @@ Test(kernels, f16_orders)
 			for (size_t i = np; i < n; i++)
 				s += (double)(nf_fp16_to_fp32(a[i]) * nf_fp16_to_fp32(xh[i]));
 			float want_v = (float)s, want_t = n % 16 ? want_v : reduce16(t);
+			want_rows[row] = want_v;
 			for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
 				const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
 				if (!k)
@@ -206,6 +208,22 @@ Test(kernels, f16_orders)
 					  n, row, yv, want_v);
 			}
 			differ += !same_bits(want_t, want_v);
+		}
+		/* several rows at once (the kernels run rows side by side), and a
+		 * count that leaves a remainder */
+		for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+			const struct nf_kernels *k = nf_kernels_isa(isas[ii]);
+			if (!k)
+				continue;
+			const size_t counts[] = { nrows, 7 };
+			for (size_t ci = 0; ci < 2; ci++) {
+				float y[32];
+				k->gemv[NF_KT_F16V](n, counts[ci], w, n * 2, xh, y);
+				for (size_t row = 0; row < counts[ci]; row++)
+					cr_assert(same_bits(y[row], want_rows[row]),
+						  "%s n %zu, %zu rows: row %zu %a, want %a", k->isa, n, counts[ci],
+						  row, y[row], want_rows[row]);
+			}
 		}
 		free(wf);
 		free(xf);
