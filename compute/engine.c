@@ -736,6 +736,13 @@ static void apply_plan(struct nf_engine *e)
 		return;
 	}
 	e->info.plan_budget = pe->budget;
+	e->info.plan_tok_per_s = pe->tok_per_s;
+	e->info.plan_overridden = (o->n_ctx && o->n_ctx != pe->n_ctx) ||
+				  (o->kv_type >= 0 && o->kv_type != (int)pe->kv_type) ||
+				  (o->n_batch && o->n_batch != pe->n_batch) || (o->qd && o->qd != pe->qd) ||
+				  (o->read_gap >= 0 && o->read_gap != (int)pe->read_gap) ||
+				  (o->cold_slots >= 0 && o->cold_slots != (int)pe->cold_slots) ||
+				  (o->n_threads && pe->n_threads && o->n_threads != (int)pe->n_threads);
 	if (!o->n_ctx)
 		o->n_ctx = pe->n_ctx;
 	if (o->kv_type < 0)

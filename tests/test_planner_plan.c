@@ -446,11 +446,26 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	cr_expect_eq(info.qd, p->entries[1].qd);
 	cr_expect_eq(info.read_gap, p->entries[1].read_gap);
 	cr_expect_eq(info.n_ctx, p->entries[1].n_ctx);
+	/* its prediction, for generate's check of the decode against it */
+	cr_expect(info.plan_tok_per_s == p->entries[1].tok_per_s && !info.plan_overridden,
+		  "%.3g tok/s predicted, overridden %d", info.plan_tok_per_s, info.plan_overridden);
+	{
+		/* a flag that moves a planned setting marks the plan overridden */
+		struct nf_store_plan_entry as = p->entries[1];
+		as.read_gap += 1;
+		struct nf_engine *e3;
+		cr_assert_eq(open_at(budgets[1] + (40ull << 20), true, &as, &e3, &d), 0, "%s", d.msg);
+		struct nf_engine_info info3;
+		nf_engine_info(e3, &info3);
+		cr_expect(info3.plan_overridden && info3.plan_tok_per_s > 0);
+		nf_engine_close(e3);
+	}
 	/* and gives the bits an unplanned run with the same settings gives */
 	cr_assert_eq(open_at(budgets[1] + (40ull << 20), false, &p->entries[1], &e2, &d), 0, "%s", d.msg);
 	struct nf_engine_info info2;
 	nf_engine_info(e2, &info2);
 	cr_expect_eq(info2.plan_budget, 0);
+	cr_expect(info2.plan_tok_per_s == 0);
 	static const int32_t ids[8] = { 1, 278, 263, 13, 300, 72, 101, 259 };
 	expect_same_run(e1, e2, ids);
 

@@ -198,6 +198,30 @@ static int gen_parse(int argc, char **argv, struct nf_model_cli *mc, struct gen_
 enum gen_stop { STOP_LENGTH, STOP_EOS, STOP_CONTEXT };
 static const char *const stop_names[] = { "length", "eos", "context" };
 
+/*
+ * The decode measured against the plan's prediction. The plan measured
+ * the device once; a disk that has changed since (a virtual one's rate
+ * moved 2.3x between two sessions of one day on the same machine) leaves its
+ * settings and figures stale, and this says so. Short runs (fewer than 32
+ * decode steps: the first ones fill the cold segment) are not judged, and
+ * only a factor past 0.6 or 1.6 is: this host's noise alone moves a run
+ * by 15%.
+ */
+static void plan_check(const struct nf_engine_info *pi, const char *path, size_t n_evals, double gen_tps)
+{
+	if (pi->plan_tok_per_s <= 0 || gen_tps <= 0)
+		return;
+	double r = gen_tps / pi->plan_tok_per_s;
+	fprintf(stderr, "nflash: decode %.2f tok/s, the plan for %.1f MiB predicted %.2f (measured %.2fx)%s\n", gen_tps,
+		(double)pi->plan_budget / 1048576.0, pi->plan_tok_per_s, r,
+		pi->plan_overridden ? "; flags given here changed the plan's settings" : "");
+	if (!pi->plan_overridden && n_evals >= 32 && (r < 0.6 || r > 1.6))
+		fprintf(stderr,
+			"nflash: hint: the device or the machine may have changed since the plan measured them: "
+			"`nflash plan %s --memory-budget %.1fM --remeasure` measures them again\n",
+			path, (double)pi->plan_budget / 1048576.0);
+}
+
 int nf_cmd_generate(int argc, char **argv)
 {
 	struct nf_model_cli mc;
@@ -347,6 +371,9 @@ int nf_cmd_generate(int argc, char **argv)
 		printf("\n");
 	double prompt_tps = t_prompt > 0 ? o.n_ids / t_prompt : 0;
 	double gen_tps = t_eval > 0 ? n_evals / t_eval : 0;
+	struct nf_engine_info pi = { 0 };
+	if (mc.engine)
+		nf_engine_info(mc.engine, &pi);
 	const char *isa = nf_ctx_kernels(mc.ctx)->isa;
 	if (o.json) {
 		struct nf_json j;
@@ -368,6 +395,8 @@ int nf_cmd_generate(int argc, char **argv)
 		nf_json_dbl(&j, "sample_ms", t_sample * 1e3);
 		nf_json_dbl(&j, "prompt_tok_per_s", prompt_tps);
 		nf_json_dbl(&j, "gen_tok_per_s", gen_tps);
+		if (pi.plan_tok_per_s > 0)
+			nf_json_dbl(&j, "plan_predicted_tok_per_s", pi.plan_tok_per_s);
 		nf_json_u64(&j, "gen_evals", n_evals);
 		nf_json_i64(&j, "threads", nf_ctx_n_threads(mc.ctx));
 		nf_json_str(&j, "isa", isa);
@@ -394,6 +423,7 @@ int nf_cmd_generate(int argc, char **argv)
 	fprintf(stderr, "nflash:       total time = %10.2f ms / %5zu tokens\n",
 		(mc.load_s + t_prompt + t_eval + t_sample) * 1e3, o.n_ids + n_gen);
 	nf_model_cli_stats_total(&mc, stderr, t_prompt + t_eval);
+	plan_check(&pi, mc.path, n_evals, gen_tps);
 	ret = nf_model_cli_profile_save(&mc, o.n_ids + n_evals);
 done:
 	free(o.prompt_file);

@@ -150,6 +150,8 @@ struct nf_engine_info {
 	uint32_t qd, read_gap;   /* in use */
 	/* the plan followed: its budget (0: none), or why none was */
 	uint64_t plan_budget;
+	double plan_tok_per_s;   /* the plan's predicted decode tokens/s (0: none followed) */
+	bool plan_overridden;    /* a setting given by the caller differs from the plan's */
 	char plan_note[160];
 	double load_s;           /* seconds nf_engine_open took */
 };
