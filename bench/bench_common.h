@@ -111,7 +111,7 @@ static inline uint64_t nf_bench_memsum(const char *p, size_t bytes)
 }
 
 /* The SIMD tables a benchmark measures when none is named. */
-#define NF_BENCH_ISAS { "avx512", "avx2" }
+#define NF_BENCH_ISAS { "avx512", "avx512-256", "avx2" }
 #elif defined(__aarch64__)
 #include <arm_neon.h>
 static inline uint64_t nf_bench_memsum(const char *p, size_t bytes)

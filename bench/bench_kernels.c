@@ -269,7 +269,7 @@ int main(int argc, char **argv)
 		      "usage: bench_kernels [TABLE...]\n"
 		      "\n"
 		      "gemv and gemm GB/s of each kernel table (default: the SIMD ones this CPU\n"
-		      "has; TABLE: avx512, avx2, scalar, neon-dot, neon) per type, beside a plain\n"
+		      "has; TABLE: avx512, avx512-256, avx2, scalar, neon-dot, neon) per type, beside a plain\n"
 		      "memory read by as many threads. Environment: NFLASH_BENCH_TYPES (e.g.\n"
 		      "q4_0,q6_K), NFLASH_BENCH_SHAPE (COLSxROWS, default 4096x11008),\n"
 		      "LLAMA_BENCH and LLAMA_BENCH_MODELS (llama.cpp beside it);\n"

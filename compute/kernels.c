@@ -8,8 +8,8 @@
  *    instruction set its file was compiled for (__builtin_cpu_supports on
  *    x86-64, getauxval(AT_HWCAP) on arm64), so no code path reaches an
  *    instruction the CPU lacks. Only the target's SIMD files are built.
- * 3. NFLASH_ISA=scalar|avx2|avx512 (x86-64), scalar|neon|neon-dot (arm64)
- *    forces a table; a name the CPU or build cannot run falls back to the
+ * 3. NFLASH_ISA=scalar|avx2|avx512|avx512-256 (x86-64), scalar|neon|neon-dot
+ *    (arm64) forces a table; a name the CPU or build cannot run falls back to the
  *    best table it can, with one line on stderr.
  */
 #if defined(__x86_64__)
@@ -86,8 +86,34 @@ static bool cpu_has_f16c(void)
 	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 
-/* Best first. */
+/*
+ * A core that runs every 512-bit operation as two 256-bit halves: AMD's
+ * family 19h with AVX-512 (Zen 4; Zen 3, the same family, has none). There
+ * the AVX-512 table with one 256-bit stream for Q4_0 groups is the faster
+ * one (docs/KERNELS.md "One stream on Zen 4"); Zen 5 (family 1Ah) and
+ * Intel's cores run 512 bits at once.
+ */
+static bool cpu_splits_512(void)
+{
+	unsigned int a, b, c, d;
+	if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541 || d != 0x69746e65 || c != 0x444d4163)
+		return false; /* "AuthenticAMD" */
+	if (!__get_cpuid(1, &a, &b, &c, &d))
+		return false;
+	unsigned int family = (a >> 8) & 0xf;
+	if (family == 0xf)
+		family += (a >> 20) & 0xff;
+	return family == 0x19;
+}
+
+/* Best first (after isa_preferred). */
 static const char *const isa_order[] = { "avx512", "avx2", "scalar" };
+
+/* The table to try before isa_order on this core, or NULL. */
+static const char *isa_preferred(void)
+{
+	return cpu_splits_512() ? "avx512-256" : NULL;
+}
 
 static const struct nf_kernels *isa_table(const char *isa)
 {
@@ -95,18 +121,27 @@ static const struct nf_kernels *isa_table(const char *isa)
 	if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") &&
 	    __builtin_cpu_supports("fma") && cpu_has_f16c())
 		return &nf_kernels_table_avx2;
-	if (!strcmp(isa, "avx512") && __builtin_cpu_supports("avx2") &&
-	    __builtin_cpu_supports("fma") && cpu_has_f16c() &&
-	    __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-	    __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16"))
+	bool avx512 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
+		      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+		      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
+	if (!avx512)
+		return NULL;
+	if (!strcmp(isa, "avx512"))
 		return &nf_kernels_table_avx512;
+	if (!strcmp(isa, "avx512-256"))
+		return &nf_kernels_table_avx512_256;
 	return NULL;
 }
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
 
 static const char *const isa_order[] = { "neon-dot", "neon", "scalar" };
+
+static const char *isa_preferred(void)
+{
+	return NULL;
+}
 
 /* neon: Advanced SIMD (fp16 <-> f32 conversions are part of it);
  * neon-dot: plus the dot-product instructions (sdot, FEAT_DotProd). */
@@ -123,6 +158,11 @@ static const struct nf_kernels *isa_table(const char *isa)
 }
 #else
 static const char *const isa_order[] = { "scalar" };
+
+static const char *isa_preferred(void)
+{
+	return NULL;
+}
 
 static const struct nf_kernels *isa_table(const char *isa)
 {
@@ -154,6 +194,8 @@ static void kernels_choose(void)
 			fprintf(stderr, "nflash: NFLASH_ISA=%s is not available on this CPU or build; "
 				"using the best available\n", want);
 	}
+	if (!k && isa_preferred())
+		k = nf_kernels_isa(isa_preferred());
 	for (size_t i = 0; !k && i < sizeof(isa_order) / sizeof(isa_order[0]); i++)
 		k = nf_kernels_isa(isa_order[i]);
 	kernels_chosen = k;

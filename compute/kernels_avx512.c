@@ -841,64 +841,81 @@ static void axpy_q8(size_t n, float a, const void *wrow, float *y)
 	}
 }
 
-const struct nf_kernels nf_kernels_table_avx512 = {
-	.isa = "avx512",
-	.act_prepare = {
-		[NF_KT_F32] = nf_kref_prepare_f32,
-		[NF_KT_F16] = nf_kavx2_prepare_f16,
-		[NF_KT_BF16] = nf_kavx2_prepare_bf16,
-		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,
-		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,
-		[NF_KT_Q4_0L] = nf_kavx2_prepare_q8_0,
-		[NF_KT_F16V] = nf_kavx2_prepare_f16,
-		NF_KAVX2_KQUANT_PREPARE,
-	},
-	.gemv = {
-		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
-		/* ggml's vec_dot order: see go_gemv_q4_0 */
-		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0L] = go_gemv_q4_0,
-		[NF_KT_Q4_0] = nf_kavx2_gemv_q4_0, [NF_KT_F16V] = gemv_f16v,
-		NF_KAVX2_KQUANT(gemv),
-	},
-	.gemm = {
-		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
-		[NF_KT_Q8_0] = xr_gemm_q8_0, [NF_KT_Q4_0L] = xr_gemm_q4_0,
-		[NF_KT_Q4_0] = nf_kavx2_gemm_q4_0, [NF_KT_F16V] = gemm_f16v,
-		NF_KAVX2_KQUANT(gemm),
-	},
-	.axpy = {
-		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
-		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,
-		[NF_KT_Q4_0] = axpy_q4, [NF_KT_Q4_0L] = axpy_q4, [NF_KT_F16V] = nf_kavx2_axpy_f16,
-		NF_KAVX2_KQUANT(axpy),
-	},
-	.gemv_list = {
-		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
-		[NF_KT_Q8_0] = xr_gemv_list_q8_0, [NF_KT_Q4_0L] = go_gemv_list_q4_0,
-		[NF_KT_Q4_0] = nf_kavx2_gemv_list_q4_0, [NF_KT_F16V] = gemv_list_f16v,
-		NF_KAVX2_KQUANT(gemv_list),
-	},
-	.axpy_list = {
-		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
-		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8,
-		[NF_KT_Q4_0] = axpy_list_q4, [NF_KT_Q4_0L] = axpy_list_q4,
-		[NF_KT_F16V] = nf_kavx2_axpy_list_f16,
-		NF_KAVX2_KQUANT(axpy_list),
-	},
-	.kcol_madd = nf_kavx2_kcol_madd,
-	.qcol_down = { [NF_KT_Q8_0] = nf_kavx512_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx512_qcol_down_q4_0,
-		       [NF_KT_Q4_0L] = nf_kavx512_qcol_down_q4_0 },
-	/* 8-row groups: Q4_0 and Q8_0 two groups per register
-	 * (kernels_avx512_x8.c), the K-quants the AVX2 kernels */
-	.gemv_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemv_x8_Q4_0, [NF_KT_Q4_0] = nf_kavx512_gemv_x8_Q4_0c, [NF_KT_Q8_0] = nf_kavx512_gemv_x8_Q8_0,
-		     NF_KAVX2_X8(gemv) },
-	.gemm_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemm_x8_Q4_0, [NF_KT_Q4_0] = nf_kavx512_gemm_x8_Q4_0c, [NF_KT_Q8_0] = nf_kavx512_gemm_x8_Q8_0,
-		     NF_KAVX2_X8(gemm) },
-	.rmsnorm = nf_kavx2_rmsnorm,
-	.softmax = nf_kavx2_softmax,
-	.silu_mul = nf_kavx2_silu_mul,
-	.relu_mul = nf_kref_relu_mul,
-	.drelu_mul = nf_kref_drelu_mul,
-	.dot_f32 = nf_kavx2_dot_f32v,
-	.axpy_f32 = nf_kavx2_axpy_f32v,
-};
+/*
+ * The table, twice: "avx512" runs NF_KT_Q4_0's group gemv two groups per
+ * 512-bit register (two streams), "avx512-256" one group per 256-bit
+ * register (one stream), for cores that split every 512-bit operation in
+ * two (AMD Zen 4), where the one stream reads faster (docs/KERNELS.md
+ * "One stream on Zen 4"). Every other entry is the same function, and both
+ * give the reference's bits.
+ */
+#define NF_KAVX512_TABLE(NAME, Q4_0_GEMV_X8)                                                               \
+{                                                                                                          \
+	.isa = NAME,                                                                                       \
+	.act_prepare = {                                                                                   \
+		[NF_KT_F32] = nf_kref_prepare_f32,                                                         \
+		[NF_KT_F16] = nf_kavx2_prepare_f16,                                                        \
+		[NF_KT_BF16] = nf_kavx2_prepare_bf16,                                                      \
+		[NF_KT_Q8_0] = nf_kavx2_prepare_q8_0,                                                      \
+		[NF_KT_Q4_0] = nf_kavx2_prepare_q8_0,                                                      \
+		[NF_KT_Q4_0L] = nf_kavx2_prepare_q8_0,                                                     \
+		[NF_KT_F16V] = nf_kavx2_prepare_f16,                                                       \
+		NF_KAVX2_KQUANT_PREPARE,                                                                   \
+	},                                                                                                 \
+	.gemv = {                                                                                          \
+		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,                  \
+		/* ggml's vec_dot order: see go_gemv_q4_0 */                                               \
+		[NF_KT_Q8_0] = nf_kavx2_gemv_q8_0, [NF_KT_Q4_0L] = go_gemv_q4_0,                           \
+		[NF_KT_Q4_0] = nf_kavx2_gemv_q4_0, [NF_KT_F16V] = gemv_f16v,                               \
+		NF_KAVX2_KQUANT(gemv),                                                                     \
+	},                                                                                                 \
+	.gemm = {                                                                                          \
+		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,                  \
+		[NF_KT_Q8_0] = xr_gemm_q8_0, [NF_KT_Q4_0L] = xr_gemm_q4_0,                                 \
+		[NF_KT_Q4_0] = nf_kavx2_gemm_q4_0, [NF_KT_F16V] = gemm_f16v,                               \
+		NF_KAVX2_KQUANT(gemm),                                                                     \
+	},                                                                                                 \
+	.axpy = {                                                                                          \
+		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,                          \
+		[NF_KT_BF16] = nf_kavx2_axpy_bf16, [NF_KT_Q8_0] = axpy_q8,                                 \
+		[NF_KT_Q4_0] = axpy_q4, [NF_KT_Q4_0L] = axpy_q4, [NF_KT_F16V] = nf_kavx2_axpy_f16,         \
+		NF_KAVX2_KQUANT(axpy),                                                                     \
+	},                                                                                                 \
+	.gemv_list = {                                                                                     \
+		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,   \
+		[NF_KT_Q8_0] = xr_gemv_list_q8_0, [NF_KT_Q4_0L] = go_gemv_list_q4_0,                       \
+		[NF_KT_Q4_0] = nf_kavx2_gemv_list_q4_0, [NF_KT_F16V] = gemv_list_f16v,                     \
+		NF_KAVX2_KQUANT(gemv_list),                                                                \
+	},                                                                                                 \
+	.axpy_list = {                                                                                     \
+		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,                \
+		[NF_KT_BF16] = nf_kavx2_axpy_list_bf16, [NF_KT_Q8_0] = axpy_list_q8,                       \
+		[NF_KT_Q4_0] = axpy_list_q4, [NF_KT_Q4_0L] = axpy_list_q4,                                 \
+		[NF_KT_F16V] = nf_kavx2_axpy_list_f16,                                                     \
+		NF_KAVX2_KQUANT(axpy_list),                                                                \
+	},                                                                                                 \
+	.kcol_madd = nf_kavx2_kcol_madd,                                                                   \
+	.qcol_down = { [NF_KT_Q8_0] = nf_kavx512_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx512_qcol_down_q4_0, \
+		       [NF_KT_Q4_0L] = nf_kavx512_qcol_down_q4_0 },                                        \
+	/* 8-row groups: Q4_0 and Q8_0 two groups per register (Q4_0's gemv: the argument)                                            \
+	 * (kernels_avx512_x8.c), the K-quants the AVX2 kernels */                                         \
+	.gemv_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemv_x8_Q4_0,                                              \
+		     [NF_KT_Q4_0] = Q4_0_GEMV_X8,                                                          \
+		     [NF_KT_Q8_0] = nf_kavx512_gemv_x8_Q8_0,                                               \
+		     NF_KAVX2_X8(gemv) },                                                                  \
+	.gemm_x8 = { [NF_KT_Q4_0L] = nf_kavx512_gemm_x8_Q4_0,                                              \
+		     [NF_KT_Q4_0] = nf_kavx512_gemm_x8_Q4_0c,                                              \
+		     [NF_KT_Q8_0] = nf_kavx512_gemm_x8_Q8_0,                                               \
+		     NF_KAVX2_X8(gemm) },                                                                  \
+	.rmsnorm = nf_kavx2_rmsnorm,                                                                       \
+	.softmax = nf_kavx2_softmax,                                                                       \
+	.silu_mul = nf_kavx2_silu_mul,                                                                     \
+	.relu_mul = nf_kref_relu_mul,                                                                      \
+	.drelu_mul = nf_kref_drelu_mul,                                                                    \
+	.dot_f32 = nf_kavx2_dot_f32v,                                                                      \
+	.axpy_f32 = nf_kavx2_axpy_f32v,                                                                    \
+}
+
+const struct nf_kernels nf_kernels_table_avx512 = NF_KAVX512_TABLE("avx512", nf_kavx512_gemv_x8_Q4_0c);
+const struct nf_kernels nf_kernels_table_avx512_256 =
+	NF_KAVX512_TABLE("avx512-256", nf_kavx512_gemv_x8_Q4_0y);

@@ -48,6 +48,9 @@
 #ifndef GX_PF
 #define GX_PF 2048   /* bytes ahead prefetched in each group's stream (gemv) */
 #endif
+#ifndef GY_PF
+#define GY_PF 2048   /* bytes ahead prefetched in the one stream (gy_gemv_q4_0c) */
+#endif
 #define GX_BS(q8) ((q8) ? sizeof(struct nf_block_q8_0x8) : sizeof(struct nf_block_q4_0x8))
 
 struct gx_tab {
@@ -247,6 +250,52 @@ INLINE void gx_gemm(int q8, int chain, size_t n, size_t nrows, const void *w, si
 			n, 8, (const uint8_t *)w + (ng - 1) * gb, nbat, xq, xq_stride, y + 8 * (ng - 1), ldy);
 }
 
+/*
+ * NF_KT_Q4_0's chain in one 256-bit stream: group by group, one register
+ * per lane of the group's 8 rows (as the AVX2 group kernel), the lane's
+ * activation one broadcast dword into VPDPBUSD (AVX512-VL), the block's 8
+ * lanes summed as integers in two chains from its whole correction, then
+ * acc = fma(d_w * d_x, isum, acc): the same bits as the pair kernel. One
+ * sequential stream per call, where the pair kernel runs two.
+ */
+static void gy_gemv_q4_0c(size_t n, size_t nrows, const void *w, const void *xq, float *y)
+{
+	const struct nf_block_q8_0 *x = xq;
+	const size_t bs = sizeof(struct nf_block_q4_0x8), nb = n / NF_QK, gb = nb * bs, ng = nrows / 8;
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	struct gx_tab t[GX_CHUNK];
+	if (nb <= GX_CHUNK)
+		gx_table(0, x, nb, t);
+	for (size_t g = 0; g < ng; g++) {
+		const uint8_t *b = (const uint8_t *)w + g * gb;
+		__m256 acc = _mm256_setzero_ps();
+		for (size_t c = 0; c < nb; c += GX_CHUNK) {
+			size_t cn = nb - c < GX_CHUNK ? nb - c : GX_CHUNK;
+			if (nb > GX_CHUNK)
+				gx_table(0, x + c, cn, t);
+			const struct nf_block_q8_0 *xc = x + c;
+			for (size_t i = 0; i < cn; i++, b += bs) {
+				for (size_t o = 0; o < bs; o += 64)
+					_mm_prefetch((const char *)b + GY_PF + o, _MM_HINT_T0);
+				__m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b)),
+							 _mm256_set1_ps(t[i].dx));
+				__m256i va = _mm256_set1_epi32(t[i].corr_sum), vb = _mm256_setzero_si256();
+				_Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
+					__m256i p = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * m));
+					int32_t x0, x1;
+					memcpy(&x0, xc[i].qs + 4 * m, sizeof(x0));
+					memcpy(&x1, xc[i].qs + 4 * m + 16, sizeof(x1));
+					va = _mm256_dpbusd_epi32(va, _mm256_and_si256(p, m4), _mm256_set1_epi32(x0));
+					vb = _mm256_dpbusd_epi32(vb, _mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
+								 _mm256_set1_epi32(x1));
+				}
+				acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_add_epi32(va, vb)), acc);
+			}
+		}
+		_mm256_storeu_ps(y + 8 * g, acc);
+	}
+}
+
 void nf_kavx512_gemv_x8_Q4_0(size_t n, size_t nrows, const void *w, const void *xq, float *y)
 {
 	gx_gemv(0, 0, n, nrows, w, xq, y);
@@ -255,6 +304,11 @@ void nf_kavx512_gemv_x8_Q4_0(size_t n, size_t nrows, const void *w, const void *
 void nf_kavx512_gemv_x8_Q4_0c(size_t n, size_t nrows, const void *w, const void *xq, float *y)
 {
 	gx_gemv(0, 1, n, nrows, w, xq, y);
+}
+
+void nf_kavx512_gemv_x8_Q4_0y(size_t n, size_t nrows, const void *w, const void *xq, float *y)
+{
+	gy_gemv_q4_0c(n, nrows, w, xq, y);
 }
 
 void nf_kavx512_gemv_x8_Q8_0(size_t n, size_t nrows, const void *w, const void *xq, float *y)

@@ -16,6 +16,7 @@
 extern const struct nf_kernels nf_kernels_table_ref;
 extern const struct nf_kernels nf_kernels_table_avx2;
 extern const struct nf_kernels nf_kernels_table_avx512;
+extern const struct nf_kernels nf_kernels_table_avx512_256; /* one 256-bit stream for Q4_0 groups */
 extern const struct nf_kernels nf_kernels_table_neon;
 extern const struct nf_kernels nf_kernels_table_neondot;
 
@@ -129,6 +130,8 @@ NF_KX8_DECL(nf_kavx2, Q6_K)
 NF_KX8_DECL(nf_kavx512, Q4_0)
 NF_KX8_DECL(nf_kavx512, Q8_0)
 NF_KX8_DECL(nf_kavx512, Q4_0c) /* NF_KT_Q4_0: llama.cpp's repacked chain */
+/* the same chain in one 256-bit stream per call */
+void nf_kavx512_gemv_x8_Q4_0y(size_t n, size_t nrows, const void *w, const void *xq, float *y);
 #define NF_KREF_X8(op)                                                                             \
 	[NF_KT_Q4_K] = nf_kref_##op##_x8_Q4_K, [NF_KT_Q5_K] = nf_kref_##op##_x8_Q5_K,                  \
 	[NF_KT_Q6_K] = nf_kref_##op##_x8_Q6_K

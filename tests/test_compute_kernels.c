@@ -12,7 +12,7 @@
 
 #include "nflash/kernels.h"
 
-static const char *const isas[] = { "scalar", "avx2", "avx512", "neon", "neon-dot" };
+static const char *const isas[] = { "scalar", "avx2", "avx512", "avx512-256", "neon", "neon-dot" };
 static const enum nf_ktype all_kt[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
 					NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K,
 					NF_KT_Q4_0L, NF_KT_F16V };

@@ -77,7 +77,7 @@ uint32_t nf_ktype_dot_dtype(enum nf_ktype kt);
 size_t nf_act_size(enum nf_ktype kt, size_t n);
 
 struct nf_kernels {
-	const char *isa; /* "scalar", "avx2", "avx512" */
+	const char *isa; /* "scalar", "avx2", "avx512", "avx512-256", "neon", "neon-dot" */
 
 	/* Convert f32 activations to kt's dot type (quantize to Q8_0, round to
 	 * fp16/bf16, or copy). */
