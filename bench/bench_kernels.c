@@ -262,7 +262,7 @@ int main(int argc, char **argv)
 	/* NFLASH_BENCH_TYPES=q2_K,q3_K: only those types */
 	const char *only = getenv("NFLASH_BENCH_TYPES");
 	const int n_types = (int)(sizeof(types) / sizeof(types[0]));
-	const char *all_isas[] = NF_BENCH_ISAS; /* scalar: name it on the command line */
+	const char *all_isas[] = NF_BENCH_ISAS_KERNELS; /* scalar: name it on the command line */
 	const char **isas = all_isas;
 	int nisa = (int)(sizeof(all_isas) / sizeof(all_isas[0]));
 	nf_bench_args(argc, argv,

@@ -155,14 +155,33 @@ static void check_preads(struct nf_iotrace *t, struct fixture *fx, unsigned n, u
 	cr_expect(d.lat[NF_IOTRACE_TOTAL][NF_IOTRACE_READ].sum >=
 		  d.lat[NF_IOTRACE_DEVICE][NF_IOTRACE_READ].sum, "total latency below device latency");
 	/*
-	 * Synchronous preads: one request in flight at each issue. A lost
-	 * completion inflates the gauge until its request is reused, so ask
-	 * only that depth 1 is the most frequent value by far.
+	 * Synchronous preads: one request in flight at each issue, ours, plus
+	 * any earlier request whose completion was lost and not yet found
+	 * (the gauge counts it until its struct request is reused: at most
+	 * the gauge before, the losses found during the batch and the gauge
+	 * after). So every issue is at depth 1 + at most that many (log2
+	 * slots 0..top), and one slot in that range holds half the issues or
+	 * more; with no lost completion outstanding that is depth 1 every time.
 	 */
-	cr_expect(d.depth.slots[0] >= n / 2, "depth 1 seen %llu times of %u",
-		  (unsigned long long)d.depth.slots[0], n);
-	for (int i = 1; i < NF_IOTRACE_NSLOTS; i++)
-		cr_expect(d.depth.slots[i] < d.depth.slots[0], "depth slot %d above slot 0", i);
+	uint64_t unmatched = a.inflight + d.lost + b.inflight, within_n = 0, best = 0;
+	/* lost completions are 0.05-1% of them here (docs/TRACING.md): a gauge
+	 * that misses decrements would leave hundreds */
+	cr_expect(a.inflight + b.inflight <= n / 20, "in-flight gauge %llu before and %llu after %u synchronous reads",
+		  (unsigned long long)a.inflight, (unsigned long long)b.inflight, n);
+	unsigned top = log2u(1 + unmatched);
+	for (unsigned i = 0; i <= top && i < NF_IOTRACE_NSLOTS; i++) {
+		within_n += d.depth.slots[i];
+		best = d.depth.slots[i] > best ? d.depth.slots[i] : best;
+	}
+	cr_expect_eq(within_n, d.depth.count, "%llu of %llu issues above depth 1 + %llu unmatched (gauge "
+		     "%llu before, %llu after, %llu lost found)", (unsigned long long)(d.depth.count - within_n),
+		     (unsigned long long)d.depth.count, (unsigned long long)unmatched,
+		     (unsigned long long)a.inflight, (unsigned long long)b.inflight, (unsigned long long)d.lost);
+	cr_expect(best >= n / 2, "no depth within 1 + %llu seen %u times or more (depth 1: %llu)",
+		  (unsigned long long)unmatched, n / 2, (unsigned long long)d.depth.slots[0]);
+	if (unmatched == 0)
+		cr_expect_eq(d.depth.slots[0], d.depth.count, "depth 1 at %llu of %llu issues",
+			     (unsigned long long)d.depth.slots[0], (unsigned long long)d.depth.count);
 	/* the device queue is sampled at the same issues and holds at least ours */
 	cr_expect_eq(d.qdepth.count, d.depth.count);
 	cr_expect(d.qdepth.sum >= d.qdepth.count, "device depth %llu over %llu issues: own request missing",
