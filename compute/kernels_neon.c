@@ -148,26 +148,37 @@ static float fdot_f16(size_t n, const void *w, const void *x)
 }
 
 /* F16 in ggml_vec_dot_f16's order (nf_kref_dot_f16v): its four 16-lane
- * chains as sixteen 4-lane ones (a[4j + q]: chain j, lanes 4q..4q+3),
+ * chains as sixteen 4-lane ones (a<4j + q>: chain j, lanes 4q..4q+3),
  * combined per lane as the reference, reduced as fdot_f16, the tail's f32
- * products added in double. */
+ * products added in double. The sixteen are named registers: as an array
+ * GCC kept them on the stack, a load and a store around every fma. */
+#define F16V_FMA(k) a##k = vfmaq_f32(a##k, ld_f16(w, i + 4 * (k)), ld_f16(x, i + 4 * (k)))
 static float fdot_f16v(size_t n, const void *w, const void *x)
 {
-	float32x4_t a[16];
-	for (int k = 0; k < 16; k++)
-		a[k] = vdupq_n_f32(0.0f);
+	float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+	float32x4_t a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
 	size_t np = n & ~(size_t)63;
-	for (size_t i = 0; i < np; i += 64)
-		for (int k = 0; k < 16; k++)
-			a[k] = vfmaq_f32(a[k], ld_f16(w, i + 4 * k), ld_f16(x, i + 4 * k));
-	float32x4_t c[4];
-	for (int q = 0; q < 4; q++)
-		c[q] = vaddq_f32(vaddq_f32(a[q], a[8 + q]), vaddq_f32(a[4 + q], a[12 + q]));
-	double s = nq_reduce8(vaddq_f32(c[0], c[2]), vaddq_f32(c[1], c[3]));
+	for (size_t i = 0; i < np; i += 64) {
+		/* the empty asm keeps GCC from hoisting all 32 loads ahead
+		 * of the fmas, which spilled their values to the stack */
+		F16V_FMA(0); F16V_FMA(1); F16V_FMA(2); F16V_FMA(3);
+		__asm__ volatile("" ::: "memory");
+		F16V_FMA(4); F16V_FMA(5); F16V_FMA(6); F16V_FMA(7);
+		__asm__ volatile("" ::: "memory");
+		F16V_FMA(8); F16V_FMA(9); F16V_FMA(10); F16V_FMA(11);
+		__asm__ volatile("" ::: "memory");
+		F16V_FMA(12); F16V_FMA(13); F16V_FMA(14); F16V_FMA(15);
+	}
+	float32x4_t c0 = vaddq_f32(vaddq_f32(a0, a8), vaddq_f32(a4, a12));
+	float32x4_t c1 = vaddq_f32(vaddq_f32(a1, a9), vaddq_f32(a5, a13));
+	float32x4_t c2 = vaddq_f32(vaddq_f32(a2, a10), vaddq_f32(a6, a14));
+	float32x4_t c3 = vaddq_f32(vaddq_f32(a3, a11), vaddq_f32(a7, a15));
+	double s = nq_reduce8(vaddq_f32(c0, c2), vaddq_f32(c1, c3));
 	for (size_t i = np; i < n; i++)
 		s += (double)(el_f16(w, i) * el_f16(x, i));
 	return (float)s;
 }
+#undef F16V_FMA
 
 #define FOPS(T) FMM(T) FAX(T)
 #define FMM(T)                                                                               \
