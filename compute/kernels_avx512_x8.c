@@ -18,7 +18,8 @@
  * acc_j), and at the end ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), element
  * by element: the reference's chain and hsum8, so the same bits. A gemm
  * keeps GX_TOK tokens' accumulators in registers (8 each) beside the 8
- * unpacked lane registers, so a block is unpacked once per tile. An odd
+ * unpacked lane registers, so a block is unpacked once per tile (the
+ * chain below: GX_TOKC tokens, one accumulator each). An odd
  * group count leaves the last group to the AVX2 group kernel (same bits).
  *
  * NF_KT_Q4_0 (llama.cpp's repacked chain, "chain" below) takes the same
@@ -29,8 +30,8 @@
  * Invariants:
  * 1. Every result has the bits of the reference's gemv/gemm on the plain
  *    rows (kernels::x8_matches_ref).
- * 2. No allocation: the activation tables live on the stack, 18 KiB per
- *    gemv and 36 KiB per gemm call (512 blocks for 1 or 2 tokens).
+ * 2. No allocation: the activation tables live on the stack, 20 KiB per
+ *    gemv and 80 KiB per gemm call (512 blocks for 1 or 4 tokens).
  * 3. Only compiled with the AVX-512 flags; handed out through the AVX-512
  *    table only after cpuid confirmed them.
  */
@@ -43,7 +44,8 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #define GX_CHUNK 512 /* activation blocks per table (16384 values; 36 B each) */
-#define GX_TOK 2     /* tokens per gemm tile */
+#define GX_TOK 2     /* tokens per gemm tile (8 accumulators each) */
+#define GX_TOKC 4    /* tokens per gemm tile of NF_KT_Q4_0's chain (1 accumulator each) */
 #define GX_PAIRS 4   /* group pairs (64 rows) a gemm keeps in L2 while tiles pass */
 #ifndef GX_PF
 #define GX_PF 2048   /* bytes ahead prefetched in each group's stream (gemv) */
@@ -181,7 +183,7 @@ INLINE void gx_gemv(int q8, int chain, size_t n, size_t nrows, const void *w, co
 			n, 8, (const uint8_t *)w + (ng - 1) * gb, xq, y + 8 * (ng - 1));
 }
 
-/* One group pair against NT (1 or GX_TOK) tokens: blocks [c, c + cn) with
+/* One group pair against NT (1, GX_TOK or GX_TOKC) tokens: blocks [c, c + cn) with
  * tables tab[t] (indexed from c). */
 INLINE void gx_tile(int q8, int chain, int NT, const uint8_t *a, const uint8_t *b, const struct nf_block_q8_0 *const xs[],
 		    const struct gx_tab *const tab[], size_t cn, __m512 acc[][8])
@@ -191,7 +193,7 @@ INLINE void gx_tile(int q8, int chain, int NT, const uint8_t *a, const uint8_t *
 		__m512i l[8];
 		gx_lanes(q8, a + 16, b + 16, l);
 		__m512 dw = gx_dw(a, b);
-		_Pragma("GCC unroll 2") for (int t = 0; t < NT; t++)
+		_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
 			gx_step(chain, l, _mm512_mul_ps(dw, _mm512_set1_ps(tab[t][i].dx)), xs[t][i].qs, &tab[t][i],
 				acc[t]);
 	}
@@ -200,14 +202,14 @@ INLINE void gx_tile(int q8, int chain, int NT, const uint8_t *a, const uint8_t *
 INLINE void gx_pair(int q8, int chain, int NT, size_t nb, const uint8_t *a, const uint8_t *b, const struct nf_block_q8_0 *const x0[],
 		    struct gx_tab (*tab)[GX_CHUNK], bool tab_ready, float *y, size_t ldy)
 {
-	__m512 acc[GX_TOK][8];
+	__m512 acc[GX_TOKC][8];
 	for (int t = 0; t < NT; t++)
 		for (int j = 0; j < 8; j++)
 			acc[t][j] = _mm512_setzero_ps();
 	for (size_t c = 0; c < nb; c += GX_CHUNK) {
 		size_t cn = nb - c < GX_CHUNK ? nb - c : GX_CHUNK;
-		const struct nf_block_q8_0 *xs[GX_TOK];
-		const struct gx_tab *tp[GX_TOK];
+		const struct nf_block_q8_0 *xs[GX_TOKC];
+		const struct gx_tab *tp[GX_TOKC];
 		for (int t = 0; t < NT; t++) {
 			xs[t] = x0[t] + c;
 			if (!tab_ready)
@@ -224,12 +226,15 @@ INLINE void gx_gemm(int q8, int chain, size_t n, size_t nrows, const void *w, si
 		    float *y, size_t ldy)
 {
 	const size_t nb = n / NF_QK, gb = nb * GX_BS(q8), ng = nrows / 8, np = ng / 2;
-	struct gx_tab tab[GX_TOK][GX_CHUNK];
+	/* the chain keeps one accumulator per token: four tokens a tile share
+	 * each unpacked block; the lane forms keep eight, so two */
+	const int tile = chain ? GX_TOKC : GX_TOK;
+	struct gx_tab tab[GX_TOKC][GX_CHUNK];
 	for (size_t p0 = 0; p0 < np; p0 += GX_PAIRS) {
 		size_t p1 = p0 + GX_PAIRS < np ? p0 + GX_PAIRS : np;
-		for (size_t t0 = 0; t0 < nbat; t0 += GX_TOK) {
-			int nt = nbat - t0 < GX_TOK ? (int)(nbat - t0) : GX_TOK;
-			const struct nf_block_q8_0 *x0[GX_TOK];
+		for (size_t t0 = 0; t0 < nbat; t0 += (size_t)tile) {
+			int nt = nbat - t0 < (size_t)tile ? (int)(nbat - t0) : tile;
+			const struct nf_block_q8_0 *x0[GX_TOKC];
 			for (int t = 0; t < nt; t++) {
 				x0[t] = (const struct nf_block_q8_0 *)((const char *)xq + (t0 + t) * xq_stride);
 				if (nb <= GX_CHUNK)
@@ -238,10 +243,14 @@ INLINE void gx_gemm(int q8, int chain, size_t n, size_t nrows, const void *w, si
 			for (size_t p = p0; p < p1; p++) {
 				const uint8_t *a = (const uint8_t *)w + 2 * p * gb;
 				float *yp = y + t0 * ldy + 16 * p;
-				if (nt == GX_TOK)
+				if (nt == tile && chain)
+					gx_pair(q8, chain, GX_TOKC, nb, a, a + gb, x0, tab, nb <= GX_CHUNK, yp, ldy);
+				else if (nt == tile)
 					gx_pair(q8, chain, GX_TOK, nb, a, a + gb, x0, tab, nb <= GX_CHUNK, yp, ldy);
-				else
-					gx_pair(q8, chain, 1, nb, a, a + gb, x0, tab, nb <= GX_CHUNK, yp, ldy);
+				else /* the batch's last tokens, one at a time */
+					for (int t = 0; t < nt; t++)
+						gx_pair(q8, chain, 1, nb, a, a + gb, x0 + t, tab + t, nb <= GX_CHUNK,
+							yp + (size_t)t * ldy, ldy);
 			}
 		}
 	}
