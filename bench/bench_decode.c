@@ -22,6 +22,8 @@
  * Environment: NFLASH_BENCH_THREADS (default 2), NFLASH_BENCH_DECODE
  * (tokens per decode run, default 32), NFLASH_BENCH_PREFILL (default 512;
  * 0: no prefill rows),
+ * NFLASH_BENCH_KV (f16, the default of `nflash generate` and llama-bench, or
+ * f32: the KV cache's type),
  * NFLASH_ISA (kernel table), NFLASH_BENCH_REPACK=0 (keep Q4_0/Q8_0 rows plain
  * instead of nf_model_repack's 8-row groups, for A/B runs),
  * NFLASH_BENCH_MODEL (an existing file is used if it has the 7B shape,
@@ -321,6 +323,11 @@ int main(int argc, char **argv)
 	bool given = getenv("NFLASH_BENCH_MODEL") && *getenv("NFLASH_BENCH_MODEL");
 	const char *llama = getenv("LLAMA_BENCH");
 	bool repack = env_long("NFLASH_BENCH_REPACK", 1) != 0;
+	const char *kv = getenv("NFLASH_BENCH_KV") ? getenv("NFLASH_BENCH_KV") : "f16";
+	if (strcmp(kv, "f16") != 0 && strcmp(kv, "f32") != 0) {
+		fprintf(stderr, "bench_decode: NFLASH_BENCH_KV='%s': want f16 or f32\n", kv);
+		return 2;
+	}
 	struct nf_model *m = NULL;
 	struct nf_diag d = { 0 };
 	if (access(path, R_OK) == 0 && nf_model_load(path, NULL, &m, &d) == 0 && !shape_ok(m)) {
@@ -370,6 +377,7 @@ int main(int argc, char **argv)
 	cp.n_threads = threads;
 	cp.n_ctx = (uint32_t)(n_pre > n_dec + 1 ? n_pre : n_dec + 1);
 	cp.n_batch = (uint32_t)(n_pre ? n_pre : 1);
+	cp.kv_type = strcmp(kv, "f32") == 0 ? NF_KV_F32 : NF_KV_F16;
 	struct nf_ctx *c = NULL;
 	int rc = nf_ctx_open(m, &cp, &c, &d);
 	if (rc < 0) {
@@ -391,10 +399,10 @@ int main(int argc, char **argv)
 	}
 	char extra[512];
 	snprintf(extra, sizeof(extra),
-		 "model %s (%.2f GB %s, LLaMA-7B shape), %s kernels, %d threads, F32 KV, FFN %s, %d matrices "
+		 "model %s (%.2f GB %s, LLaMA-7B shape), %s kernels, %d threads, %s KV, FFN %s, %d matrices "
 		 "repacked in %.1f s; peer %s",
 		 path, nf_model_weight_bytes(m) / 1e9, nf_dtype_name(nf_model_layer(m, 0)->wq.dtype),
-		 nf_ctx_kernels(c)->isa, nf_ctx_n_threads(c), sparse ? "sparse (predictor mode)" : "dense",
+		 nf_ctx_kernels(c)->isa, nf_ctx_n_threads(c), cp.kv_type == NF_KV_F32 ? "F32" : "F16", sparse ? "sparse (predictor mode)" : "dense",
 		 n_packed, t_pack,
 		 llama ? llama : sparse ? "none (llama.cpp refuses predictor files)" : "none (LLAMA_BENCH unset)");
 	nf_bench_header("bench_decode", extra);
