@@ -193,9 +193,12 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 		for (uint32_t k = 0; s->xtag && k < U; k++)
 			s->xtag[k] = (struct sp_tag){ .s = s, .k = k };
 	}
-	if (s->kgroups > 1 &&
+	/* QCOL downs wait for the layer's activations (invariant 7) */
+	bool qcol = s->form == DOWN_QCOL;
+	if (qcol &&
 	    (!(s->kact = zalloc(s, s->F * sizeof(float))) ||
-	     !(s->kx = zalloc(s, (size_t)(s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
+	     (s->kgroups > 1 && !(s->kx = zalloc(s, (size_t)(s->F / NF_QK_K) * sizeof(struct nf_block_q8_K)))) ||
+	     !(s->qx = zalloc(s, (size_t)(s->F / GROUP) * sizeof(struct nf_block_q8_0))) ||
 	     !(s->kacc = zalloc(s, (size_t)s->E * KACC * sizeof(float)))))
 		return -ENOMEM;
 	if (s->fdown &&
@@ -208,9 +211,11 @@ static int scratch(struct nf_sparse *s, const struct nf_ctx *ctx)
 	     !(s->bflanes = zalloc(s, (size_t)s->nth * 64 * s->E * sizeof(float))) ||
 	     !(s->bfacc = zalloc(s, (size_t)s->nth * s->E * sizeof(double)))))
 		return -ENOMEM;
-	if (s->n_batch > 1 && s->kgroups > 1 &&
+	if (s->n_batch > 1 && qcol &&
 	    (!(s->bkact = zalloc(s, (size_t)s->n_batch * s->F * sizeof(float))) ||
-	     !(s->bkx = zalloc(s, (size_t)s->nth * (s->F / NF_QK_K) * sizeof(struct nf_block_q8_K))) ||
+	     (s->kgroups > 1 &&
+	      !(s->bkx = zalloc(s, (size_t)s->nth * (s->F / NF_QK_K) * sizeof(struct nf_block_q8_K)))) ||
+	     !(s->bqx = zalloc(s, (size_t)s->nth * (s->F / GROUP) * sizeof(struct nf_block_q8_0))) ||
 	     !(s->bkacc = zalloc(s, (size_t)s->nth * s->E * KACC * sizeof(float)))))
 		return -ENOMEM;
 	if (s->n_batch > 1 &&
@@ -713,9 +718,11 @@ void nf_sparse_close(struct nf_sparse *s)
 	free(s->bflanes);
 	free(s->bfacc);
 	free(s->kx);
+	free(s->qx);
 	free(s->kacc);
 	free(s->bkact);
 	free(s->bkx);
+	free(s->bqx);
 	free(s->bkacc);
 	free(s->gmask);
 	free(s->la_mask);

@@ -2,14 +2,14 @@
  * kernels_avx2_qcol.c - the sparse FFN's QCOL down parts (qcol_down) for
  * the AVX2 table: a group of 32 neurons' Q4_0 or Q8_0 down columns summed
  * per row in exact integers, then scaled by the row's fp16 scale and the
- * activation block's scale and added to out.
+ * activation block's scale and fused into out.
  *
  * Invariants:
  * 1. Q4_0 sums are held in int16 lanes: |q| <= 127 and |nibble - 8| <= 8
  *    over at most 32 columns stay within 32 * 127 * 8 = 32512, so they are
  *    the reference's int32 sums exactly; Q8_0 sums are int32.
- * 2. Per row the float chain is the reference's: (scale * dx) * sum, then
- *    added to out, each rounded (no fma), so results have its bits.
+ * 2. Per row the float step is the reference's: out = fma(sum, scale * dx,
+ *    out) (the step of llama.cpp's dense chain), so results have its bits.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -17,12 +17,11 @@
 
 #include "kernels_impl.h"
 
-/* out[r0 .. r0 + 8) += (f16(sc) * dx) * acc, acc 8 int32 */
+/* out[r0 .. r0 + 8) = fma(acc, f16(sc) * dx, out), acc 8 int32 */
 static inline void scale_add8(float *out, const uint16_t *sc, __m256 dx, __m256i acc)
 {
 	__m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
-	__m256 t = _mm256_mul_ps(_mm256_mul_ps(s, dx), _mm256_cvtepi32_ps(acc));
-	_mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), t));
+	_mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(s, dx), _mm256_loadu_ps(out)));
 }
 
 /* 16 rows of a Q4_0 column (8 bytes, low nibble first) as int16 values 0..15 in row order */

@@ -4,8 +4,8 @@
  * register.
  *
  * Invariants: as kernels_avx2_qcol.c's: Q4_0 sums in int16 lanes (at most
- * 32 * 127 * 8 = 32512), Q8_0 sums in int32, and per row (scale * dx) *
- * sum added to out with no fma, so results have the reference's bits.
+ * 32 * 127 * 8 = 32512), Q8_0 sums in int32, and per row out = fma(sum,
+ * scale * dx, out), so results have the reference's bits.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -13,12 +13,11 @@
 
 #include "kernels_impl.h"
 
-/* out[0 .. 16) += (f16(sc) * dx) * acc, acc 16 int32 */
+/* out[0 .. 16) = fma(acc, f16(sc) * dx, out), acc 16 int32 */
 static inline void scale_add16(float *out, const uint16_t *sc, __m512 dx, __m512i acc)
 {
 	__m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
-	__m512 t = _mm512_mul_ps(_mm512_mul_ps(s, dx), _mm512_cvtepi32_ps(acc));
-	_mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), t));
+	_mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(s, dx), _mm512_loadu_ps(out)));
 }
 
 /* 32 rows of a Q4_0 column (16 bytes, low nibble first) as int16 values 0..15 in row order */

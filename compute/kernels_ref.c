@@ -556,7 +556,7 @@ void nf_kref_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n,
 /* ---- QCOL down parts ------------------------------------------------------- */
 
 /* The definition (include/nflash/kernels.h): integer sums per row, then
- * (scale * dx) * sum added, in that order. */
+ * out = fma(sum, scale * dx, out), one step of llama.cpp's dense chain. */
 #define KREF_QCOL_DOWN(T, VALUE)                                                                   \
 	void nf_kref_qcol_down_##T(size_t n, size_t ncols, const int8_t *q, const void *const *cols, \
 				   const uint16_t *sc, float dx, float *out)                       \
@@ -565,7 +565,7 @@ void nf_kref_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n,
 			int32_t acc = 0;                                                           \
 			for (size_t c = 0; c < ncols; c++)                                         \
 				acc += q[c] * (VALUE);                                             \
-			out[r] += nf_fp16_to_fp32(sc[r]) * dx * (float)acc;                        \
+			out[r] = fmaf((float)acc, nf_fp16_to_fp32(sc[r]) * dx, out[r]);             \
 		}                                                                                  \
 	}
 KREF_QCOL_DOWN(q4_0, (int32_t)((((const uint8_t *)cols[c])[r / 2] >> (4 * (r % 2))) & 0x0f) - 8)

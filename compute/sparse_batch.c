@@ -31,7 +31,7 @@ static void batch_worker(void *arg, int ith, int nth)
 	char *scratch = s->tscratch + (size_t)ith * s->act_stride;
 	float *g = s->bsum + (size_t)ith * E;
 	uint32_t kdt = s->cur_tab->dt_down;
-	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(kdt), fq = nf_sp_is_fdown(s, kdt);
+	bool kq = nf_sp_is_kdown(s, kdt), fq = nf_sp_is_fdown(s, kdt);
 	for (size_t b = b0; b < b1; b++) {
 		memset(s->cur_out + b * E, 0, E * sizeof(float));
 		if (kq || fq)
@@ -86,8 +86,18 @@ static void batch_worker(void *arg, int ith, int nth)
 	 * dense order from its activations (as nf_sp_token_forward's) */
 	if (!kq)
 		return;
-	struct nf_block_q8_K *kx = s->bkx + (size_t)ith * (s->F / NF_QK_K);
 	float *kacc = s->bkacc + (size_t)ith * E * KACC;
+	if (!nf_dtype_is_kquant(kdt)) {
+		struct nf_block_q8_0 *qx = s->bqx + (size_t)ith * (s->F / GROUP);
+		for (size_t b = b0; b < b1; b++) {
+			s->k->act_prepare[NF_KT_Q8_0](s->bkact + b * s->F, qx, s->F);
+			memset(kacc, 0, E * KACC * sizeof(float));
+			nf_sp_qdown_rows(s, kdt, qx, kacc, 0, s->n_groups, 0, (uint32_t)E);
+			nf_sp_qdown_finish(s, kdt, kacc, 0, (uint32_t)E, s->cur_out + b * E);
+		}
+		return;
+	}
+	struct nf_block_q8_K *kx = s->bkx + (size_t)ith * (s->F / NF_QK_K);
 	for (size_t b = b0; b < b1; b++) {
 		nf_quantize_row_q8_K(s->bkact + b * s->F, kx, s->F);
 		memset(kacc, 0, E * KACC * sizeof(float));

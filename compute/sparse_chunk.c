@@ -56,27 +56,76 @@ static float act1(enum nf_ffn_act act, float g, float u, bool has_gate, uint32_t
 	}
 }
 
-/* Adds group gi's QCOL down contribution (activations a) into out. */
-static void qcol_down(const struct nf_sparse *s, uint32_t gi, const float *a, const uint32_t *ids,
-		      const void *const *dp, uint32_t n, float *out)
+/*
+ * Q4_0 / Q8_0 QCOL downs in llama.cpp's dense order (sparse_impl.h
+ * invariant 7). Per block (group) of 32 neurons, qcol_down adds the exact
+ * integer sum of the active neurons' column values times their activation
+ * quants into a row's chain by one fma with d_w * d_x, as the dense dot
+ * does per block: the repacked Q4_0 chain (NF_KT_Q4_0) has one chain per
+ * row; vec_dot's order (NF_KT_Q8_0, NF_KT_Q4_0L) has 8, lane j taking the
+ * block's positions 4j .. 4j + 3, summed at the end as hsum_float_8. A
+ * block or lane with no active neuron adds fma(0, d, acc) = acc in the
+ * dense sum, so it is skipped.
+ */
+static bool qdown_chain(const struct nf_sparse *s, uint32_t dt)
 {
-	struct nf_block_q8_0 blk;
-	nf_quantize_row_q8_0(a, &blk, GROUP);
-	float dx = nf_fp16_to_fp32(blk.d);
-	if (dx == 0.0f)
+	return nf_ktype_matrix(dt, s->E, false) == NF_KT_Q4_0;
+}
+
+void nf_sp_qdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_0 *qx, float *acc,
+		      uint32_t g0, uint32_t g1, uint32_t r0, uint32_t r1)
+{
+	size_t E = s->E, n = r1 - r0;
+	bool chain = qdown_chain(s, dt);
+	size_t off = dt == NF_DTYPE_Q4_0 ? r0 / 2 : r0; /* bytes of a column before row r0 */
+	void (*madd)(size_t, size_t, const int8_t *, const void *const *, const uint16_t *, float, float *) =
+		s->k->qcol_down[nf_ktype_of(dt)];
+	if (!n)
 		return;
-	int8_t q[GROUP];
-	const void *cols[GROUP];
-	uint32_t nc = 0;
-	for (uint32_t j = 0; j < n; j++) {
-		int8_t v = blk.qs[ids[j] % GROUP];
-		if (!dp[j] || v == 0)
+	for (uint32_t gi = g0; gi < g1; gi++) {
+		const struct nf_block_q8_0 *x = &qx[gi];
+		float dx = nf_fp16_to_fp32(x->d);
+		if (dx == 0.0f)
 			continue;
-		q[nc] = v;
-		cols[nc++] = dp[j];
+		int8_t q[GROUP];
+		const void *cols[GROUP];
+		uint32_t nc = 0, lane_end[8] = { 0 };
+		for (uint32_t i = 0; i < GROUP; i++) {
+			if (x->qs[i]) {
+				const char *g, *u, *d;
+				neuron_addr(s, gi * GROUP + i, &g, &u, &d);
+				q[nc] = x->qs[i];
+				cols[nc++] = d + off;
+			}
+			if (i % 4 == 3)
+				lane_end[i / 4] = nc;
+		}
+		const uint16_t *sc = s->cur_scales + (size_t)gi * E + r0;
+		if (chain) {
+			if (nc)
+				madd(n, nc, q, cols, sc, dx, acc + r0);
+			continue;
+		}
+		for (uint32_t j = 0, c0 = 0; j < 8; c0 = lane_end[j++])
+			if (lane_end[j] > c0)
+				madd(n, lane_end[j] - c0, q + c0, cols + c0, sc, dx, acc + (size_t)j * E + r0);
 	}
-	/* with nc 0 too: the reference adds (scale * dx) * 0 to every row */
-	s->k->qcol_down[nf_ktype_of(s->dt_down)](s->E, nc, q, cols, s->cur_scales + (size_t)gi * s->E, dx, out);
+}
+
+void nf_sp_qdown_finish(const struct nf_sparse *s, uint32_t dt, const float *acc, uint32_t r0, uint32_t r1,
+			float *out)
+{
+	size_t E = s->E;
+	if (qdown_chain(s, dt)) {
+		memcpy(out + r0, acc + r0, (r1 - r0) * sizeof(float));
+		return;
+	}
+	for (uint32_t r = r0; r < r1; r++) {
+		float t[4];
+		for (int i = 0; i < 4; i++)
+			t[i] = acc[i * E + r] + acc[(i + 4) * E + r];
+		out[r] = (t[0] + t[2]) + (t[1] + t[3]);
+	}
 }
 
 #define KTILE 256u /* rows per pass: the tile's scales, quants and lanes stay in L1 */
@@ -182,11 +231,20 @@ void nf_sp_kdown_worker(void *arg, int ith, int nth)
 {
 	struct kdown_job *j = arg;
 	/* rows split in multiples of 8: a slice starts on a whole byte of
-	 * every K column (8 rows of b bits are b bytes) */
-	uint32_t E = j->s->E, E8 = E / 8;
-	uint32_t r0 = (uint32_t)((uint64_t)E8 * ith / nth) * 8, r1 = (uint32_t)((uint64_t)E8 * (ith + 1) / nth) * 8;
+	 * every K column (8 rows of b bits are b bytes); Q4_0/Q8_0 in
+	 * multiples of 32 (qcol_down's unit) */
+	bool kq = nf_dtype_is_kquant(j->dt);
+	uint32_t E = j->s->E, u = kq ? 8 : 32, Eu = E / u;
+	uint32_t r0 = (uint32_t)((uint64_t)Eu * ith / nth) * u, r1 = (uint32_t)((uint64_t)Eu * (ith + 1) / nth) * u;
 	if (ith == nth - 1)
 		r1 = E;
+	if (!kq) {
+		if (!j->out)
+			nf_sp_qdown_rows(j->s, j->dt, j->s->qx, j->s->kacc, j->kb0, j->kb1, r0, r1);
+		else
+			nf_sp_qdown_finish(j->s, j->dt, j->s->kacc, r0, r1, j->out);
+		return;
+	}
 	if (!j->out)
 		nf_sp_kdown_rows(j->s, j->dt, j->s->kx, j->s->kacc, j->kb0, j->kb1, r0, r1);
 	else
@@ -310,8 +368,8 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 	 * pairs in neuron order */
 	const struct layer_tab *tab = s->cur_tab;
 	uint32_t dt_down = tab->dt_down;
-	bool kcol = s->form == DOWN_QCOL && nf_dtype_is_kquant(dt_down);
-	uint32_t unit = kcol ? NF_QK_K : GROUP;
+	bool kcol = nf_sp_is_kdown(s, dt_down);
+	uint32_t unit = kcol && nf_dtype_is_kquant(dt_down) ? NF_QK_K : GROUP;
 	uint32_t ncols = 0;
 	for (uint32_t j0 = 0; j0 < n;) {
 		uint32_t gi = ids[j0] / unit, j1 = j0;
@@ -329,8 +387,6 @@ void nf_sp_chunk_compute(struct nf_sparse *s, uint32_t g0, uint32_t g1, const ui
 			for (uint32_t j = j0; j < j1; j++)
 				if (dp[j])
 					kact[ids[j]] = a[ids[j] % unit];
-		} else if (s->form == DOWN_QCOL) {
-			qcol_down(s, gi, a, ids + j0, dp + j0, j1 - j0, out);
 		} else if (nf_dtype_block_len(dt_down) > 1) {
 			/* PowerInfer: the activation vector quantized to Q8_0;
 			 * neuron i contributes d * q[i] times its dequantized down row */

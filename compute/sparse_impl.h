@@ -69,6 +69,15 @@
  *     of lane accumulators over the super-blocks in ascending order. Where
  *     every neuron runs, the output is llama.cpp's dense product bit for
  *     bit; skipped neurons contribute what a zero activation does.
+ *     Q4_0 and Q8_0 QCOL downs (a llama.cpp file's) wait the same way and
+ *     run in the order of llama.cpp's dense product (nf_sp_qdown_rows):
+ *     the activations as Q8_0 blocks, per row one fma chain over the
+ *     blocks in ascending order (Q4_0 of a multiple of 8 rows: the
+ *     repacked chain) or 8 lane chains summed as hsum_float_8 (Q8_0, and
+ *     Q4_0 of other row counts: vec_dot's lanes). Until session 35 each
+ *     chunk summed its groups into its own row (two roundings a group)
+ *     and the rows were added in chunk order: a Q4_0 file of n_embd 256
+ *     from its store was 0.05 off the same file in memory.
  *  8. F16 down columns (not PowerInfer's ffn_down_t) wait for the layer's
  *     activations as K-quant ones do (invariant 7: s->kact, rounded to
  *     fp16), and then run in the order llama.cpp's product takes
@@ -161,11 +170,14 @@ struct nf_sparse {
 	int kt_gu, kt_down;
 	enum down_form form;
 	uint32_t kgroups;            /* groups per chunk boundary: 8 with K-quant downs, else 1 */
-	float *kact;                 /* K-quant downs: the layer's activations (n_ff) */
+	float *kact;                 /* QCOL downs: the layer's activations (n_ff) */
 	struct nf_block_q8_K *kx;    /* and as Q8_K blocks (n_ff / 256) */
-	float *kacc;                 /* per row: the dense product's accumulators (n_embd x KACC) */
+	struct nf_block_q8_0 *qx;    /* or as Q8_0 blocks (n_ff / 32) */
+	float *kacc;                 /* per row: the dense product's accumulators (n_embd x KACC;
+	                                Q4_0/Q8_0: lane-major, 8 x n_embd) */
 	float *bkact;                /* batches: each token's activations (n_batch x n_ff) */
-	struct nf_block_q8_K *bkx;   /* batches, per thread: kx and kacc */
+	struct nf_block_q8_K *bkx;   /* batches, per thread: kx, qx and kacc */
+	struct nf_block_q8_0 *bqx;
 	float *bkacc;
 	bool fdown;                  /* F16 downs in llama.cpp's order (invariant 8) */
 	bool one_col;                /* this call's products have one column (invariant 8) */
@@ -293,7 +305,7 @@ struct nf_sparse {
 
 struct kdown_job {
 	struct nf_sparse *s;
-	uint32_t dt, kb0, kb1;
+	uint32_t dt, kb0, kb1;       /* super-blocks (Q4_0/Q8_0: groups) */
 	float *out;                  /* final pass: the layer's output */
 };
 
@@ -325,6 +337,20 @@ void nf_sp_kdown_worker(void *arg, int ith, int nth);
 void nf_sp_kdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_K *kx, float *kacc,
 		      uint32_t kb0, uint32_t kb1, uint32_t r0, uint32_t r1);
 void nf_sp_kdown_finish(uint32_t dt, const float *kacc, uint32_t r0, uint32_t r1, float *out);
+/* Q4_0 / Q8_0 QCOL down of groups [g0, g1) for rows [r0, r1) (multiples
+ * of 32, or r1 = n_embd): Q8_0 activations qx, lane-major accumulators acc
+ * (8 x n_embd) continued; then the rows' outputs (invariant 7). */
+void nf_sp_qdown_rows(const struct nf_sparse *s, uint32_t dt, const struct nf_block_q8_0 *qx, float *acc,
+		      uint32_t g0, uint32_t g1, uint32_t r0, uint32_t r1);
+void nf_sp_qdown_finish(const struct nf_sparse *s, uint32_t dt, const float *acc, uint32_t r0, uint32_t r1,
+			float *out);
+/* A QCOL down of this layer's type waits for the layer's activations
+ * (invariant 7): every QCOL down, K-quant, Q4_0 or Q8_0. */
+static inline bool nf_sp_is_kdown(const struct nf_sparse *s, uint32_t dt_down)
+{
+	(void)dt_down;
+	return s->form == DOWN_QCOL;
+}
 /* Invariant 8 applies to this down type. */
 static inline bool nf_sp_is_fdown(const struct nf_sparse *s, uint32_t dt_down)
 {

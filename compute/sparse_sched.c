@@ -115,14 +115,22 @@ void nf_sp_run_job(const struct nf_ffn_env *env, nf_pool_fn fn, void *arg)
 		fn(arg, 0, 1);
 }
 
-/* K-quant down of the super-blocks holding groups [g0, g1): their Q8_K
- * activations, then every row's accumulators, rows split over threads. */
+/* QCOL down of the super-blocks (Q4_0/Q8_0: groups) holding groups [g0,
+ * g1): their Q8_K (Q8_0) activations, then every row's accumulators, rows
+ * split over threads. */
 void nf_sp_kdown_blocks(struct nf_sparse *s, const struct nf_ffn_env *env, uint32_t dt, uint32_t g0,
 			 uint32_t g1)
 {
-	struct kdown_job j = { .s = s, .dt = dt, .kb0 = g0 / s->kgroups,
-			       .kb1 = (g1 + s->kgroups - 1) / s->kgroups };
-	nf_quantize_row_q8_K(s->kact + (size_t)j.kb0 * NF_QK_K, s->kx + j.kb0, (size_t)(j.kb1 - j.kb0) * NF_QK_K);
+	struct kdown_job j = { .s = s, .dt = dt, .kb0 = g0, .kb1 = g1 };
+	if (nf_dtype_is_kquant(dt)) {
+		j.kb0 = g0 / s->kgroups;
+		j.kb1 = (g1 + s->kgroups - 1) / s->kgroups;
+		nf_quantize_row_q8_K(s->kact + (size_t)j.kb0 * NF_QK_K, s->kx + j.kb0,
+				     (size_t)(j.kb1 - j.kb0) * NF_QK_K);
+	} else {
+		/* the dense product's activation rounding (every table: the same bytes) */
+		s->k->act_prepare[NF_KT_Q8_0](s->kact + (size_t)g0 * GROUP, s->qx + g0, (size_t)(g1 - g0) * GROUP);
+	}
 	nf_sp_run_job(env, nf_sp_kdown_worker, &j);
 }
 

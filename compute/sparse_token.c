@@ -251,7 +251,7 @@ int nf_sp_token_forward(struct nf_sparse *s, const struct nf_ffn_env *env, uint3
 	}
 	s->cur_scales = t->scales;
 	s->cur_x = x;
-	bool kq = s->form == DOWN_QCOL && nf_dtype_is_kquant(t->dt_down);
+	bool kq = nf_sp_is_kdown(s, t->dt_down);
 	if (kq) {
 		memset(s->kact, 0, s->F * sizeof(float));
 		memset(s->kacc, 0, (size_t)s->E * KACC * sizeof(float));

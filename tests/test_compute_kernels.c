@@ -1028,9 +1028,8 @@ Test(kernels, qcol_down_matches_ref)
 							       : (int32_t)(int8_t)col[i];
 						acc += q[c] * w;
 					}
-					float t = nf_fp16_to_fp32(sc[i]) * dx;
-					t = t * (float)acc;
-					want[i] = o0[i] + t;
+					/* one step of the dense chain: fma with d_w * d_x */
+					want[i] = fmaf((float)acc, nf_fp16_to_fp32(sc[i]) * dx, o0[i]);
 				}
 				for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
 					const struct nf_kernels *k = nf_kernels_isa(isas[ii]);

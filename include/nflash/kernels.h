@@ -118,11 +118,12 @@ struct nf_kernels {
 
 	/* A Q4_0 or Q8_0 down part of the sparse FFN in the QCOL form
 	 * (compute/sparse_chunk.c), one group of 32 neurons: for r in [0, n),
-	 * out[r] += (f16(sc[r]) * dx) * sum_c q[c] * w_c[r], w_c = cols[c]'s
-	 * r-th value (Q4_0: n nibbles, low first, minus 8; Q8_0: n int8), c in
-	 * [0, ncols), ncols <= 32, |q[c]| <= 127. The sum is an exact integer
-	 * and each r one chain of two products and an add (no fma), so every
-	 * table gives the same bits. n a multiple of 32. NULL for other types. */
+	 * out[r] = fma(sum_c q[c] * w_c[r], f16(sc[r]) * dx, out[r]), w_c =
+	 * cols[c]'s r-th value (Q4_0: n nibbles, low first, minus 8; Q8_0: n
+	 * int8), c in [0, ncols), ncols <= 32, |q[c]| <= 127: one step of the
+	 * dense product's fma chain (or of one of its 8 lanes). The sum is an
+	 * exact integer, so every table gives the same bits. n a multiple of
+	 * 32. NULL for other types. */
 	void (*qcol_down[NF_KT_COUNT])(size_t n, size_t ncols, const int8_t *q, const void *const *cols,
 				       const uint16_t *sc, float dx, float *out);
 
