@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "nflash/dtype.h"
 #include "nflash/engine.h"
 #include "nflash/store.h"
 #include "nflash/stream.h"
@@ -530,8 +531,12 @@ static int open_ffn(struct nf_engine *e, struct nf_diag *d)
 	 * dense FFN (predictor with per-expert predictors, else exact for
 	 * ReLU/dReLU experts). */
 	if (o->sparse_mode < 0) {
-		bool pred = nf_model_layer(e->model, 0)->fc1.data;
-		if (!pred && hp->act == NF_FFN_SILU)
+		const struct nf_layer_weights *L0 = nf_model_layer(e->model, 0);
+		bool pred = L0->fc1.data;
+		/* Q4_1/Q5_0/Q5_1 FFNs have no neuron form: the built-in FFN */
+		bool legacy = nf_dtype_is_legacy(L0->up.dtype) || nf_dtype_is_legacy(L0->down.dtype) ||
+			      (L0->gate.data && nf_dtype_is_legacy(L0->gate.dtype));
+		if (!pred && (hp->act == NF_FFN_SILU || legacy))
 			sp.mode = NF_SPARSE_OFF;
 	}
 	sp.threshold_set = o->threshold_set;

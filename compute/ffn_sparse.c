@@ -465,6 +465,11 @@ static int forms(struct nf_sparse *s, struct nf_diag *diag)
 		s->kt_down = nf_ktype_of(s->dt_down);
 		s->fdown = fdown_of(s);
 	}
+	if (nf_dtype_is_legacy(s->dt_gu) || nf_dtype_is_legacy(gate_dt) || nf_dtype_is_legacy(s->dt_down))
+		return nf_diag_fail(diag, NF_EUNSUPPORTED,
+				    "sparse FFN: %s/%s FFN weights have no neuron form yet; the built-in dense "
+				    "FFN runs them (--sparse-mode off)",
+				    nf_dtype_name(s->dt_gu), nf_dtype_name(s->dt_down));
 	bool quant_down = nf_dtype_block_len(s->dt_down) > 1;
 	if (quant_down && s->F % (GROUP * s->kgroups))
 		return nf_diag_fail(diag, NF_EFORMAT, "sparse FFN: %s down with n_ff %u not a multiple of %u",

@@ -36,6 +36,9 @@ int nf_ktype_of(uint32_t dtype)
 	case NF_DTYPE_Q4_K: return NF_KT_Q4_K;
 	case NF_DTYPE_Q5_K: return NF_KT_Q5_K;
 	case NF_DTYPE_Q6_K: return NF_KT_Q6_K;
+	case NF_DTYPE_Q4_1: return NF_KT_Q4_1;
+	case NF_DTYPE_Q5_0: return NF_KT_Q5_0;
+	case NF_DTYPE_Q5_1: return NF_KT_Q5_1;
 	default: return -1;
 	}
 }
@@ -60,7 +63,8 @@ uint32_t nf_ktype_dot_dtype(enum nf_ktype kt)
 	switch (kt) {
 	case NF_KT_F16: case NF_KT_F16V: return NF_DTYPE_F16;
 	case NF_KT_BF16: return NF_DTYPE_BF16;
-	case NF_KT_Q8_0: case NF_KT_Q4_0: case NF_KT_Q4_0L: return NF_DTYPE_Q8_0;
+	case NF_KT_Q8_0: case NF_KT_Q4_0: case NF_KT_Q4_0L: case NF_KT_Q5_0: return NF_DTYPE_Q8_0;
+	case NF_KT_Q4_1: case NF_KT_Q5_1: return NF_DTYPE_Q8_1;
 	case NF_KT_Q2_K: case NF_KT_Q3_K: case NF_KT_Q4_K: case NF_KT_Q5_K:
 	case NF_KT_Q6_K: return NF_DTYPE_Q8_K;
 	case NF_KT_F32: default: return NF_DTYPE_F32;

@@ -1351,18 +1351,21 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_Q4_0L] = nf_kavx2_prepare_q8_0,
 		[NF_KT_F16V] = nf_kavx2_prepare_f16,
 		NF_KAVX2_KQUANT_PREPARE,
+		NF_KREF_LEGACY_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
 		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemv_q4_0,
 		[NF_KT_Q4_0L] = gemv_q4_0l, [NF_KT_F16V] = gemv_f16v,
 		NF_KAVX2_KQUANT(gemv),
+		NF_KREF_LEGACY(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
 		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = nf_kavx2_gemm_q4_0,
 		[NF_KT_Q4_0L] = gemm_q4_0l, [NF_KT_F16V] = gemm_f16v,
 		NF_KAVX2_KQUANT(gemm),
+		NF_KREF_LEGACY(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = nf_kavx2_axpy_f32, [NF_KT_F16] = nf_kavx2_axpy_f16,
@@ -1370,6 +1373,7 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_Q4_0] = nf_kavx2_axpy_q4_0, [NF_KT_Q4_0L] = nf_kavx2_axpy_q4_0,
 		[NF_KT_F16V] = nf_kavx2_axpy_f16,
 		NF_KAVX2_KQUANT(axpy),
+		NF_KREF_LEGACY(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16,
@@ -1377,6 +1381,7 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_Q4_0] = nf_kavx2_gemv_list_q4_0, [NF_KT_Q4_0L] = gemv_list_q4_0l,
 		[NF_KT_F16V] = gemv_list_f16v,
 		NF_KAVX2_KQUANT(gemv_list),
+		NF_KREF_LEGACY(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = nf_kavx2_axpy_list_f32, [NF_KT_F16] = nf_kavx2_axpy_list_f16,
@@ -1384,6 +1389,7 @@ const struct nf_kernels nf_kernels_table_avx2 = {
 		[NF_KT_Q4_0] = axpy_list_q4_0, [NF_KT_Q4_0L] = axpy_list_q4_0,
 		[NF_KT_F16V] = nf_kavx2_axpy_list_f16,
 		NF_KAVX2_KQUANT(axpy_list),
+		NF_KREF_LEGACY(axpy_list),
 	},
 	.kcol_madd = nf_kavx2_kcol_madd,
 	.qcol_down = { [NF_KT_Q8_0] = nf_kavx2_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kavx2_qcol_down_q4_0,

@@ -83,8 +83,8 @@ void nf_kavx2_kcol_madd(uint32_t bits, int32_t off, const uint8_t *col, size_t n
 /* K-quant reference entries (kernels_ref.c): Q8_K activations, ggml's x86
  * order. Any table may point its K-quant entries at these. */
 void nf_kref_prepare_q8_K(const float *x, void *xq, size_t n);
-#define NF_KREF_KQUANT_DECL(T)                                                                  \
-	float nf_kref_dot_##T(size_t n, const void *w, const void *x);                          \
+/* The reference's gemv, gemm, gemv_list, axpy and axpy_list of type T. */
+#define NF_KREF_OPS_DECL(T)                                                                     \
 	void nf_kref_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,         \
 			      const void *xq, float *y);                                        \
 	void nf_kref_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes,         \
@@ -94,6 +94,9 @@ void nf_kref_prepare_q8_K(const float *x, void *xq, size_t n);
 	void nf_kref_axpy_##T(size_t n, float a, const void *wrow, float *y);                  \
 	void nf_kref_axpy_list_##T(size_t n, size_t ncols, const float *a,                     \
 				   const void *const *cols, float *y);
+#define NF_KREF_KQUANT_DECL(T)                                                                  \
+	float nf_kref_dot_##T(size_t n, const void *w, const void *x);                          \
+	NF_KREF_OPS_DECL(T)
 NF_KREF_KQUANT_DECL(q2_K)
 NF_KREF_KQUANT_DECL(q3_K)
 NF_KREF_KQUANT_DECL(q4_K)
@@ -109,6 +112,29 @@ NF_KREF_KQUANT_DECL(q6_K)
 	[NF_KT_Q2_K] = nf_kref_prepare_q8_K, [NF_KT_Q3_K] = nf_kref_prepare_q8_K,              \
 	[NF_KT_Q4_K] = nf_kref_prepare_q8_K, [NF_KT_Q5_K] = nf_kref_prepare_q8_K,              \
 	[NF_KT_Q6_K] = nf_kref_prepare_q8_K
+
+/* Q4_1, Q5_0, Q5_1 (kernels_ref.c): the reference's entries serve every
+ * table (these types are rare: llama-quantize's fallbacks and old recipes). */
+void nf_kref_prepare_q8_1(const float *x, void *xq, size_t n);
+NF_KREF_OPS_DECL(q4_1)
+NF_KREF_OPS_DECL(q5_0)
+NF_KREF_OPS_DECL(q5_1)
+#define NF_KREF_LEGACY(op)                                                                     \
+	[NF_KT_Q4_1] = nf_kref_##op##_q4_1, [NF_KT_Q5_0] = nf_kref_##op##_q5_0,                \
+	[NF_KT_Q5_1] = nf_kref_##op##_q5_1
+#define NF_KREF_LEGACY_PREPARE                                                                 \
+	[NF_KT_Q4_1] = nf_kref_prepare_q8_1, [NF_KT_Q5_0] = nf_kref_prepare_q8_0,              \
+	[NF_KT_Q5_1] = nf_kref_prepare_q8_1
+/* The same as member designators, for tables written that way (NEON). */
+#define NF_KREF_LEGACY_OP(op)                                                                  \
+	.op[NF_KT_Q4_1] = nf_kref_##op##_q4_1, .op[NF_KT_Q5_0] = nf_kref_##op##_q5_0,          \
+	.op[NF_KT_Q5_1] = nf_kref_##op##_q5_1
+#define NF_KREF_LEGACY_ENTRIES                                                                 \
+	.act_prepare[NF_KT_Q4_1] = nf_kref_prepare_q8_1,                                        \
+	.act_prepare[NF_KT_Q5_0] = nf_kref_prepare_q8_0,                                        \
+	.act_prepare[NF_KT_Q5_1] = nf_kref_prepare_q8_1, NF_KREF_LEGACY_OP(gemv),               \
+	NF_KREF_LEGACY_OP(gemm), NF_KREF_LEGACY_OP(gemv_list), NF_KREF_LEGACY_OP(axpy),          \
+	NF_KREF_LEGACY_OP(axpy_list)
 
 /* Matrices in 8-row groups (kernels.h): row r's plain block read back
  * from a group block (kernels.c). */

@@ -452,4 +452,5 @@ const struct nf_kernels nf_kernels_table_neon = {
 	NF_KNEON_SHARED_ENTRIES,
 	NF_KNEON_QUANT_ENTRIES,
 	NF_KNEON_KQUANT_ENTRIES,
+	NF_KREF_LEGACY_ENTRIES,
 };

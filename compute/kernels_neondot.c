@@ -27,4 +27,5 @@ const struct nf_kernels nf_kernels_table_neondot = {
 	NF_KNEON_SHARED_ENTRIES,
 	NF_KNEON_QUANT_ENTRIES,
 	NF_KNEON_KQUANT_ENTRIES,
+	NF_KREF_LEGACY_ENTRIES,
 };

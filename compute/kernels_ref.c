@@ -47,19 +47,40 @@ void nf_kref_prepare_bf16(const float *x, void *xq, size_t n)
 		h[i] = nf_fp32_to_bf16(x[i]);
 }
 
+/* One block by the SIMD rule above; returns d (f32, before fp16) and the
+ * quants' sum. */
+static float prepare_block(const float *v, int8_t qs[NF_QK], int32_t *sum)
+{
+	float amax = 0.0f;
+	for (int j = 0; j < NF_QK; j++)
+		amax = fmaxf(amax, fabsf(v[j]));
+	float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+	*sum = 0;
+	for (int j = 0; j < NF_QK; j++) {
+		qs[j] = (int8_t)nearbyintf(v[j] * id);
+		*sum += qs[j];
+	}
+	return amax / 127.0f;
+}
+
 void nf_kref_prepare_q8_0(const float *x, void *xq, size_t n)
 {
 	struct nf_block_q8_0 *y = xq;
+	int32_t sum;
+	for (size_t b = 0; b < n / NF_QK; b++)
+		y[b].d = nf_fp32_to_fp16(prepare_block(x + b * NF_QK, y[b].qs, &sum));
+}
+
+/* Q8_1 (Q4_1 and Q5_1 weights): Q8_0's rule, and s = d * sum(q) in f32
+ * (ggml's AVX2 quantize_row_q8_1), stored as fp16. */
+void nf_kref_prepare_q8_1(const float *x, void *xq, size_t n)
+{
+	struct nf_block_q8_1 *y = xq;
 	for (size_t b = 0; b < n / NF_QK; b++) {
-		const float *v = x + b * NF_QK;
-		float amax = 0.0f;
-		for (int j = 0; j < NF_QK; j++)
-			amax = fmaxf(amax, fabsf(v[j]));
-		float d = amax / 127.0f;
-		float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+		int32_t sum;
+		float d = prepare_block(x + b * NF_QK, y[b].qs, &sum);
 		y[b].d = nf_fp32_to_fp16(d);
-		for (int j = 0; j < NF_QK; j++)
-			y[b].qs[j] = (int8_t)nearbyintf(v[j] * id);
+		y[b].s = nf_fp32_to_fp16(d * (float)sum);
 	}
 }
 
@@ -224,6 +245,54 @@ static float dot_q4_0(size_t n, const void *w, const void *x)
 }
 
 /*
+ * Q4_1, Q5_0, Q5_1 (ggml's vec_dot_q4_1_q8_1, q5_0_q8_0, q5_1_q8_1 on x86,
+ * and llamafile's tinyBLAS_Q0_AVX for Q5_0 batches: the same lanes): the
+ * lanes of Q8_0 above on the raw quants (Q5_0: minus 16), acc_j =
+ * fma(d_w * d_x, lane_j, acc_j), summed by hsum_float_8; Q4_1 and Q5_1 add
+ * the block's min term m_w * s_x to a float sum block by block (one fma,
+ * as GCC contracts ggml's `summs += m * s`; the unfused form matched
+ * tests/peer/requant as well), added after the lanes.
+ */
+static float dot_legacy(uint32_t t, size_t n, const void *w, const void *x)
+{
+	size_t bs = nf_dtype_block_size(t);
+	float acc[8] = { 0 }, summs = 0.0f;
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		const void *a = (const char *)w + i * bs;
+		uint8_t u[NF_QK];
+		int8_t q[NF_QK];
+		nf_quant5_unpack(t, a, u);
+		for (int j = 0; j < NF_QK; j++)
+			q[j] = (int8_t)(t == NF_DTYPE_Q5_0 ? (int)u[j] - 16 : (int)u[j]);
+		float dw = nf_fp16_to_fp32(((const uint16_t *)a)[0]);
+		if (t == NF_DTYPE_Q5_0) {
+			const struct nf_block_q8_0 *b = (const struct nf_block_q8_0 *)x + i;
+			lanes_fma(q, b->qs, dw * nf_fp16_to_fp32(b->d), acc);
+		} else {
+			const struct nf_block_q8_1 *b = (const struct nf_block_q8_1 *)x + i;
+			summs = fmaf(nf_fp16_to_fp32(((const uint16_t *)a)[1]), nf_fp16_to_fp32(b->s), summs);
+			lanes_fma(q, b->qs, dw * nf_fp16_to_fp32(b->d), acc);
+		}
+	}
+	return reduce8(acc) + summs;
+}
+
+static float dot_q4_1(size_t n, const void *w, const void *x)
+{
+	return dot_legacy(NF_DTYPE_Q4_1, n, w, x);
+}
+
+static float dot_q5_0(size_t n, const void *w, const void *x)
+{
+	return dot_legacy(NF_DTYPE_Q5_0, n, w, x);
+}
+
+static float dot_q5_1(size_t n, const void *w, const void *x)
+{
+	return dot_legacy(NF_DTYPE_Q5_1, n, w, x);
+}
+
+/*
  * K-quant rows against Q8_K activations, in llama.cpp's x86 (AVX2) order.
  * Per super-block, with d = d_x * d_w and dmin = -d_x * dmin_w:
  * - integer lane m (0..7) sums, over the block's eight 32-value groups g,
@@ -375,6 +444,9 @@ REF_MATMUL(bf16)
 REF_MATMUL(q8_0)
 REF_MATMUL(q4_0)
 REF_MATMUL(q4_0l)
+REF_MATMUL(q4_1)
+REF_MATMUL(q5_0)
+REF_MATMUL(q5_1)
 
 /* gemv over a list of rows: each row's dot alone, as gemv computes it */
 #define REF_LIST(T)                                                                     \
@@ -392,6 +464,9 @@ REF_LIST(bf16)
 REF_LIST(q8_0)
 REF_LIST(q4_0)
 REF_LIST(q4_0l)
+REF_LIST(q4_1)
+REF_LIST(q5_0)
+REF_LIST(q5_1)
 
 /* ---- sparse down-column update --------------------------------------------- */
 
@@ -460,6 +535,70 @@ REF_AXPY_LIST(f16, axpy_f16)
 REF_AXPY_LIST(bf16, nf_kref_axpy_bf16)
 REF_AXPY_LIST(q8_0, axpy_q8_0)
 REF_AXPY_LIST(q4_0, axpy_q4_0)
+
+/* Q4_1, Q5_0, Q5_1 down rows: y[k] = fma(a, value_k, y[k]), value_k as
+ * nf_dequantize_row gives it */
+static void axpy_legacy(uint32_t t, size_t n, float a, const void *wrow, float *y)
+{
+	float v[NF_QK];
+	size_t bs = nf_dtype_block_size(t);
+	for (size_t i = 0; i < n / NF_QK; i++) {
+		nf_dequantize_row(t, (const char *)wrow + i * bs, v, NF_QK);
+		for (int j = 0; j < NF_QK; j++)
+			y[i * NF_QK + j] = fmaf(a, v[j], y[i * NF_QK + j]);
+	}
+}
+
+static void axpy_q4_1(size_t n, float a, const void *wrow, float *y)
+{
+	axpy_legacy(NF_DTYPE_Q4_1, n, a, wrow, y);
+}
+
+static void axpy_q5_0(size_t n, float a, const void *wrow, float *y)
+{
+	axpy_legacy(NF_DTYPE_Q5_0, n, a, wrow, y);
+}
+
+static void axpy_q5_1(size_t n, float a, const void *wrow, float *y)
+{
+	axpy_legacy(NF_DTYPE_Q5_1, n, a, wrow, y);
+}
+
+REF_AXPY_LIST(q4_1, axpy_q4_1)
+REF_AXPY_LIST(q5_0, axpy_q5_0)
+REF_AXPY_LIST(q5_1, axpy_q5_1)
+
+/* The Q4_1/Q5_0/Q5_1 entries, exported (kernels_impl.h) for the SIMD
+ * tables, which take them as they are. */
+#define KREF_LEGACY(T)                                                                            \
+	void nf_kref_gemv_##T(size_t n, size_t nrows, const void *w, size_t row_bytes, const void *xq, \
+			      float *y)                                                           \
+	{                                                                                         \
+		gemv_##T(n, nrows, w, row_bytes, xq, y);                                          \
+	}                                                                                         \
+	void nf_kref_gemm_##T(size_t n, size_t nrows, const void *w, size_t row_bytes, size_t nb,     \
+			      const void *xq, size_t xq_stride, float *y, size_t ldy)             \
+	{                                                                                         \
+		gemm_##T(n, nrows, w, row_bytes, nb, xq, xq_stride, y, ldy);                      \
+	}                                                                                         \
+	void nf_kref_gemv_list_##T(size_t n, size_t nrows, const void *const *rows, const void *xq,  \
+				   float *y)                                                      \
+	{                                                                                         \
+		gemv_list_##T(n, nrows, rows, xq, y);                                             \
+	}                                                                                         \
+	void nf_kref_axpy_##T(size_t n, float a, const void *wrow, float *y)                      \
+	{                                                                                         \
+		axpy_##T(n, a, wrow, y);                                                          \
+	}                                                                                         \
+	void nf_kref_axpy_list_##T(size_t n, size_t ncols, const float *a, const void *const *cols,  \
+				   float *y)                                                      \
+	{                                                                                         \
+		axpy_list_##T(n, ncols, a, cols, y);                                              \
+	}
+KREF_LEGACY(q4_1)
+KREF_LEGACY(q5_0)
+KREF_LEGACY(q5_1)
+#undef KREF_LEGACY
 
 /* The K-quant entries, exported (kernels_impl.h) for tables that reuse them. */
 #define KREF(T, DT)                                                                          \
@@ -724,36 +863,42 @@ const struct nf_kernels nf_kernels_table_ref = {
 		[NF_KT_Q4_0L] = nf_kref_prepare_q8_0,
 		[NF_KT_F16V] = nf_kref_prepare_f16,
 		NF_KREF_KQUANT_PREPARE,
+		NF_KREF_LEGACY_PREPARE,
 	},
 	.gemv = {
 		[NF_KT_F32] = gemv_f32, [NF_KT_F16] = gemv_f16, [NF_KT_BF16] = gemv_bf16,
 		[NF_KT_Q8_0] = gemv_q8_0, [NF_KT_Q4_0] = gemv_q4_0, [NF_KT_Q4_0L] = gemv_q4_0l,
 		[NF_KT_F16V] = gemv_f16v,
 		NF_KREF_KQUANT(gemv),
+		NF_KREF_LEGACY(gemv),
 	},
 	.gemm = {
 		[NF_KT_F32] = gemm_f32, [NF_KT_F16] = gemm_f16, [NF_KT_BF16] = gemm_bf16,
 		[NF_KT_Q8_0] = gemm_q8_0, [NF_KT_Q4_0] = gemm_q4_0, [NF_KT_Q4_0L] = gemm_q4_0l,
 		[NF_KT_F16V] = gemm_f16v,
 		NF_KREF_KQUANT(gemm),
+		NF_KREF_LEGACY(gemm),
 	},
 	.axpy = {
 		[NF_KT_F32] = axpy_f32w, [NF_KT_F16] = axpy_f16, [NF_KT_BF16] = nf_kref_axpy_bf16,
 		[NF_KT_Q8_0] = axpy_q8_0, [NF_KT_Q4_0] = axpy_q4_0, [NF_KT_Q4_0L] = axpy_q4_0,
 		[NF_KT_F16V] = axpy_f16,
 		NF_KREF_KQUANT(axpy),
+		NF_KREF_LEGACY(axpy),
 	},
 	.gemv_list = {
 		[NF_KT_F32] = gemv_list_f32, [NF_KT_F16] = gemv_list_f16, [NF_KT_BF16] = gemv_list_bf16,
 		[NF_KT_Q8_0] = gemv_list_q8_0, [NF_KT_Q4_0] = gemv_list_q4_0, [NF_KT_Q4_0L] = gemv_list_q4_0l,
 		[NF_KT_F16V] = gemv_list_f16v,
 		NF_KREF_KQUANT(gemv_list),
+		NF_KREF_LEGACY(gemv_list),
 	},
 	.axpy_list = {
 		[NF_KT_F32] = axpy_list_f32, [NF_KT_F16] = axpy_list_f16, [NF_KT_BF16] = axpy_list_bf16,
 		[NF_KT_Q8_0] = axpy_list_q8_0, [NF_KT_Q4_0] = axpy_list_q4_0,
 		[NF_KT_Q4_0L] = axpy_list_q4_0, [NF_KT_F16V] = axpy_list_f16,
 		NF_KREF_KQUANT(axpy_list),
+		NF_KREF_LEGACY(axpy_list),
 	},
 	.kcol_madd = nf_kref_kcol_madd,
 	.qcol_down = { [NF_KT_Q8_0] = nf_kref_qcol_down_q8_0, [NF_KT_Q4_0] = nf_kref_qcol_down_q4_0,

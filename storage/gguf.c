@@ -475,10 +475,10 @@ static int parse_tensor_info(struct nf_gguf *g, struct cur *c, uint64_t i)
 	rc = cur_u64(c, &t->offset, "offset");
 	if (rc < 0)
 		return rc;
-	if (!nf_dtype_valid(t->type))
+	if (!nf_dtype_valid(t->type) || t->type == NF_DTYPE_Q8_1)
 		return nf_diag_fail(c->d, NF_EUNSUPPORTED,
 				    "%s: tensor '%s': type %s (%" PRIu32 ") is not supported"
-				    " (nflash reads f32, f16, bf16, q8_0, q4_0 and q2_K..q6_K)",
+				    " (nflash reads f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 and q2_K..q6_K)",
 				    c->path, name, nf_gguf_ggml_type_name(t->type), t->type);
 	uint64_t bl = nf_dtype_block_len(t->type), rows = 1, size;
 	for (uint32_t d = 0; d < NF_GGUF_MAX_DIMS; d++)

@@ -15,14 +15,15 @@
 static const char *const isas[] = { "scalar", "avx2", "avx512", "avx512-256", "neon", "neon-dot" };
 static const enum nf_ktype all_kt[] = { NF_KT_F32, NF_KT_F16, NF_KT_BF16, NF_KT_Q8_0, NF_KT_Q4_0,
 					NF_KT_Q2_K, NF_KT_Q3_K, NF_KT_Q4_K, NF_KT_Q5_K, NF_KT_Q6_K,
-					NF_KT_Q4_0L, NF_KT_F16V };
+					NF_KT_Q4_0L, NF_KT_F16V, NF_KT_Q4_1, NF_KT_Q5_0, NF_KT_Q5_1 };
 _Static_assert(sizeof(all_kt) / sizeof(all_kt[0]) == NF_KT_COUNT, "every ktype tested");
 static const uint32_t kt_dtype[NF_KT_COUNT] = {
 	[NF_KT_F32] = NF_DTYPE_F32, [NF_KT_F16] = NF_DTYPE_F16, [NF_KT_BF16] = NF_DTYPE_BF16,
 	[NF_KT_Q8_0] = NF_DTYPE_Q8_0, [NF_KT_Q4_0] = NF_DTYPE_Q4_0,
 	[NF_KT_Q2_K] = NF_DTYPE_Q2_K, [NF_KT_Q3_K] = NF_DTYPE_Q3_K, [NF_KT_Q4_K] = NF_DTYPE_Q4_K,
 	[NF_KT_Q5_K] = NF_DTYPE_Q5_K, [NF_KT_Q6_K] = NF_DTYPE_Q6_K, [NF_KT_Q4_0L] = NF_DTYPE_Q4_0,
-	[NF_KT_F16V] = NF_DTYPE_F16,
+	[NF_KT_F16V] = NF_DTYPE_F16, [NF_KT_Q4_1] = NF_DTYPE_Q4_1, [NF_KT_Q5_0] = NF_DTYPE_Q5_0,
+	[NF_KT_Q5_1] = NF_DTYPE_Q5_1,
 };
 
 /* Row lengths a type can hold: multiples of its block (256 for K-quants). */
@@ -57,10 +58,34 @@ static void *xmalloc(size_t n)
 	return p;
 }
 
-/* Sum of w*x and of |w*x| in double on the dequantized operands. */
+/* Sum of w*x and of |w*x| in double on the dequantized operands; for
+ * Q4_1/Q5_1 (Q8_1 activations) the min term as ggml defines it, m_w times
+ * the block's stored s = d_x * sum(q_x) (fp16), not sum(m_w * x). */
 static void exact_dot(enum nf_ktype kt, size_t n, const void *w, const void *xq,
 		      double *dot, double *absdot)
 {
+	if (nf_ktype_dot_dtype(kt) == NF_DTYPE_Q8_1) {
+		const struct nf_block_q8_1 *xb = xq;
+		size_t bs = nf_dtype_block_size(kt_dtype[kt]);
+		double s = 0, a = 0;
+		for (size_t b = 0; b < n / 32; b++) {
+			const char *wb = (const char *)w + b * bs;
+			uint8_t q[32];
+			nf_quant5_unpack(kt_dtype[kt], wb, q);
+			double dw = nf_fp16_to_fp32(((const uint16_t *)wb)[0]);
+			double m = nf_fp16_to_fp32(((const uint16_t *)wb)[1]);
+			double dx = nf_fp16_to_fp32(xb[b].d), sx = nf_fp16_to_fp32(xb[b].s);
+			for (int i = 0; i < 32; i++) {
+				s += dw * q[i] * dx * xb[b].qs[i];
+				a += fabs(dw * q[i] * dx * xb[b].qs[i]);
+			}
+			s += m * sx;
+			a += fabs(m * sx);
+		}
+		*dot = s;
+		*absdot = a;
+		return;
+	}
 	float *wf = xmalloc(n * sizeof(float)), *xf = xmalloc(n * sizeof(float));
 	nf_dequantize_row(kt_dtype[kt], w, wf, n);
 	nf_dequantize_row(nf_ktype_dot_dtype(kt), xq, xf, n);

@@ -24,6 +24,7 @@
 #include "nflash/model.h"
 #include "nflash/sampler.h"
 #include "util_ref.h"
+#include "util_requant.h"
 
 #define MODELS_DIR "../shared/testdata/models"
 #define KQUANT_DIR "../shared/testdata/kquant"
@@ -224,6 +225,39 @@ Test(model, fidelity_peer_prompts, .timeout = 240 * NF_TEST_SLOWDOWN)
 		check_model_how(gguf, ref, false, strstr(base, "-tbt.") != NULL);
 	}
 	cr_assert_geq(gl.gl_pathc, 7);
+	globfree(&gl);
+}
+
+/*
+ * Q4_1, Q5_0 and Q5_1 (llama-quantize's recipes of those names, and its
+ * fallback for K-quant rows not a multiple of 256): kquant/tiny-llama-q6_k
+ * requantized to each type by nflash's reference quantizers
+ * (tests/util_requant.c), against llama.cpp's logits for that very file
+ * (tests/peer/requant/NAME-as-TYPE.pN-sS[-tbt].ref.txt, made by
+ * tests/peer/peer_logits.c with AMX compiled out: batches of Q5_0 take
+ * llamafile's tinyBLAS there, the rest ggml's vec_dot).
+ */
+Test(model, fidelity_legacy_types, .timeout = 120 * NF_TEST_SLOWDOWN)
+{
+	const char *src = KQUANT_DIR "/tiny-llama-q6_k.gguf";
+	if (access(src, R_OK) != 0)
+		cr_skip_test("no %s", src);
+	glob_t gl;
+	cr_assert_eq(glob("tests/peer/requant/*.ref.txt", 0, NULL, &gl), 0, "no tests/peer/requant/*.ref.txt");
+	for (size_t i = 0; i < gl.gl_pathc; i++) {
+		const char *ref = gl.gl_pathv[i], *as = strstr(ref, "-as-"), *dot = as ? strstr(as, ".p") : NULL;
+		cr_assert(dot, "%s: not NAME-as-TYPE.pN-sS.ref.txt", ref);
+		char type[16], gguf[64];
+		snprintf(type, sizeof(type), "%.*s", (int)(dot - as - 4), as + 4);
+		int t = nf_dtype_parse(type);
+		cr_assert(t >= 0, "%s: unknown type '%s'", ref, type);
+		snprintf(gguf, sizeof(gguf), "/tmp/nflash-test-requant-%d-%s.gguf", (int)getpid(), type);
+		struct nf_diag d = { 0 };
+		cr_assert_eq(nf_test_requant_gguf(src, gguf, (uint32_t)t, &d), 0, "%s", d.msg);
+		check_model_how(gguf, ref, false, strstr(dot, "-tbt.") != NULL);
+		unlink(gguf);
+	}
+	cr_assert_geq(gl.gl_pathc, 9);
 	globfree(&gl);
 }
 

@@ -16,7 +16,6 @@
 
 #include "nflash/cache.h"
 #include "nflash/dtype.h"
-#include "nflash/gguf.h"
 #include "nflash/kernels.h"
 #include "nflash/model.h"
 #include "nflash/sampler.h"
@@ -24,6 +23,7 @@
 #include "nflash/store.h"
 #include "util_pipeline.h"
 #include "util_ref.h"
+#include "util_requant.h"
 
 #define PWRI "../shared/testdata/powerinfer/tiny-relullama-ff1024-f32.pwri"
 #define REF_TOL 1e-3
@@ -223,43 +223,6 @@ Test(pipeline, predictor_equals_dense_restricted_to_predicted_set)
 	unlink(p);
 }
 
-/* Write src with every 2-D tensor requantized to type (ggml's reference
- * rounding), the other tensors and all keys copied: a llama.cpp file of
- * random, non-grid weights, as llama-quantize --pure would make it. */
-static void requant_gguf(const char *src, const char *dst, uint32_t type)
-{
-	struct nf_gguf *g;
-	struct nf_gguf_writer *w;
-	struct nf_diag d = { 0 };
-	cr_assert_eq(nf_gguf_open(src, NF_GGUF_MMAP, &g, &d), 0, "%s", d.msg);
-	cr_assert_eq(nf_gguf_writer_open(dst, false, &w, &d), 0, "%s", d.msg);
-	for (size_t i = 0; i < nf_gguf_n_kv(g); i++)
-		cr_assert_eq(nf_gguf_writer_kv_copy(w, nf_gguf_kv_at(g, i)), 0);
-	for (size_t i = 0; i < nf_gguf_n_tensors(g); i++) {
-		const struct nf_gguf_tensor *t = nf_gguf_tensor_at(g, i);
-		cr_assert_eq(nf_gguf_writer_tensor(w, t->name, t->n_dims == 2 ? type : t->type, t->n_dims, t->ne), 0);
-	}
-	for (size_t i = 0; i < nf_gguf_n_tensors(g); i++) {
-		const struct nf_gguf_tensor *t = nf_gguf_tensor_at(g, i);
-		if (t->n_dims != 2) {
-			cr_assert_eq(nf_gguf_writer_write(w, t->data, t->size), 0);
-			continue;
-		}
-		size_t n = t->ne[0], sb = nf_dtype_row_size(t->type, n), db = nf_dtype_row_size(type, n);
-		float *row = malloc(n * sizeof(float));
-		char *q = malloc(db);
-		for (uint64_t r = 0; r < t->ne[1]; r++) {
-			nf_dequantize_row(t->type, (const char *)t->data + r * sb, row, n);
-			nf_quantize_row(type, row, q, n);
-			cr_assert_eq(nf_gguf_writer_write(w, q, db), 0);
-		}
-		free(row);
-		free(q);
-	}
-	cr_assert_eq(nf_gguf_writer_finish(w, &d), 0, "%s", d.msg);
-	nf_gguf_close(g);
-}
-
 /*
  * The sparse engine's dense mode on a SiLU model (every neuron computed, in
  * many chunks) gives the built-in FFN's bits for Q4_0 and Q8_0 downs (the
@@ -308,7 +271,8 @@ Test(pipeline, dense_mode_equals_builtin_bits, .timeout = 120)
 	for (size_t ti = 0; ti < 2; ti++) {
 		char p[256];
 		pl_tmp_path(p, sizeof(p), "requant");
-		requant_gguf(src, p, types[ti]);
+		struct nf_diag d = { 0 };
+		cr_assert_eq(nf_test_requant_gguf(src, p, types[ti], &d), 0, "%s", d.msg);
 		check_sparse_vs_builtin(p, NF_SPARSE_DENSE, 0.0, nf_dtype_name(types[ti]));
 		unlink(p);
 	}

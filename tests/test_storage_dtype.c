@@ -77,7 +77,8 @@ Test(dtype, q8_0_and_q4_0_round_trip)
 	cr_assert_eq(nf_dtype_row_size(NF_DTYPE_Q4_0, 100), 0);
 	cr_assert_eq(nf_dtype_parse("Q8_0"), NF_DTYPE_Q8_0);
 	cr_assert_eq(nf_dtype_parse("q5_k"), NF_DTYPE_Q5_K);
-	cr_assert_eq(nf_dtype_parse("q4_1"), -1);
+	cr_assert_eq(nf_dtype_parse("q4_1"), NF_DTYPE_Q4_1);
+	cr_assert_eq(nf_dtype_parse("iq4_nl"), -1);
 }
 
 static const uint32_t ktypes[] = { NF_DTYPE_Q2_K, NF_DTYPE_Q3_K, NF_DTYPE_Q4_K, NF_DTYPE_Q5_K,

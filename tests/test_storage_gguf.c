@@ -558,7 +558,7 @@ Test(gguf, writer_errors_stick_and_leave_nothing)
 
 	/* unsupported type, bad block multiple, bad alignment, duplicate tensor */
 	cr_assert_eq(nf_gguf_writer_open(path, false, &w, &d), 0);
-	cr_assert_eq(nf_gguf_writer_tensor(w, "x", 3, 2, ne), NF_EUNSUPPORTED);
+	cr_assert_eq(nf_gguf_writer_tensor(w, "x", 20, 2, ne), NF_EUNSUPPORTED); /* iq4_nl */
 	nf_gguf_writer_abort(w);
 	cr_assert_eq(nf_gguf_writer_open(path, false, &w, &d), 0);
 	cr_assert_eq(nf_gguf_writer_tensor(w, "x", NF_DTYPE_Q8_0, 1, odd), NF_EUSAGE);
@@ -847,8 +847,10 @@ Test(gguf, bad_tensors)
 	expect(&b, NF_EFORMAT, "'wrap'", "overflows");
 	one_tensor(&b, "mis", 2, ne, NF_DTYPE_F32, 4, 260);
 	expect(&b, NF_EFORMAT, "'mis'", "alignment");
-	one_tensor(&b, "q41", 2, ne, 3, 0, 256);
-	expect(&b, NF_EUNSUPPORTED, "'q41'", "q4_1");
+	one_tensor(&b, "iq4", 2, ne, 20, 0, 256);
+	expect(&b, NF_EUNSUPPORTED, "'iq4'", "iq4_nl");
+	one_tensor(&b, "q81", 2, ne, NF_DTYPE_Q8_1, 0, 256);
+	expect(&b, NF_EUNSUPPORTED, "'q81'", "q8_1");
 	one_tensor(&b, "k4", 2, ne, NF_DTYPE_Q4_K, 0, 256);
 	expect(&b, NF_EFORMAT, "'k4'", "q4_K's block of 256");
 	one_tensor(&b, "t99", 2, ne, 99, 0, 256);

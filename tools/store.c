@@ -102,7 +102,7 @@ static int cmd_mkfake(int argc, char **argv)
 		} else if (!strcmp(a, "--dtype")) {
 			VAL();
 			int t = nf_dtype_parse(v);
-			if (t < 0) {
+			if (t < 0 || nf_dtype_is_legacy((uint32_t)t) || t == NF_DTYPE_Q8_1) {
 				nf_cli_err("--dtype: unknown type '%s' (q4_0, q8_0, f16, f32, bf16)", v);
 				return NF_EXIT_USAGE;
 			}

@@ -143,7 +143,7 @@ int nf_cmd_synth(int argc, char **argv)
 				return NF_EXIT_USAGE;
 		} else if (!strcmp(a, "--dtype")) {
 			int t = nf_dtype_parse(v);
-			if (t < 0 || t == NF_DTYPE_BF16) {
+			if (t < 0 || t == NF_DTYPE_BF16 || nf_dtype_is_legacy((uint32_t)t) || t == NF_DTYPE_Q8_1) {
 				nf_cli_err("--dtype: unknown type '%s' (expected q4_0, q8_0, "
 					   "q2_k..q6_k, f16 or f32)", v);
 				return NF_EXIT_USAGE;

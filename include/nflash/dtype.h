@@ -29,7 +29,11 @@ enum nf_dtype {
 	NF_DTYPE_F32  = 0,
 	NF_DTYPE_F16  = 1,
 	NF_DTYPE_Q4_0 = 2,
+	NF_DTYPE_Q4_1 = 3,
+	NF_DTYPE_Q5_0 = 6,
+	NF_DTYPE_Q5_1 = 7,
 	NF_DTYPE_Q8_0 = 8,
+	NF_DTYPE_Q8_1 = 9,
 	NF_DTYPE_Q2_K = 10,
 	NF_DTYPE_Q3_K = 11,
 	NF_DTYPE_Q4_K = 12,
@@ -52,6 +56,35 @@ struct nf_block_q8_0 {
 	int8_t qs[NF_QK];       /* value = q * d */
 };
 _Static_assert(sizeof(struct nf_block_q8_0) == 34, "q8_0 block is 34 bytes");
+
+/* ggml's other 32-value blocks, which llama-quantize writes for its Q4_1,
+ * Q5_0 and Q5_1 recipes and for the rows of a K-quant recipe that are not
+ * a multiple of 256 (Q4_K -> Q5_0, Q5_K -> Q5_1). Quants as Q4_0's
+ * (qs[j]: low nibble value j, high nibble value 16 + j); qh bit j the fifth
+ * bit of value j. */
+struct nf_block_q4_1 {
+	uint16_t d, m;          /* fp16; value = q * d + m */
+	uint8_t qs[NF_QK / 2];
+};
+_Static_assert(sizeof(struct nf_block_q4_1) == 20, "q4_1 block is 20 bytes");
+struct nf_block_q5_0 {
+	uint16_t d;             /* value = (q - 16) * d */
+	uint8_t qh[4];
+	uint8_t qs[NF_QK / 2];
+};
+_Static_assert(sizeof(struct nf_block_q5_0) == 22, "q5_0 block is 22 bytes");
+struct nf_block_q5_1 {
+	uint16_t d, m;          /* value = q * d + m */
+	uint8_t qh[4];
+	uint8_t qs[NF_QK / 2];
+};
+_Static_assert(sizeof(struct nf_block_q5_1) == 24, "q5_1 block is 24 bytes");
+/* Activations for Q4_1 / Q5_1 dot products: value = q * d, s = d * sum(q) (fp16). */
+struct nf_block_q8_1 {
+	uint16_t d, s;
+	int8_t qs[NF_QK];
+};
+_Static_assert(sizeof(struct nf_block_q8_1) == 36, "q8_1 block is 36 bytes");
 
 #define NF_QK_K 256 /* values per K-quant super-block */
 #define NF_K_SCALE_SIZE 12
@@ -150,7 +183,10 @@ void nf_quantize_row_kquant(uint32_t t, const float *x, void *y, size_t n);
 
 /* True for the types above. */
 bool nf_dtype_valid(uint32_t t);
-/* "f32", "f16", "q4_0", "q8_0", "q2_K".."q8_K", "bf16", or "unknown". */
+/* True for Q4_1, Q5_0 and Q5_1 (read in memory; no neuron-bundle form). */
+bool nf_dtype_is_legacy(uint32_t t);
+/* "f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1",
+ * "q2_K".."q8_K", "bf16", or "unknown". */
 const char *nf_dtype_name(uint32_t t);
 /* Parse a name as printed by nf_dtype_name (case-insensitive); -1 if unknown. */
 int nf_dtype_parse(const char *name);
@@ -169,6 +205,9 @@ uint16_t nf_fp32_to_bf16(float f);
 /* Reference quantizers (as ggml's quantize_row_*_ref); n a multiple of 32. */
 void nf_quantize_row_q8_0(const float *x, struct nf_block_q8_0 *y, size_t n);
 void nf_quantize_row_q4_0(const float *x, struct nf_block_q4_0 *y, size_t n);
+/* Q4_1, Q5_0, Q5_1 as ggml's reference rule; their 32 quants 0..2^b - 1
+ * (Q5_0's with the offset 16 not yet taken) of block blk: */
+void nf_quant5_unpack(uint32_t t, const void *blk, uint8_t q[NF_QK]);
 /* Convert a row of any supported type to f32. */
 void nf_dequantize_row(uint32_t t, const void *src, float *dst, size_t n);
 /* Encode a row of f32 into type t (any type above). The K-quant encoders
