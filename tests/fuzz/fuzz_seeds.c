@@ -10,7 +10,9 @@
  * of a real model in a few KiB; and (2) the input's first 4 KiB. Seeds are
  * generated at `make fuzz` time and never committed. The inputs are every
  * testdata GGUF, the K-quant files of ../shared/testdata/kquant included
- * (Q4_K/Q5_K/Q6_K tensors with 256-value blocks).
+ * (Q4_K/Q5_K/Q6_K tensors with 256-value blocks); the first input is also
+ * written with its 2-D tensors as Q4_1, Q5_0 and Q5_1 (llama-quantize's
+ * fallback types).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +26,8 @@
 #include "nflash/store.h"
 #include "nflash/synth.h"
 
-static int shrink(const char *in, const char *out)
+/* as_type: 0 to keep each tensor's type, else the type of every 2-D one */
+static int shrink(const char *in, const char *out, uint32_t as_type)
 {
 	struct nf_gguf *g;
 	struct nf_gguf_writer *w;
@@ -51,12 +54,16 @@ static int shrink(const char *in, const char *out)
 	}
 	for (size_t i = 0; rc == 0 && i < nf_gguf_n_tensors(g); i++) {
 		const struct nf_gguf_tensor *t = nf_gguf_tensor_at(g, i);
-		uint64_t ne[NF_GGUF_MAX_DIMS] = { nf_dtype_block_len(t->type), 1, 1, 1 };
-		rc = nf_gguf_writer_tensor(w, t->name, t->type, t->n_dims, ne);
+		uint32_t type = as_type && t->n_dims == 2 ? as_type : t->type;
+		uint64_t ne[NF_GGUF_MAX_DIMS] = { nf_dtype_block_len(type), 1, 1, 1 };
+		rc = nf_gguf_writer_tensor(w, t->name, type, t->n_dims, ne);
 	}
 	static const uint8_t zeros[512]; /* the largest block: q8_K, 292 bytes */
-	for (size_t i = 0; rc == 0 && i < nf_gguf_n_tensors(g); i++)
-		rc = nf_gguf_writer_write(w, zeros, nf_dtype_block_size(nf_gguf_tensor_at(g, i)->type));
+	for (size_t i = 0; rc == 0 && i < nf_gguf_n_tensors(g); i++) {
+		const struct nf_gguf_tensor *t = nf_gguf_tensor_at(g, i);
+		uint32_t type = as_type && t->n_dims == 2 ? as_type : t->type;
+		rc = nf_gguf_writer_write(w, zeros, nf_dtype_block_size(type));
+	}
 	if (rc == 0)
 		rc = nf_gguf_writer_finish(w, &d);
 	else
@@ -194,8 +201,14 @@ int main(int argc, char **argv)
 		base = base ? base + 1 : argv[i];
 		char out[4096];
 		snprintf(out, sizeof(out), "%s/small-%s", argv[1], base);
-		if (shrink(argv[i], out) < 0)
+		if (shrink(argv[i], out, 0) < 0)
 			return 1;
+		static const uint32_t legacy[] = { NF_DTYPE_Q4_1, NF_DTYPE_Q5_0, NF_DTYPE_Q5_1 };
+		for (size_t k = 0; i == 2 && k < 3; k++) {
+			snprintf(out, sizeof(out), "%s/small-%s-%s", argv[1], nf_dtype_name(legacy[k]), base);
+			if (shrink(argv[i], out, legacy[k]) < 0)
+				return 1;
+		}
 		snprintf(out, sizeof(out), "%s/head-%s", argv[1], base);
 		if (head(argv[i], out) < 0)
 			return 1;
