@@ -68,6 +68,7 @@ struct import {
 	uint8_t *meta;
 	size_t meta_len;
 	struct nf_import_report rep;
+	bool relu;                   /* ReLU or dReLU FFNs (NF_IMPORT_GATE_AUTO) */
 };
 
 void nf_import_opts_default(struct nf_import_opts *o)
@@ -385,10 +386,18 @@ static void gate_rows_name(const struct ffn *f, char *buf, size_t n)
 	snprintf(buf, n, "%s" NF_STORE_GATE_ROWS_SUFFIX, f->name);
 }
 
-/* The FFNs whose gate rows get their own object (--gate-objects). */
+/* The FFNs whose gate rows get their own object (gate_objects): with
+ * NF_IMPORT_GATE_AUTO those exact mode runs, a ReLU/dReLU FFN whose layer
+ * has no predictor (blk.N.fc1.weight; a mixture's are per layer too). */
 static bool has_gate_rows(const struct import *im, const struct ffn *f)
 {
-	return im->o->gate_objects && f->src.gate && f->L.has_gate;
+	if (!im->o->gate_objects || !f->src.gate || !f->L.has_gate)
+		return false;
+	if (im->o->gate_objects > 0)
+		return true;
+	char nm[64];
+	snprintf(nm, sizeof(nm), "blk.%u.fc1.weight", f->layer);
+	return im->relu && !nf_gguf_find_tensor(im->g, nm);
 }
 
 static int declare(struct import *im, struct nf_store_writer *w)
@@ -439,6 +448,7 @@ static int declare(struct import *im, struct nf_store_writer *w)
 		if ((rc = nf_store_writer_add_dense(w, nm, f->L.dtype, 2, shape, d)) < 0)
 			return rc;
 		im->rep.dense_bytes += (uint64_t)f->L.n_neurons * f->L.row_bytes;
+		im->rep.n_gate_rows++;
 	}
 	for (uint32_t i = 0; i < im->n_ffn; i++) {
 		const struct ffn *f = &im->ffns[i];
@@ -700,6 +710,7 @@ int nf_import(const char *gguf_path, const char *out_path, const struct nf_impor
 	struct nf_model_hparams hp;
 	if ((rc = nf_model_hparams_read(im.g, &hp, d)) < 0)
 		goto out;
+	im.relu = hp.act == NF_FFN_RELU || hp.act == NF_FFN_DRELU;
 	if ((rc = plan(&im)) < 0 || (rc = make_meta(&im)) < 0)
 		goto out;
 

@@ -701,6 +701,50 @@ Test(pipeline_moe, gate_first_refuses_what_it_cannot_do)
 	unlink(p);
 }
 
+/*
+ * `nflash import` writes gate rows by default where exact mode runs (a
+ * ReLU/dReLU FFN with no predictor) and nowhere else, `--no-gate-objects`
+ * skips them; an unplanned run of such a store reads gates first by
+ * default (gate reads counted), with the ids `--gate-first off` gives.
+ */
+static void ids_of(const char *json, char *ids, size_t n)
+{
+	const char *a = strstr(json, "\"ids\""), *b = a ? strchr(a, ']') : NULL;
+	cr_assert(a && b, "no ids in %s", json);
+	snprintf(ids, n, "%.*s", (int)(b - a), a);
+}
+
+Test(pipeline_moe, import_writes_gate_rows_where_exact_mode_runs)
+{
+	char g[256], gp[256], s[256], out[16384], err[8192], cmd[1024], ids[2][4096];
+	pl_tmp_path(g, sizeof(g), "gr-relu");
+	pl_tmp_path(gp, sizeof(gp), "gr-pred");
+	pl_tmp_path(s, sizeof(s), "gr-store");
+	cr_assert_eq(pl_synth_tiny(g, "relu", NF_DTYPE_Q8_0, false), 0);
+	cr_assert_eq(pl_synth_tiny(gp, "relu", NF_DTYPE_Q8_0, true), 0);
+	const struct {
+		const char *gguf, *flag;
+		unsigned long long want;
+	} c[] = { { gp, "", 0 }, { g, "--no-gate-objects", 0 }, { g, "", 2 } };
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		snprintf(cmd, sizeof(cmd), "import %s %s --force --json %s", c[i].gguf, s, c[i].flag);
+		cr_assert_eq(pl_run_cli(cmd, out, sizeof(out), err, sizeof(err)), 0, "%s: %s", cmd, err);
+		cr_expect_eq(pl_json_u64(out, "gate_rows_objects"), c[i].want, "%s: %s", cmd, out);
+	}
+	for (int k = 0; k < 2; k++) {
+		snprintf(cmd, sizeof(cmd), "generate -m %s -p 'Once upon a time' -n 6 --temp 0 --json --stats %s", s,
+			 k ? "--gate-first off" : "");
+		cr_assert_eq(pl_run_cli(cmd, out, sizeof(out), err, sizeof(err)), 0, "%s: %s", cmd, err);
+		unsigned long long gr = pl_json_u64(out, "gate_reads");
+		cr_expect(k ? gr == 0 : gr >= 5 * 2, "%s: %llu gate-rows reads", cmd, gr);
+		ids_of(out, ids[k], sizeof(ids[k]));
+	}
+	cr_expect_str_eq(ids[0], ids[1]);
+	unlink(g);
+	unlink(gp);
+	unlink(s);
+}
+
 /* ---- a read error during an expert's read ------------------------------------------ */
 
 /* The prompt, then one token, through a one-FFN cache whose read number

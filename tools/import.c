@@ -20,7 +20,8 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: nflash import MODEL.gguf OUT.nfl [--extent-bundles K] [--bundle-align B]\n"
-		"                     [--force] [--no-verify] [--gate-objects] [--json]\n"
+		"                     [--force] [--no-verify] [--gate-objects|--no-gate-objects]\n"
+		"                     [--json]\n"
 		"\n"
 		"Builds a store from a GGUF file (llama.cpp's, or PowerInfer's with\n"
 		"ffn_down_t and predictors): the metadata, one dense object per non-FFN\n"
@@ -34,7 +35,10 @@ static void usage(FILE *f)
 		"  --no-verify          skip the read-back\n"
 		"  --gate-objects       also store each FFN's gate rows as one object, so that\n"
 		"                       exact mode can read gates first (--gate-first; +1/3 of\n"
-		"                       the FFN bytes on disk)\n"
+		"                       the FFN bytes on disk). Default: for the FFNs exact\n"
+		"                       mode runs (ReLU/dReLU, no predictor), which else read\n"
+		"                       every bundle a token\n"
+		"  --no-gate-objects    no gate rows, not even those\n"
 		"  --json               print a report as one JSON object\n"
 		"  -h, --help           this text\n"
 		"\n"
@@ -76,6 +80,7 @@ int nf_cmd_import(int argc, char **argv)
 	bool json = false;
 	struct nf_import_opts o;
 	nf_import_opts_default(&o);
+	o.gate_objects = NF_IMPORT_GATE_AUTO;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -96,7 +101,9 @@ int nf_cmd_import(int argc, char **argv)
 		} else if (!strcmp(a, "--no-verify")) {
 			o.no_verify = true;
 		} else if (!strcmp(a, "--gate-objects")) {
-			o.gate_objects = true;
+			o.gate_objects = 1;
+		} else if (!strcmp(a, "--no-gate-objects")) {
+			o.gate_objects = 0;
 		} else if (!strcmp(a, "--json")) {
 			json = true;
 		} else if (a[0] == '-' && a[1]) {
@@ -153,6 +160,7 @@ int nf_cmd_import(int argc, char **argv)
 		nf_json_u64(&j, "scale_objects", r.n_scales);
 		nf_json_u64(&j, "ffn_objects", r.n_ffn);
 		nf_json_u64(&j, "qcol_ffn_objects", r.n_qcol);
+		nf_json_u64(&j, "gate_rows_objects", r.n_gate_rows);
 		nf_json_u64(&j, "meta_bytes", r.meta_bytes);
 		nf_json_u64(&j, "dense_bytes", r.dense_bytes);
 		nf_json_u64(&j, "ffn_bytes", r.ffn_bytes);
@@ -163,10 +171,16 @@ int nf_cmd_import(int argc, char **argv)
 		nf_json_obj_end(&j);
 		nf_json_finish(&j);
 	} else {
+		char gates[160] = "";
+		if (r.n_gate_rows)
+			snprintf(gates, sizeof(gates), ", %u gate-rows objects (%s)", r.n_gate_rows,
+				 o.gate_objects > 0 ? "--gate-objects"
+						    : "ReLU/dReLU FFNs with no predictor: for gate-first reads, "
+						      "--no-gate-objects skips them");
 		printf("%s -> %s: %u layers%s, %u dense objects, %u FFN objects (%u with QCOL down, "
-		       "%u scale objects), %.1f MiB; written in %.2f s, %s\n",
+		       "%u scale objects)%s, %.1f MiB; written in %.2f s, %s\n",
 		       in, out, r.n_layer, r.powerinfer ? " (PowerInfer)" : "", r.n_dense, r.n_ffn,
-		       r.n_qcol, r.n_scales, r.file_size / 1048576.0, r.write_s,
+		       r.n_qcol, r.n_scales, gates, r.file_size / 1048576.0, r.write_s,
 		       o.no_verify ? "not verified" : "every crc32c verified");
 	}
 	return NF_EXIT_OK;

@@ -105,7 +105,8 @@ struct nf_engine_opts {
 	/* exact mode from a store imported with --gate-objects: read each
 	 * routed FFN's gate rows first, then only the bundles of neurons whose
 	 * gate is positive (nf_sparse_params gate_first; -1 (default): the
-	 * plan's, else off; 0: off; 1: on) */
+	 * plan's, else on for a dense ReLU/dReLU FFN in exact mode whose
+	 * store holds every layer's gate rows, off otherwise; 0: off; 1: on) */
 	int gate_first;
 	/* keep the dense matrices in their plain rows: no 8-row groups
 	 * (nf_model_repack), for A/B runs; the same bits either way */

@@ -55,10 +55,14 @@ struct nf_import_opts {
 	uint32_t block_size;         /* bundle alignment B, power of two in [512, 1 MiB]; 0: 4096 */
 	bool overwrite;              /* replace an existing output (else NF_EUSAGE) */
 	bool no_verify;              /* skip the read-back */
-	/* Also write each FFN's gate rows as a dense object (neuron order,
-	 * NF_STORE_GATE_ROWS_SUFFIX) for gate-first exact mode: +1/3 of the
-	 * FFN bytes (gate and up of equal size and a down of the same width). */
-	bool gate_objects;
+	/* Each FFN's gate rows as a dense object too (neuron order,
+	 * NF_STORE_GATE_ROWS_SUFFIX), for gate-first exact mode: +1/3 of the
+	 * FFN bytes (gate and up of equal size and a down of the same width).
+	 * 1: every FFN with a gate; 0: none (nf_import_opts_default);
+	 * NF_IMPORT_GATE_AUTO: the FFNs exact mode would run, those of a ReLU
+	 * or dReLU model with no predictor for their layer (`nflash import`'s
+	 * default): without gate rows exact mode reads every bundle. */
+	int gate_objects;
 	const struct nf_io_sys *sys; /* NULL: nf_io_sys_default (tests inject faults) */
 	/* Polled between chunks; when it becomes nonzero the import stops with
 	 * -EINTR and leaves nothing under the output name. May be NULL. */
@@ -70,12 +74,15 @@ struct nf_import_opts {
 
 void nf_import_opts_default(struct nf_import_opts *o);
 
+#define NF_IMPORT_GATE_AUTO (-1)
+
 struct nf_import_report {
 	uint32_t n_dense;            /* dense objects from tensors */
 	uint32_t n_scales;           /* QCOL scale objects */
 	uint32_t n_ffn;              /* FFN objects */
 	uint32_t n_layer, n_expert;  /* n_expert 0 for dense FFNs */
 	uint32_t n_qcol;             /* FFN objects with a QCOL down part */
+	uint32_t n_gate_rows;        /* gate-rows objects (gate_objects) */
 	bool powerinfer;             /* source had the PWRI magic */
 	uint64_t meta_bytes, dense_bytes, ffn_bytes;
 	uint64_t file_size;
