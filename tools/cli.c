@@ -2,7 +2,8 @@
  * cli.c - flag parsing, progress bars and JSON output for the subcommands.
  *
  * Invariants: a parse error always names the flag and the bad value; the
- * progress bar never writes to a non-terminal; JSON output is written by
+ * progress bar never writes to a non-terminal (a long step writes a plain line
+ * every 30 s there instead); JSON output is written by
  * jansson and is valid UTF-8 (invalid input bytes become U+FFFD).
  */
 #include <ctype.h>
@@ -217,8 +218,24 @@ void nf_progress_start(struct nf_progress *p, const char *label, uint64_t total,
 	p->label = label;
 	p->total = total;
 	p->unit_bytes = unit_bytes;
-	p->tty = isatty(STDERR_FILENO) && !getenv("NFLASH_NO_PROGRESS");
+	bool quiet = getenv("NFLASH_NO_PROGRESS") != NULL;
+	p->tty = isatty(STDERR_FILENO) && !quiet;
+	p->lines = !p->tty && !quiet;
 	p->t0 = p->last = nf_cli_now();
+}
+
+/* Without a terminal: a line every NF_PROGRESS_LINE_S seconds of a long
+ * step, so that a log shows how far it is and how long it has left. */
+#define NF_PROGRESS_LINE_S 30.0
+
+static void progress_line(struct nf_progress *p, double now)
+{
+	double dt = now - p->t0, frac = p->total ? (double)p->done / p->total : 0;
+	double eta = frac > 0 && frac < 1 ? dt * (1 - frac) / frac : 0;
+	fprintf(stderr, "nflash: %s: %llu of %llu%s (%.1f%%), %.0f s, eta %.0f s\n", p->label,
+		(unsigned long long)(p->unit_bytes ? p->done >> 20 : p->done),
+		(unsigned long long)(p->unit_bytes ? p->total >> 20 : p->total), p->unit_bytes ? " MiB" : "",
+		frac * 100, dt, eta);
 }
 
 static void progress_draw(struct nf_progress *p, double now)
@@ -247,8 +264,14 @@ static void progress_draw(struct nf_progress *p, double now)
 void nf_progress_update(struct nf_progress *p, uint64_t done)
 {
 	p->done = done;
-	if (!p->tty)
+	if (!p->tty) {
+		double now = p->lines ? nf_cli_now() : 0;
+		if (p->lines && now - p->last >= NF_PROGRESS_LINE_S && done < p->total) {
+			p->last = now;
+			progress_line(p, now);
+		}
 		return;
+	}
 	double now = nf_cli_now();
 	if (now - p->last < 0.1 && done < p->total)
 		return;

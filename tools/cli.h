@@ -76,6 +76,7 @@ struct nf_progress {
 	uint64_t done;
 	double t0, last;
 	bool tty, unit_bytes, drawn;
+	bool lines;   /* no terminal: a line every 30 s of a long step */
 };
 void nf_progress_start(struct nf_progress *p, const char *label, uint64_t total, bool unit_bytes);
 void nf_progress_update(struct nf_progress *p, uint64_t done);
