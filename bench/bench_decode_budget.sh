@@ -13,8 +13,12 @@
 # Beside it, in the same run and the same cgroup:
 #   - "tuned": the hand-tuned configuration of earlier sessions: the store
 #     profiled with `generate --profile` under 2 GiB and copied in the
-#     co-activation layout (`store relayout`), run with -c 64 --kv-type f16
-#     -b 16 and the engine's defaults (BENCH_PROFILE=0 skips it);
+#     co-activation layout (`store relayout`), run with --kv-type f16 -b 16
+#     and the engine's defaults, at the context the planned run chose for
+#     that budget (BENCH_TUNED_CTX=N fixes it, e.g. 64 as before session 36;
+#     -c 64 holds 54 of the 64 tokens asked after the 10-token prompt, so it
+#     ran a shorter job with 96 MiB more cache at 2 GiB) (BENCH_PROFILE=0
+#     skips it);
 #   - "llama": llama.cpp's llama-cli built without runtime repacking
 #     (LLAMA_CLI=/path/to/build-norepack/bin/llama-cli, ../shared/PEERS.md),
 #     mmap loader, on the same model's --no-predictor GGUF (every tensor but
@@ -56,8 +60,10 @@ PROFILE=${BENCH_PROFILE:-1}
 ALIGN=${BENCH_ALIGN:-512}
 LLAMA_CLI=${LLAMA_CLI:-}
 REST=${BENCH_REST:-0}
-# the hand-tuned flags of earlier sessions (f16 KV, short context, 16-token batches)
-TUNED="-c 64 --kv-type f16 -b 16 -t $T"
+# the hand-tuned flags of earlier sessions (f16 KV, 16-token batches); the
+# context is the planned run's at the same budget unless BENCH_TUNED_CTX
+TUNED="--kv-type f16 -b 16 -t $T"
+TUNED_CTX=${BENCH_TUNED_CTX:-}
 # the stand-in's and llama.cpp's context
 MMOPTS="-c 64 -t $T"
 # "<s> The quick brown fox jumps over the" in the LLaMA-2 vocabulary
@@ -176,9 +182,9 @@ drop() {
 	[ "$REST" = 0 ] || sleep "$REST"
 }
 
-# gen_tok_per_s, io_wait_share, hit_rate of one --json output (or "- - -")
+# gen_tok_per_s, io_wait_share, hit_rate, n_ctx of one --json output (or "- - - -")
 fields() {
-	python3 - "$1" <<'EOF' 2>/dev/null || echo "- - -"
+	python3 - "$1" <<'EOF' 2>/dev/null || echo "- - - -"
 import json, sys
 with open(sys.argv[1]) as f:
     line = [l for l in f if l.lstrip().startswith("{")][-1]
@@ -186,7 +192,8 @@ j = json.loads(line)
 s = j.get("stats", {})
 if j.get("gen_tokens", 0) < 2:
     raise SystemExit(1)
-print("%.4g %.4g %.4g" % (j["gen_tok_per_s"], s.get("io_wait_share", 0.0), s.get("hit_rate", 1.0)))
+print("%.4g %.4g %.4g %d" % (j["gen_tok_per_s"], s.get("io_wait_share", 0.0), s.get("hit_rate", 1.0),
+                             j.get("n_ctx", 0)))
 EOF
 }
 
@@ -215,15 +222,16 @@ in_cg() {
 	return $rc
 }
 
-# run_nflash planned|tuned BUDGET_GIB|mem: one line "tok_s io_wait_share hit_rate predicted_tok_s"
+# run_nflash planned|tuned BUDGET_GIB|mem [N_CTX]: one line
+# "tok_s io_wait_share hit_rate n_ctx predicted_tok_s"
 run_nflash() {
-	kind=$1 b=$2
+	kind=$1 b=$2 c=${3:-64}
 	if [ "$b" = mem ]; then
-		set -- -m "$GGUF" $TUNED
+		set -- -m "$GGUF" -c 64 $TUNED
 	elif [ "$kind" = planned ]; then
 		set -- -m "$PLANNED" --memory-budget "${b}G" --stats
 	else
-		set -- -m "$HOT" --memory-budget "${b}G" --stats $TUNED
+		set -- -m "$HOT" --memory-budget "${b}G" --stats -c "$c" $TUNED
 	fi
 	drop
 	if in_cg "$b" "$NF" generate "$@" --ids "$IDS" -n "$N" --temp 0 --ignore-eos --json \
@@ -232,7 +240,7 @@ run_nflash() {
 		echo "$(fields "$TMP/out") ${pred:--}"
 	else
 		say "nflash $kind $*: $(grep -v '^nflash: \(prompt\|token\)' "$TMP/err" | tail -1)"
-		echo "- - - -"
+		echo "- - - - -"
 	fi
 }
 
@@ -283,7 +291,7 @@ fi
 cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 echo "# bench_decode_budget: machine $(uname -n) ($(nproc) CPUs, $cpu), kernel $(uname -r)," \
 	"date $(date -u +%Y-%m-%dT%H:%M:%SZ); model $(basename "$GGUF") (7b q4_0 relu sparsity 0.90);" \
-	"planned: $(basename "$PLANNED") with --memory-budget only; tuned: $(basename "$HOT") $TUNED;" \
+	"planned: $(basename "$PLANNED") with --memory-budget only; tuned: $(basename "$HOT") $TUNED -c ${TUNED_CTX:-(the planned run's)};" \
 	"nflash $N tokens x $REPS, llama.cpp and the --io mmap stand-in $MN tokens x $MREPS ($MMOPTS);" \
 	"llama.cpp $( [ -n "$LLAMA_CLI" ] && echo "$LLAMA_CLI" || echo absent);" \
 	"every run in a cgroup of the budget: $( [ "$can_cg" = 1 ] && echo yes || echo no); drop_caches $( [ "$can_drop" = 1 ] && echo yes || echo no)"
@@ -293,17 +301,18 @@ ratio() {
 	awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b + 0 <= 0) print "-"; else printf "%.2f\n", a / b }'
 }
 for b in $BUDGETS mem; do
-	tok="" wait="" hit="" pred="" ttok="" mtok="" ltok=""
+	tok="" wait="" hit="" pred="" ttok="" mtok="" ltok="" pctx=64
 	i=0
 	while [ $i -lt "$REPS" ]; do
 		# planned and tuned alternate, so both see the same machine
 		set -- $(run_nflash planned "$b")
-		tok="$tok $1" wait="$wait $2" hit="$hit $3" pred="$pred $4"
-		say "$b GiB planned run $((i + 1)): $1 tok/s (predicted $4), I/O wait share $2, hit rate $3"
+		tok="$tok $1" wait="$wait $2" hit="$hit $3" pred="$pred $5"
+		[ "$4" = - ] || [ "$4" = 0 ] || pctx=$4
+		say "$b GiB planned run $((i + 1)): $1 tok/s (predicted $5), I/O wait share $2, hit rate $3, -c $4"
 		if [ "$PROFILE" = 1 ] && [ "$b" != mem ]; then
-			set -- $(run_nflash tuned "$b")
+			set -- $(run_nflash tuned "$b" "${TUNED_CTX:-$pctx}")
 			ttok="$ttok $1"
-			say "$b GiB tuned run $((i + 1)): $1 tok/s"
+			say "$b GiB tuned run $((i + 1)): $1 tok/s, -c ${TUNED_CTX:-$pctx}"
 		fi
 		i=$((i + 1))
 	done
