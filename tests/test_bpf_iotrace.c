@@ -177,8 +177,12 @@ static void check_preads(struct nf_iotrace *t, struct fixture *fx, unsigned n, u
 		     "%llu before, %llu after, %llu lost found)", (unsigned long long)(d.depth.count - within_n),
 		     (unsigned long long)d.depth.count, (unsigned long long)unmatched,
 		     (unsigned long long)a.inflight, (unsigned long long)b.inflight, (unsigned long long)d.lost);
-	cr_expect(best >= n / 2, "no depth within 1 + %llu seen %u times or more (depth 1: %llu)",
-		  (unsigned long long)unmatched, n / 2, (unsigned long long)d.depth.slots[0]);
+	/* (with more than n / 20 unmatched, e.g. 20 lost completions found in
+	 * one CI run of 200 reads, the issues spread over the depths they
+	 * left and no slot need hold half; the bound above still holds) */
+	if (unmatched <= n / 20)
+		cr_expect(best >= n / 2, "no depth within 1 + %llu seen %u times or more (depth 1: %llu)",
+			  (unsigned long long)unmatched, n / 2, (unsigned long long)d.depth.slots[0]);
 	if (unmatched == 0)
 		cr_expect_eq(d.depth.slots[0], d.depth.count, "depth 1 at %llu of %llu issues",
 			     (unsigned long long)d.depth.slots[0], (unsigned long long)d.depth.count);
