@@ -74,34 +74,28 @@ uint32_t nf_coact_gap(const struct nf_engine *e)
  * (nf_coact_holdout). Writes what the layout saves on the calibration
  * tokens themselves, and the held-out choice, to log. Returns 0 or -ENOMEM
  * (no order then). */
-static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const struct nf_coact_progress *pr,
-		       FILE *log)
+static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, uint64_t head_slots, const uint64_t *extra,
+		       uint32_t n_extra, const struct nf_coact_progress *pr, FILE *log)
 {
 	struct nf_cache *cache = nf_engine_cache(e);
 	struct nf_store *store = nf_engine_store(e);
-	struct nf_engine_info info;
-	struct nf_cache_layout cl;
 	struct nf_cache_geom g;
-	nf_engine_info(e, &info);
-	nf_cache_layout_get(cache, &cl);
 	nf_cache_geometry(cache, &g);
 	uint32_t n_ffn = 0, gap = nf_coact_gap(e);
 	for (uint32_t i = 0; i < p->n_objects; i++)
 		n_ffn += p->counts[i] != NULL;
 	if (!n_ffn || !(p->order = calloc(p->n_objects, sizeof(*p->order))))
 		return -ENOMEM;
-	/* the head of each FFN: its share of the hot set a run under this
-	 * budget will load (nf_cache_hot_quota), counting what only this
-	 * calibration run holds (KV cache, record) as hot */
+	/* the head of each FFN: its share of head_slots, the hot set a run
+	 * will load (nf_cache_hot_quota) */
 	uint32_t *quota = calloc((size_t)g.n_layer * g.n_expert, sizeof(uint32_t));
 	if (!quota)
 		return -ENOMEM;
-	nf_cache_hot_quota(cache, cl.hot_slots + info.profile_extra / g.stride, quota);
-	/* and each other budget's (nf_engine_opts.profile_cuts): the layout
-	 * is cut at every one, each part chained on its own */
-	const struct nf_engine_opts *eo = nf_engine_opts(e);
+	nf_cache_hot_quota(cache, head_slots, quota);
+	/* and each other hot set's (extra): the layout is cut at every one,
+	 * each part chained on its own */
 	size_t n_fe = (size_t)g.n_layer * g.n_expert;
-	uint32_t n_extra = eo->profile_cuts ? eo->n_profile_cuts : 0;
+	n_extra = extra ? n_extra : 0;
 	uint32_t *xq = n_extra ? calloc(n_fe * n_extra, sizeof(uint32_t)) : NULL;
 	uint32_t *cuts = malloc((n_extra + 1) * sizeof(uint32_t));
 	if ((n_extra && !xq) || !cuts) {
@@ -111,7 +105,7 @@ static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const st
 		return -ENOMEM;
 	}
 	for (uint32_t k = 0; k < n_extra; k++)
-		nf_cache_hot_quota(cache, eo->profile_cuts[k], xq + k * n_fe);
+		nf_cache_hot_quota(cache, extra[k], xq + k * n_fe);
 	double t0 = now_s();
 	double by_count = 0, coact = 0, held_in = 0, held_out = 0;
 	uint32_t tokens_max = 0, head_sum = 0, done = 0, n_vec = 0, n_scores = 0;
@@ -201,8 +195,8 @@ static int plan_orders(struct nf_engine *e, struct nf_store_profile *p, const st
 	return 0;
 }
 
-int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_coact_progress *pr,
-			  struct nf_diag *d)
+static int profile_save(struct nf_engine *e, uint64_t tokens, uint64_t head_slots, const uint64_t *extra,
+			uint32_t n_extra, const struct nf_coact_progress *pr, struct nf_diag *d)
 {
 	const struct nf_engine_opts *o = nf_engine_opts(e);
 	struct nf_cache *cache = nf_engine_cache(e);
@@ -227,7 +221,7 @@ int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_
 					     : NF_STORE_PROFILE_DENSE;
 	p->tokens = tokens;
 	FILE *log = o->profile_log ? o->profile_log : o->log;
-	if (plan_orders(e, p, pr, log) < 0) {
+	if (plan_orders(e, p, head_slots, extra, n_extra, pr, log) < 0) {
 		if (log)
 			fprintf(log, "nflash: warning: --profile: no memory to plan the co-activation layout; "
 				     "storing counts only\n");
@@ -247,4 +241,45 @@ int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_
 		fprintf(log, "nflash: profile of %llu tokens (%s mode) stored in %s\n", (unsigned long long)tokens,
 			nf_sparse_mode_name(m), path);
 	return 0;
+}
+
+int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_coact_progress *pr,
+			  struct nf_diag *d)
+{
+	struct nf_cache *cache = nf_engine_cache(e);
+	if (!nf_engine_opts(e)->profile || !cache || !nf_engine_store(e))
+		return nf_diag_fail(d, NF_EUSAGE, "--profile: the engine was not opened for a calibration run");
+	/* the head: the hot set a run under this budget will load, counting
+	 * what only this calibration run holds (KV cache, record) as hot;
+	 * the cuts: each other budget's (nf_engine_opts.profile_cuts) */
+	struct nf_engine_info info;
+	struct nf_cache_layout cl;
+	struct nf_cache_geom g;
+	nf_engine_info(e, &info);
+	nf_cache_layout_get(cache, &cl);
+	nf_cache_geometry(cache, &g);
+	const struct nf_engine_opts *eo = nf_engine_opts(e);
+	return profile_save(e, tokens, cl.hot_slots + info.profile_extra / g.stride, eo->profile_cuts,
+			    eo->n_profile_cuts, pr, d);
+}
+
+int nf_coact_profile_recut(struct nf_engine *e, uint64_t tokens, const uint64_t *hot_slots, uint32_t n,
+			   const struct nf_coact_progress *pr, struct nf_diag *d)
+{
+	if (!hot_slots || !n)
+		return nf_diag_fail(d, NF_EUSAGE, "--profile: no hot set to cut the layout at");
+	/* the largest hot set is the head, the others cuts */
+	uint32_t top = 0;
+	for (uint32_t k = 1; k < n; k++)
+		top = hot_slots[k] > hot_slots[top] ? k : top;
+	uint64_t *extra = malloc((n > 1 ? n - 1 : 1) * sizeof(*extra));
+	if (!extra)
+		return nf_diag_fail(d, -ENOMEM, "--profile: out of memory");
+	uint32_t ne = 0;
+	for (uint32_t k = 0; k < n; k++)
+		if (k != top)
+			extra[ne++] = hot_slots[k];
+	int rc = profile_save(e, tokens, hot_slots[top], extra, ne, pr, d);
+	free(extra);
+	return rc;
 }

@@ -343,6 +343,23 @@ static double hot_share_of(struct nf_engine *e, const int32_t *ids, size_t n, in
 	return look ? (double)(b.hits_hot - a.hits_hot) / (double)look : 0;
 }
 
+/* A calibration run (nf_engine_opts.profile) of the wide model under 80
+ * MiB (with the kernel allowance, 5 MiB, and the load's tables); its
+ * options in *o. */
+static struct nf_engine *open_calibration(struct nf_engine_opts *o)
+{
+	make_model(256);
+	store_opts(o, 224);
+	o->overhead = 24ull << 20;
+	o->budget = 80ull << 20;
+	o->profile = true;
+	struct nf_engine *e;
+	struct nf_diag d = { 0 };
+	int rc = nf_engine_open(o, &e, &d);
+	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	return e;
+}
+
 /*
  * A calibration run in predictor mode records the predictor's hidden layer
  * of every token (nf_sparse_pred_record), and from it each neuron's place
@@ -352,16 +369,10 @@ static double hot_share_of(struct nf_engine *e, const int32_t *ids, size_t n, in
  */
 Test(engine, calibration_records_the_predictors_hidden_layer, .fini = drop_model)
 {
-	make_model(256);
 	struct nf_engine_opts o;
-	store_opts(&o, 224);
-	o.overhead = 24ull << 20;
-	o.budget = 80ull << 20;
-	o.profile = true;
-	struct nf_engine *e;
+	struct nf_engine *e = open_calibration(&o);
 	struct nf_diag d = { 0 };
-	int rc = nf_engine_open(&o, &e, &d);
-	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	int rc;
 	cr_assert_eq(nf_sparse_mode_of(nf_engine_sparse(e)), NF_SPARSE_PREDICTOR);
 	int32_t calib[24];
 	for (int i = 0; i < 24; i++)
@@ -425,18 +436,84 @@ Test(engine, calibration_records_the_predictors_hidden_layer, .fini = drop_model
 	nf_engine_close(e);
 }
 
+/* (count desc, id asc): the hot set's order (nflash/coact.h) */
+static bool hotter(const uint32_t *cnt, uint32_t a, uint32_t b)
+{
+	return cnt[a] != cnt[b] ? cnt[a] > cnt[b] : a < b;
+}
+
+/*
+ * nf_coact_profile_recut cuts the layout at each hot set given: for every
+ * one, each FFN's first slots (its share, nf_cache_hot_quota) hold exactly
+ * the neurons a hot set of that size loads, so it loads as a prefix and
+ * its misses fall in the chained parts after it. What nf_coact_profile_save
+ * gave (the calibration budget's own head) is not cut there.
+ */
+Test(engine, a_recut_layout_puts_each_hot_set_first, .fini = drop_model)
+{
+	struct nf_engine_opts o;
+	struct nf_engine *e = open_calibration(&o);
+	struct nf_diag d = { 0 };
+	int32_t calib[32];
+	for (int i = 0; i < 32; i++)
+		calib[i] = 3 + (i * 53) % 300;
+	cr_assert_eq(nf_ctx_eval(nf_engine_ctx(e), calib, 32), 0);
+	struct nf_cache_geom g;
+	nf_cache_geometry(nf_engine_cache(e), &g);
+	uint64_t all = (uint64_t)g.n_layer * g.n_neurons;
+	/* two hot sets, neither the calibration budget's own */
+	uint64_t cuts[2] = { all * 3 / 5, all / 7 };
+	cr_expect_eq(nf_coact_profile_recut(e, 32, cuts, 0, NULL, &d), NF_EUSAGE);
+	cr_assert_eq(nf_coact_profile_recut(e, 32, cuts, 2, NULL, &d), 0, "%s", d.msg);
+	uint32_t *quota = calloc((size_t)g.n_layer * g.n_expert * 2, sizeof(uint32_t));
+	cr_assert_not_null(quota);
+	cr_assert_eq(nf_cache_hot_quota(nf_engine_cache(e), cuts[0], quota), 0);
+	cr_assert_eq(nf_cache_hot_quota(nf_engine_cache(e), cuts[1], quota + g.n_layer * g.n_expert), 0);
+	nf_engine_close(e);
+
+	struct nf_store *s;
+	cr_assert_eq(nf_store_open(store, NULL, &s, &d), 0, "%s", d.msg);
+	struct nf_store_profile *p = NULL;
+	cr_assert_eq(nf_store_profile_read(s, &p, &d), 0, "%s", d.msg);
+	cr_assert_not_null(p->order);
+	uint32_t checked = 0, inside = 0;
+	for (uint32_t i = 0; i < p->n_objects; i++) {
+		if (!p->counts[i])
+			continue;
+		const struct nf_store_object *ob = nf_store_object_get(s, i);
+		const uint32_t *cnt = p->counts[i], *ord = p->order[i];
+		uint32_t n = p->lens[i];
+		cr_assert(nf_store_profile_order_valid(ord, n), "object %u", i);
+		for (int k = 0; k < 2; k++) {
+			uint32_t q = quota[k * g.n_layer * g.n_expert + ob->layer * g.n_expert + ob->expert];
+			cr_assert_leq(q, n);
+			inside += q > 0 && q < n;
+			/* the prefix's last (in hot order) is hotter than the rest's first */
+			uint32_t worst = q ? ord[0] : 0, best = q < n ? ord[q] : 0;
+			for (uint32_t r = 1; r < q; r++)
+				worst = hotter(cnt, worst, ord[r]) ? ord[r] : worst;
+			for (uint32_t r = q + 1; r < n; r++)
+				best = hotter(cnt, ord[r], best) ? ord[r] : best;
+			if (q && q < n)
+				cr_expect(hotter(cnt, worst, best),
+					  "object %u, cut %d at %u of %u: neuron %u (%u firings) in the prefix, %u (%u) after it",
+					  i, k, q, n, worst, cnt[worst], best, cnt[best]);
+			checked++;
+		}
+	}
+	cr_expect_gt(checked, 0);
+	cr_expect_gt(inside, 0, "no cut fell inside an FFN");
+	nf_store_profile_free(p);
+	nf_store_close(s);
+	free(quota);
+}
+
 Test(engine, online_replanning_recovers_a_wrong_hot_set_with_the_same_bits, .fini = drop_model)
 {
-	make_model(256);
 	struct nf_engine_opts o;
-	store_opts(&o, 224);
-	o.overhead = 24ull << 20;
-	o.budget = 80ull << 20; /* with the kernel allowance (5 MiB) and the load's tables */
-	o.profile = true;
-	struct nf_engine *e;
+	struct nf_engine *e = open_calibration(&o);
 	struct nf_diag d = { 0 };
-	int rc = nf_engine_open(&o, &e, &d);
-	cr_assert_eq(rc, 0, "%s", nf_diag_msg(&d, rc));
+	int rc;
 	int32_t calib[32];
 	for (int i = 0; i < 32; i++)
 		calib[i] = 3 + (i * 37) % 300;

@@ -153,6 +153,17 @@ float *nf_coact_ffn_vec(struct nf_engine *e, uint32_t layer, uint32_t expert, ui
 uint32_t nf_coact_gap(const struct nf_engine *e);
 int nf_coact_profile_save(struct nf_engine *e, uint64_t tokens, const struct nf_coact_progress *pr,
 			  struct nf_diag *d);
+/*
+ * nf_coact_profile_recut - nf_coact_profile_save with the layout cut at
+ * each of hot_slots[0..n) (bundle slots in all, split among the FFNs as the
+ * cache splits a hot set, nf_cache_hot_quota), the largest as the head: the
+ * hot sets that the settings a plan chose will load, which differ from an
+ * unplanned run's (the cuts nf_engine_opts.profile_cuts gives). A hot set
+ * past its cut is loaded in many small reads and splits the chained runs
+ * its budget misses in. Same returns; NF_EUSAGE also when n is 0.
+ */
+int nf_coact_profile_recut(struct nf_engine *e, uint64_t tokens, const uint64_t *hot_slots, uint32_t n,
+			   const struct nf_coact_progress *pr, struct nf_diag *d);
 
 #ifdef __cplusplus
 }
