@@ -393,6 +393,10 @@ Test(planner, plan_a_store_then_follow_it_with_the_same_bits, .fini = drop_model
 	cr_expect(strstr(text, "nflash: co-activation layout of ") && strstr(text, "nflash: profile of 32 tokens"), "%s",
 		  text);
 	cr_expect(!strstr(text, "nflash: memory: "), "%s", text);
+	/* the layout cut again at the three chosen hot sets (docs/PLAN.md step 4) */
+	cr_expect(strstr(text, "its layout cut at the 3 chosen hot sets") ||
+			  strstr(text, "the layout cut at the 3 chosen hot sets is the store's already"),
+		  "%s", text);
 	/* the first budget's tokens read: its gap was decoded */
 	cr_assert(p->entries[0].reads_per_token >= 4, "%.1f reads a token:\n%s", p->entries[0].reads_per_token, text);
 	expect_gap_measured(text, &p->entries[0]);
