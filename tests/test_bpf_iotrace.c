@@ -415,6 +415,49 @@ Test(bpf, cli_traces_a_command, .timeout = 60)
 	teardown(&fx);
 }
 
+/* `nflash trace --events --json -- dd ...`: one event line per read, each
+ * with its completion time since the trace started (t_s), within the
+ * traced span and never before its own device time. */
+Test(bpf, cli_events_carry_completion_times, .timeout = 60)
+{
+	enum { N = 32, S = 65536 };
+	struct fixture fx;
+	char nf[600], cmd[1536], line[16384];
+	double span = -1.0, t_max = 0.0;
+	int events = 0, bad = 0;
+
+	setup_or_skip(&fx);
+	nflash_path(nf, sizeof(nf));
+	snprintf(cmd, sizeof(cmd),
+		 "%s trace --events --json --tag test-ev-%d -- dd if=%s of=/dev/null bs=%d count=%d iflag=direct "
+		 "2>/dev/null",
+		 nf, (int)getpid(), fx.path, S, N);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	while (fgets(line, sizeof(line), p)) {
+		const char *t = strstr(line, "\"t_s\":");
+		if (strncmp(line, "{\"type\":\"event\",", 16) == 0) {
+			const char *d = strstr(line, "\"device_us\":");
+			double ts, dev;
+			cr_assert(t && d, "event without t_s or device_us: %.200s", line);
+			cr_assert_eq(sscanf(t, "\"t_s\":%lf", &ts), 1);
+			cr_assert_eq(sscanf(d, "\"device_us\":%lf", &dev), 1);
+			bad += !(ts >= dev / 1e6 && ts < 60.0);
+			t_max = ts > t_max ? ts : t_max;
+			events++;
+		} else if (strstr(line, "\"type\":\"total\"") && t) {
+			cr_assert_eq(sscanf(t, "\"t_s\":%lf", &span), 1);
+		}
+	}
+	int status = pclose(p);
+	cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "nflash trace exited %d", status);
+	cr_expect_geq(events, N, "%d events for dd's %d reads", events, N);
+	cr_expect_eq(bad, 0, "%d events with a completion time before their device time or past a minute", bad);
+	cr_assert_gt(span, 0.0, "no total line with t_s");
+	cr_expect_leq(t_max, span + 0.5, "an event completed at %.3f s, after the trace's %.3f s", t_max, span);
+	teardown(&fx);
+}
+
 /* SIGINT and SIGTERM end `nflash trace` through its normal exit: pins removed. */
 Test(bpf, cli_signal_removes_pins, .timeout = 60)
 {

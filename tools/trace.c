@@ -50,7 +50,8 @@ static void usage(FILE *f)
 		"  --duration S     stop after S seconds (default: Ctrl-C, or COMMAND exit)\n"
 		"  --tag T          pin directory name (default: this process's pid)\n"
 		"  --json           JSON lines: one per interval, then a \"total\" line\n"
-		"  --events         also print one line per completed request (ring buffer)\n"
+		"  --events         also print one line per completed request (ring buffer),\n"
+		"                   with its completion time in seconds since the start\n"
 		"  --raw-tp         use the raw_tp programs even where tp_btf works\n"
 		"  --prog-stats     also report the CPU time the eBPF programs took\n"
 		"  --help           this text\n"
@@ -239,6 +240,9 @@ static void nf_trace_event(void *ctx, const struct nf_iotrace_event *e)
 {
 	const struct nf_trace_run *r = ctx;
 	double dev = (double)(e->done_ns - e->issue_ns) / 1e3;
+	/* seconds since the trace started (bpf_ktime_get_ns is CLOCK_MONOTONIC,
+	 * as r->t0 is), as biosnoop's TIME(s) */
+	double at = (double)e->done_ns * 1e-9 - r->t0;
 	double tot = e->start_ns ? (double)(e->done_ns - e->start_ns) / 1e3 : 0.0;
 	const char *op = e->op < NF_IOTRACE_NOP ? nf_op_names[e->op] : "other";
 
@@ -248,6 +252,7 @@ static void nf_trace_event(void *ctx, const struct nf_iotrace_event *e)
 		nf_json_init(&j, stdout, false);
 		nf_json_obj_begin(&j, NULL);
 		nf_json_str(&j, "type", "event");
+		nf_json_dbl(&j, "t_s", at);
 		nf_json_u64(&j, "tgid", e->tgid);
 		nf_json_str(&j, "op", op);
 		nf_json_u64(&j, "bytes", e->bytes);
@@ -260,7 +265,7 @@ static void nf_trace_event(void *ctx, const struct nf_iotrace_event *e)
 		nf_json_obj_end(&j);
 		nf_json_finish(&j);
 	} else {
-		printf("%-8u %-5s %8u %12llu %3u:%-3u %10.1f %10.1f %d\n", e->tgid, op, e->bytes,
+		printf("%-11.6f %-8u %-5s %8u %12llu %3u:%-3u %10.1f %10.1f %d\n", at, e->tgid, op, e->bytes,
 		       (unsigned long long)e->sector, e->dev >> 20, e->dev & 0xfffff, dev, tot, e->error);
 	}
 }
@@ -408,7 +413,7 @@ int nf_cmd_trace(int argc, char **argv)
 		fprintf(stderr, " (%s; maps pinned in %s).%s\n", nf_iotrace_mode(r.t),
 			nf_iotrace_pin_dir(r.t), cmd ? "" : " Ctrl-C to end.");
 		if (r.events)
-			printf("%-8s %-5s %8s %12s %7s %10s %10s %s\n", "TGID", "OP", "BYTES", "SECTOR",
+			printf("%-11s %-8s %-5s %8s %12s %7s %10s %10s %s\n", "TIME(s)", "TGID", "OP", "BYTES", "SECTOR",
 			       "DEV", "DEV_US", "TOTAL_US", "ERR");
 	}
 	if (release >= 0) {
