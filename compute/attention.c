@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "nflash/cache.h"
 #include "nflash/dtype.h"
 #include "nflash/stream.h"
 #include "model_impl.h"
@@ -265,6 +266,11 @@ int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb)
 		return NF_EUNSUPPORTED;
 	}
 
+	/* Between the steps below, the FFN's reads that landed are collected
+	 * (nf_cache_poll): each holds a place in the queue depth until reaped,
+	 * and the reads queued behind them (the next layer's, read ahead)
+	 * would wait out this layer's attention with the device idle. */
+	nf_cache_poll(c->m->cache);
 	nf_ctx_parallel(c, nb, norm_rows, &j);
 	struct nf_mm qkv[3] = {
 		{ .w = &wq, .y = c->q, .ldy = E },
@@ -272,11 +278,14 @@ int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb)
 		{ .w = &wv, .y = c->vn, .ldy = KV },
 	};
 	nf_ctx_matmul(c, qkv, 3, c->xn, E, nb);
+	nf_cache_poll(c->m->cache);
 	nf_ctx_parallel(c, nb, rope_store_rows, &j);
 	atomic_init(&j.next, 0);
 	nf_ctx_run(c, attend, &j);
+	nf_cache_poll(c->m->cache);
 	struct nf_mm o = { .w = &wo, .y = c->tmp, .ldy = E };
 	nf_ctx_matmul(c, &o, 1, c->att, E, nb);
+	nf_cache_poll(c->m->cache);
 	/* The buffer now takes a later layer. A failed prefetch is not this
 	 * layer's error: the acquire of the layer it was for reports it. */
 	if (streamed)

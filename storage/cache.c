@@ -1341,6 +1341,19 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 	}
 }
 
+int nf_cache_poll(struct nf_cache *c)
+{
+	if (!c || !c->io || !nf_io_ctx_pending(c->io))
+		return 0;
+	if (pthread_mutex_trylock(&c->wait_lock) != 0)
+		return 0; /* a reaper waits on the I/O context: it reaps */
+	int rc = nf_io_ctx_poll(c->io);
+	pthread_mutex_unlock(&c->wait_lock);
+	if (rc > 0 && atomic_load(&c->ev_sleepers))
+		pthread_cond_broadcast(&c->ev_cond);
+	return rc;
+}
+
 static void ignore_ready(void *user, const uint32_t *neurons, uint32_t n, int result)
 {
 	(void)user;

@@ -917,6 +917,32 @@ static void *completion_main(void *arg)
 	return NULL;
 }
 
+int nf_io_ctx_poll(struct nf_io_ctx *io)
+{
+	if (io->threaded)
+		return 0;
+	int completed = 0;
+	struct nf_io_seg *done[256];
+	const unsigned int max = sizeof(done) / sizeof(done[0]);
+	while (!io->err && be_inflight(io)) {
+		int n = io->be.ops->reap(&io->be, 0, max, 0, done);
+		if (n == -EINTR)
+			continue;
+		if (n < 0) {
+			io->err = n;
+			return n;
+		}
+		for (int i = 0; i < n; i++)
+			completed += complete_seg(io, done[i]);
+		kick(io);
+		if ((unsigned)n < max)
+			break;
+	}
+	if (io->err)
+		completed += cancel_queued(io);
+	return io->err ? io->err : completed;
+}
+
 int nf_io_ctx_wait(struct nf_io_ctx *io, unsigned int min_requests, int timeout_ms)
 {
 	if (io->threaded)

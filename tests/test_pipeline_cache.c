@@ -637,6 +637,57 @@ Test(pipeline, cache_prefetch_is_found_by_later_requests)
 	fx_close(&f);
 }
 
+/* nf_cache_poll (between attention's steps) lands reads without waiting
+ * and submits those queued behind them: at queue depth 1, 20 reads ahead
+ * land through polls alone, so the request after them finds every bundle
+ * in memory and waits for none (without the polls 19 would still be
+ * queued); a poll with nothing in flight does nothing. */
+Test(pipeline, cache_poll_lands_queued_reads_without_waiting)
+{
+	struct fx f;
+	fx_open(&f, false);
+	struct nf_cache_opts o;
+	nf_cache_opts_default(&o);
+	o.arena_bytes = 2 * nf_cache_min_bytes(f.store);
+	o.hot_fraction = 0.0;
+	o.max_gap = 0;
+	o.io.quiet = true;
+	o.io.qd = 1;
+	struct nf_cache *c = NULL;
+	struct nf_diag d = { 0 };
+	cr_assert_eq(nf_cache_open(f.store, &o, &c, &d), 0, "%s", d.msg);
+	cr_assert_eq(nf_cache_poll(c), 0, "nothing in flight");
+	cr_assert_eq(nf_cache_poll(NULL), 0);
+	uint32_t ids[20];
+	for (uint32_t i = 0; i < 20; i++)
+		ids[i] = 3 * i; /* 20 reads of one bundle */
+	cr_assert_eq(nf_cache_prefetch(c, 0, 0, ids, 20), 20);
+	int landed = 0;
+	for (int k = 0; landed < 20 && k < 200000; k++) {
+		int r = nf_cache_poll(c);
+		cr_assert_geq(r, 0, "poll: %s", nf_strerror(r));
+		landed += r;
+		if (!r)
+			usleep(50);
+	}
+	cr_assert_eq(landed, 20, "%d of 20 reads landed through polls", landed);
+	cr_assert_eq(nf_cache_poll(c), 0);
+	nf_cache_stats_reset(c);
+	fetch(&f, c, 0, ids, 20);
+	check_bytes(&f, 0, ids, 20);
+	for (uint32_t i = 0; i < f.n_got; i++)
+		cr_expect_eq(f.results[i], 0);
+	struct nf_cache_stats st;
+	nf_cache_stats_get(c, &st);
+	cr_expect_eq(st.prefetch_waits, 0, "%llu lookups waited for a read in flight",
+		     (unsigned long long)st.prefetch_waits);
+	cr_expect_eq(st.requests, 0, "no read for bundles already in memory");
+	cr_assert_eq(nf_cache_release(c), 0);
+	expect_found(c, 20, 0, 20);
+	nf_cache_close(c);
+	fx_close(&f);
+}
+
 /*
  * Read-ahead filling half the cold slots, then a request whose scattered
  * misses would fit the other half only if no read bridged their gaps:

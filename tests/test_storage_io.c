@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nflash/dtype.h"
@@ -598,5 +599,76 @@ Test(storage, io_single_bundle_reads_are_checksummed)
 		nf_io_buf_free(buf);
 		nf_io_ctx_close(io);
 	}
+	teardown_store(&f);
+}
+
+/* nf_io_ctx_poll reaps what landed without waiting and hands the room it
+ * frees to the queued reads: with queue depth 1, three requests complete
+ * through polls alone, each read submitted as the one before it is reaped;
+ * a poll with nothing landed returns at once. */
+static void poll_feeds_queue(enum nf_io_backend b)
+{
+	struct fixture f;
+	setup_store(&f, "/tmp");
+	struct nf_io_opts o;
+	nf_io_opts_default(&o);
+	o.backend = b;
+	o.qd = 1;
+	struct nf_io_ctx *io = open_io(&f, &o);
+	cr_assert_eq(nf_io_ctx_poll(io), 0, "nothing in flight");
+	uint8_t *buf = nf_io_buf_alloc(f.ffn->length, nf_io_ctx_align(io));
+	struct ts_done d[3] = {{0}};
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, (uint32_t)i, 1, buf + i * 16384, ts_on_done, &d[i]), 0);
+	cr_assert_eq(nf_io_ctx_pending(io), 3);
+	int done = 0, polls = 0;
+	while (done < 3 && polls < 1000000) {
+		int r = nf_io_ctx_poll(io);
+		cr_assert_geq(r, 0);
+		done += r;
+		polls++;
+		if (!r)
+			usleep(50);
+	}
+	cr_assert_eq(done, 3, "every request completed by polling (%d polls)", polls);
+	cr_assert_eq(nf_io_ctx_pending(io), 0);
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(d[i].calls, 1);
+		cr_assert_eq(d[i].result, 0);
+	}
+	cr_assert_eq(ts_check_bundles(f.ffn, NULL, 3 * 16384 / f.ffn->stride, buf), 0);
+	struct nf_io_stats st;
+	nf_io_ctx_stats(io, &st);
+	cr_assert_eq(st.submits, 3, "the queued reads were submitted by the polls");
+	nf_io_buf_free(buf);
+	nf_io_ctx_close(io);
+	teardown_store(&f);
+}
+
+Test(storage, io_poll_feeds_the_queue_aio) { poll_feeds_queue(NF_IO_AIO); }
+Test(storage, io_poll_feeds_the_queue_uring) { poll_feeds_queue(NF_IO_URING); }
+Test(storage, io_poll_feeds_the_queue_sync) { poll_feeds_queue(NF_IO_SYNC); }
+
+/* A poll never waits: a read held 300 ms is not reaped by it, and the
+ * poll returns long before the read lands. */
+Test(storage, io_poll_does_not_wait)
+{
+	struct fixture f;
+	setup_store(&f, "/tmp");
+	struct nf_io_ctx *io = fault_io(&f, NF_IO_AIO, NF_IO_FAULT_DELAY, 0, 300000);
+	uint8_t *buf = nf_io_buf_alloc(f.ffn->length, nf_io_ctx_align(io));
+	struct ts_done d = {0};
+	cr_assert_eq(nf_io_ctx_read_extents(io, f.ffn, 0, 1, buf, ts_on_done, &d), 0);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr_assert_eq(nf_io_ctx_poll(io), 0);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+	cr_assert_lt(ms, 150.0, "the poll took %.1f ms", ms);
+	cr_assert_eq(d.calls, 0, "still held");
+	cr_assert_eq(nf_io_ctx_wait(io, 0, -1), 1);
+	cr_assert_eq(d.result, 0);
+	nf_io_buf_free(buf);
+	nf_io_ctx_close(io);
 	teardown_store(&f);
 }

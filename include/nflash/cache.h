@@ -286,6 +286,17 @@ int nf_cache_prefetch(struct nf_cache *c, uint32_t layer, uint32_t expert, const
  */
 int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user);
 
+/*
+ * nf_cache_poll - between compute steps (attention, from the thread that
+ * runs the layer): collect the reads that have landed without waiting, so
+ * that the reads queued behind them go to the device (nf_io_ctx_poll);
+ * their events wait for nf_cache_reap. Costs one non-blocking syscall when
+ * reads are in flight, nothing otherwise. Returns the requests completed,
+ * 0 (none, or another thread is reaping), or a backend error, which the
+ * next reap or release reports too.
+ */
+int nf_cache_poll(struct nf_cache *c);
+
 /* End of a layer: waits for its reads (not route-ahead ones), unpins its
  * slots. Returns 0 or the first read error seen since the last release. */
 int nf_cache_release(struct nf_cache *c);

@@ -283,6 +283,17 @@ int nf_io_ctx_read_raw(struct nf_io_ctx *io, uint64_t offset, uint64_t len, void
  */
 int nf_io_ctx_wait(struct nf_io_ctx *io, unsigned int min_requests, int timeout_ms);
 
+/*
+ * Poll mode: collect the reads that have landed, without waiting, run
+ * their callbacks and hand the queued reads the room they freed. A read
+ * that landed holds its place in the queue depth until reaped, so a caller
+ * that computes for milliseconds between waits leaves the device idle with
+ * reads still queued here; calling this between its steps keeps the device
+ * fed. Returns the requests completed (callbacks run), or the sticky error
+ * / a backend error. In thread mode the thread reaps: 0.
+ */
+int nf_io_ctx_poll(struct nf_io_ctx *io);
+
 /* Requests queued or in flight. */
 unsigned int nf_io_ctx_pending(const struct nf_io_ctx *io);
 /* The backend in use (never NF_IO_AUTO) and its name. */
