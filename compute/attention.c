@@ -277,14 +277,14 @@ int nf_attention(struct nf_ctx *c, uint32_t il, size_t nb)
 		{ .w = &wk, .y = c->kn, .ldy = KV },
 		{ .w = &wv, .y = c->vn, .ldy = KV },
 	};
-	nf_ctx_matmul(c, qkv, 3, c->xn, E, nb);
+	nf_ctx_matmul_polling(c, qkv, 3, c->xn, E, nb, c->m->cache);
 	nf_cache_poll(c->m->cache);
 	nf_ctx_parallel(c, nb, rope_store_rows, &j);
 	atomic_init(&j.next, 0);
 	nf_ctx_run(c, attend, &j);
 	nf_cache_poll(c->m->cache);
 	struct nf_mm o = { .w = &wo, .y = c->tmp, .ldy = E };
-	nf_ctx_matmul(c, &o, 1, c->att, E, nb);
+	nf_ctx_matmul_polling(c, &o, 1, c->att, E, nb, c->m->cache);
 	nf_cache_poll(c->m->cache);
 	/* The buffer now takes a later layer. A failed prefetch is not this
 	 * layer's error: the acquire of the layer it was for reports it. */

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nflash/cache.h"
@@ -105,7 +106,34 @@ struct mm_job {
 	size_t c0[5];          /* first chunk of each product; c0[n_mm]: total */
 	_Atomic size_t next;   /* next chunk to take */
 	int even;              /* NFLASH_MM_EVEN: one chunk a thread, in thread order */
+	struct nf_cache *poll; /* NULL, or the cache to poll between chunks */
+	_Atomic uint64_t poll_ns; /* when it was last polled */
 };
+
+/* A poll between chunks at most this often: one syscall per about 0.1 ms
+ * of the product, which is what a device with 100K reads a second needs
+ * to stay fed, and nothing measurable beside the product. */
+#define MM_POLL_NS 100000u
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Between two chunks: the thread that finds MM_POLL_NS passed since the
+ * last poll polls (nf_cache_poll); the checksums of what landed run on it
+ * while the other threads take its chunks. */
+static void mm_poll(struct mm_job *j)
+{
+	uint64_t now = mono_ns(), last = atomic_load_explicit(&j->poll_ns, memory_order_relaxed);
+	if (now - last < MM_POLL_NS ||
+	    !atomic_compare_exchange_strong_explicit(&j->poll_ns, &last, now, memory_order_relaxed,
+						     memory_order_relaxed))
+		return;
+	nf_cache_poll(j->poll);
+}
 
 /* Rows [r0, r1) of one product. */
 static void mm_rows(const struct mm_job *j, const struct nf_mm *m, size_t r0, size_t r1)
@@ -162,6 +190,8 @@ static void mm_worker(void *arg, int ith, int nth)
 		const struct nf_mm *m = &j->mm[i];
 		size_t r0 = (c - j->c0[i]) * j->cs[i], r1 = r0 + j->cs[i];
 		mm_rows(j, m, r0, r1 < m->w->nrows ? r1 : m->w->nrows);
+		if (j->poll)
+			mm_poll(j);
 	}
 }
 
@@ -188,6 +218,12 @@ static void mm_chunk(struct mm_job *j, int nth)
 void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const float *x,
 		   size_t ldx, size_t nb)
 {
+	nf_ctx_matmul_polling(c, mm, n_mm, x, ldx, nb, NULL);
+}
+
+void nf_ctx_matmul_polling(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const float *x,
+			   size_t ldx, size_t nb, struct nf_cache *poll)
+{
 	bool done[4] = { false };
 	for (size_t i = 0; i < n_mm; i++) {
 		if (done[i])
@@ -212,7 +248,8 @@ void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const 
 			stride = pj.stride;
 		}
 		struct mm_job j = { .k = c->k, .mm = grp, .n_mm = ng, .xq = xq, .xq_stride = stride,
-				    .nb = nb };
+				    .nb = nb, .poll = poll };
+		atomic_init(&j.poll_ns, poll ? mono_ns() : 0);
 		mm_chunk(&j, c->pool ? nf_pool_nthreads(c->pool) : 1);
 		nf_ctx_run(c, mm_worker, &j);
 	}

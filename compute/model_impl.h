@@ -174,6 +174,13 @@ void nf_ctx_run(struct nf_ctx *c, nf_pool_fn fn, void *arg);
  */
 void nf_ctx_matmul(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const float *x,
 		   size_t ldx, size_t nb);
+/* The same, polling the cache (nf_cache_poll) between chunks, at most
+ * every 0.1 ms, when poll is not NULL: attention's products, so that the
+ * FFN's reads that land go on feeding the device (docs/PIPELINE.md
+ * "Keeping the disk fed through attention"). Same bits. */
+struct nf_cache;
+void nf_ctx_matmul_polling(struct nf_ctx *c, const struct nf_mm *mm, size_t n_mm, const float *x,
+			   size_t ldx, size_t nb, struct nf_cache *poll);
 
 /* Runs fn(arg, b0, b1) on slices [b0, b1) of n items over the threads. */
 void nf_ctx_parallel(struct nf_ctx *c, size_t n, void (*fn)(void *arg, size_t b0, size_t b1),
