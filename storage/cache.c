@@ -1343,11 +1343,13 @@ int nf_cache_reap(struct nf_cache *c, nf_cache_ready_fn fn, void *user)
 
 int nf_cache_poll(struct nf_cache *c)
 {
-	if (!c || !c->io || !nf_io_ctx_pending(c->io))
+	if (!c || !c->io)
 		return 0;
+	/* the I/O context is one thread's at a time (poll mode): the pending
+	 * count too is read under the wait lock, which every reaper holds */
 	if (pthread_mutex_trylock(&c->wait_lock) != 0)
 		return 0; /* a reaper waits on the I/O context: it reaps */
-	int rc = nf_io_ctx_poll(c->io);
+	int rc = nf_io_ctx_pending(c->io) ? nf_io_ctx_poll(c->io) : 0;
 	pthread_mutex_unlock(&c->wait_lock);
 	if (rc > 0 && atomic_load(&c->ev_sleepers))
 		pthread_cond_broadcast(&c->ev_cond);
