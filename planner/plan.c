@@ -1371,7 +1371,10 @@ static int measure_stream(const struct nf_plan_opts *o, uint64_t overhead, const
  * noise only ever adds time, and the first decode after the calibration
  * can be the slowest (the 7B at 1 GiB: gap 8 decoded 1121 ms a token, then
  * 501; gap 16 603, then 534), which a mean would hold against the gap
- * chosen, always decoded first. The entry then holds
+ * chosen, always decoded first. A neighbour taken, the walk goes on in its
+ * direction, the next gap decoded and taken the same way, until one does
+ * not win: the 7B at 2 GiB (session 39) took gap 1 over the model's 0
+ * (189 against 196 ms) and never decoded 2. The entry then holds
  * the model's prediction for the gap taken, and measure_stream prices a
  * streamed attention's reads from the decodes of that gap. Skipped where
  * a token is predicted to read less than once a layer: there the gap has
@@ -1379,24 +1382,137 @@ static int measure_stream(const struct nf_plan_opts *o, uint64_t overhead, const
  */
 #define GAP_MARGIN 0.03
 
-struct gap_cand {
+/* Append to log[0..len) at *w, truncating at the end. */
+static void logcat(char *log, size_t len, size_t *w, const char *fmt, ...)
+{
+	if (*w + 1 >= len)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(log + *w, len - *w, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		*w = *w + (size_t)n < len ? *w + (size_t)n : len - 1;
+}
+
+static bool cannot_run(int rc)
+{
+	return rc == -EAGAIN || rc == NF_EBUDGET;
+}
+
+int nf_plan_gap_search(const uint32_t *gaps, size_t n_gaps, size_t k0, double best0, double margin,
+		       nf_plan_gap_round_fn round, void *arg, size_t *taken, char *log, size_t log_len)
+{
+	size_t k[3] = { k0, 0, 0 }, w = 0;
+	double t[3] = { best0, 0, 0 };
+	bool ok[3] = { true, true, true };
+	uint32_t n = 1;
+	int rc;
+	*taken = k0;
+	if (log_len)
+		log[0] = 0;
+	if (k0 >= n_gaps)
+		return -EINVAL;
+	if (k0 > 0)
+		k[n++] = k0 - 1;
+	if (k0 + 1 < n_gaps)
+		k[n++] = k0 + 1;
+	for (uint32_t j = 0; j < n; j++) {
+		if (j == 0 && best0 > 0)
+			continue; /* decoded before (measure_context) */
+		rc = round(arg, k[j], &t[j]);
+		if (cannot_run(rc)) {
+			if (j == 0)
+				return 1;
+			ok[j] = false;
+		} else if (rc < 0) {
+			return rc;
+		}
+	}
+	uint32_t alt = 0;
+	for (uint32_t j = 1; j < n; j++)
+		if (ok[j] && t[j] < t[alt] * (1.0 - margin))
+			alt = j;
+	for (uint32_t j = 0; j < n; j++)
+		if (ok[j])
+			logcat(log, log_len, &w, "%sgap %u %.1f ms", j ? ", " : "", gaps[k[j]], t[j] * 1e3);
+	size_t cur = k0;
+	double tc = t[0];
+	if (alt) {
+		/* again, the neighbour first this time */
+		rc = round(arg, k[alt], &t[alt]);
+		if (rc == 0)
+			rc = round(arg, k0, &t[0]);
+		if (rc < 0 && !cannot_run(rc))
+			return rc;
+		if (rc == 0) {
+			logcat(log, log_len, &w, "; again, the faster of two: gap %u %.1f ms, gap %u %.1f ms", gaps[k[alt]],
+			       t[alt] * 1e3, gaps[k0], t[0] * 1e3);
+			if (t[alt] < t[0] * (1.0 - margin)) {
+				cur = k[alt];
+				tc = t[alt];
+			}
+		}
+	}
+	/* on in the direction taken, each further gap taken as the neighbour was */
+	while (cur != k0 && (cur > k0 ? cur + 1 < n_gaps : cur > 0)) {
+		size_t nx = cur > k0 ? cur + 1 : cur - 1;
+		double tn = 0;
+		rc = round(arg, nx, &tn);
+		if (cannot_run(rc))
+			break;
+		if (rc < 0)
+			return rc;
+		double first = tn;
+		bool wins = tn < tc * (1.0 - margin), again = false;
+		if (wins) {
+			rc = round(arg, cur, &tc);
+			if (rc == 0)
+				rc = round(arg, nx, &tn);
+			if (rc < 0 && !cannot_run(rc))
+				return rc;
+			again = rc == 0;
+			wins = again && tn < tc * (1.0 - margin);
+		}
+		logcat(log, log_len, &w, "; on to gap %u %.1f ms", gaps[nx], first * 1e3);
+		if (again)
+			logcat(log, log_len, &w, ", the faster of two %.1f against gap %u %.1f", tn * 1e3, gaps[cur],
+			       tc * 1e3);
+		if (!wins)
+			break;
+		cur = nx;
+		tc = tn;
+	}
+	*taken = cur;
+	return 0;
+}
+
+/* measure_gap's decodes: the chosen settings, each gap's rounds */
+struct gap_probe {
+	const struct nf_plan_opts *o;
+	uint64_t overhead;
+	const int32_t *ids;
 	struct nf_store_plan_entry e;
-	size_t k;                   /* index in k_gaps */
-	struct stream_meas m;       /* its decodes: seconds a token (mean, fastest), stream figures */
-	bool ok;
+	struct stream_meas m[N_GAPS];
+	size_t last;                /* the gap index decoded last */
 };
 
-/* One more decode of candidate c, folded into its means. */
-static int gap_round(const struct nf_plan_opts *o, uint64_t overhead, const int32_t *ids, struct gap_cand *c)
+/* nf_plan_gap_round_fn: one more decode with read gap k_gaps[k]. */
+static int gap_round(void *arg, size_t k, double *best)
 {
+	struct gap_probe *g = arg;
 	const struct choice plain = { 0, 0, 0, 0, true, false };
+	struct nf_store_plan_entry e = g->e;
+	e.read_gap = k_gaps[k];
+	g->last = k;
 	double tt = 0, bb = 0;
 	enum nf_sparse_mode mode;
 	struct attn_probe ap;
-	int rc = decode_probe(o, overhead, &c->e, &plain, ids, &tt, &bb, &mode, &ap, NULL);
+	int rc = decode_probe(g->o, g->overhead, &e, &plain, g->ids, &tt, &bb, &mode, &ap, NULL);
 	if (rc < 0)
 		return rc;
-	meas_add(&c->m, tt, &ap);
+	meas_add(&g->m[k], tt, &ap);
+	*best = g->m[k].best;
 	return 0;
 }
 
@@ -1411,65 +1527,31 @@ static int measure_gap(const struct nf_plan_opts *o, uint64_t overhead, const in
 	size_t k0 = 0;
 	while (k0 + 1 < N_GAPS && k_gaps[k0] != pe->read_gap)
 		k0++;
-	struct gap_cand c[3] = { { .e = *pe, .k = k0, .m = *sm, .ok = true } };
-	uint32_t n = 1;
-	if (k0 > 0)
-		c[n++] = (struct gap_cand){ .e = *pe, .k = k0 - 1, .ok = true };
-	if (k0 + 1 < N_GAPS)
-		c[n++] = (struct gap_cand){ .e = *pe, .k = k0 + 1, .ok = true };
-	for (uint32_t j = 0; j < n; j++) {
-		c[j].e.read_gap = k_gaps[c[j].k];
-		if (j == 0 && c[0].m.n)
-			continue; /* measure_context decoded it */
-		int rc = gap_round(o, overhead, ids, &c[j]);
-		if (rc == -EAGAIN || rc == NF_EBUDGET) {
-			if (j == 0)
-				return 0;
-			c[j].ok = false;
-		} else if (rc < 0) {
-			return nf_diag_fail(d, rc, "%s: probing a decode under %.1f MiB with read gap %u", o->store,
-					    (double)b->budget / 1048576.0, k_gaps[c[j].k]);
-		}
-	}
-	uint32_t alt = 0;
-	for (uint32_t j = 1; j < n; j++)
-		if (c[j].ok && c[j].m.best < c[alt].m.best * (1.0 - GAP_MARGIN))
-			alt = j;
-	char what[256];
-	int w = 0;
-	for (uint32_t j = 0; j < n; j++)
-		if (c[j].ok)
-			w += snprintf(what + w, sizeof(what) - (size_t)w, "%sgap %u %.1f ms", w ? ", " : "",
-				      k_gaps[c[j].k], c[j].m.best * 1e3);
-	uint32_t take = 0;
-	if (alt) {
-		/* again, the neighbour first this time */
-		int rc = gap_round(o, overhead, ids, &c[alt]);
-		if (rc >= 0)
-			rc = gap_round(o, overhead, ids, &c[0]);
-		if (rc < 0 && rc != -EAGAIN && rc != NF_EBUDGET)
-			return nf_diag_fail(d, rc, "%s: probing a decode under %.1f MiB", o->store,
-					    (double)b->budget / 1048576.0);
-		if (rc == 0 && c[alt].m.best < c[0].m.best * (1.0 - GAP_MARGIN))
-			take = alt;
-		if (rc == 0)
-			snprintf(what + w, sizeof(what) - (size_t)w, "; again, the faster of two: gap %u %.1f ms, gap %u %.1f ms",
-				 k_gaps[c[alt].k], c[alt].m.best * 1e3, k_gaps[c[0].k], c[0].m.best * 1e3);
-	}
-	if (!take) {
-		*sm = c[0].m;
+	struct gap_probe g = { .o = o, .overhead = overhead, .ids = ids, .e = *pe };
+	g.m[k0] = *sm;
+	char what[512];
+	size_t take = k0;
+	int rc = nf_plan_gap_search(k_gaps, N_GAPS, k0, sm->n ? sm->best : 0, GAP_MARGIN, gap_round, &g, &take, what,
+				    sizeof(what));
+	if (rc == 1)
+		return 0; /* the chosen gap cannot run here: nothing measured */
+	if (rc < 0)
+		return nf_diag_fail(d, rc, "%s: probing a decode under %.1f MiB with read gap %u", o->store,
+				    (double)b->budget / 1048576.0, k_gaps[g.last]);
+	if (take == k0) {
+		*sm = g.m[k0];
 		logf_(o, "%.1f MiB: read gap %u and its neighbours, a decode token each: %s: gap %u kept",
 		      (double)b->budget / 1048576.0, pe->read_gap, what, pe->read_gap);
 		return 0;
 	}
 	struct nf_plan_model m;
-	model_of(ci, b, c[take].k, &m);
+	model_of(ci, b, take, &m);
 	struct nf_store_plan_entry e = { 0 };
 	nf_plan_predict(ci->dev, &m, pe->qd, &e);
 	logf_(o, "%.1f MiB: read gap %u and its neighbours, a decode token each: %s: gap %u taken, predicted %.2f "
 		 "tok/s, not %.2f",
-	      (double)b->budget / 1048576.0, pe->read_gap, what, k_gaps[c[take].k], e.tok_per_s, pe->tok_per_s);
-	pe->read_gap = k_gaps[c[take].k];
+	      (double)b->budget / 1048576.0, pe->read_gap, what, k_gaps[take], e.tok_per_s, pe->tok_per_s);
+	pe->read_gap = k_gaps[take];
 	pe->tok_per_s = e.tok_per_s;
 	pe->io_wait_share = e.io_wait_share;
 	pe->bytes_per_token = e.bytes_per_token;
@@ -1478,7 +1560,7 @@ static int measure_gap(const struct nf_plan_opts *o, uint64_t overhead, const in
 	pe->t_ffn_s = e.t_ffn_s;
 	pe->t_io_s = e.t_io_s;
 	pe->t_token_s = e.t_token_s;
-	*sm = c[take].m;
+	*sm = g.m[take];
 	return 0;
 }
 

@@ -169,6 +169,109 @@ static void drop_model(void)
  * that are not block-aligned, or that run past the data area, are
  * aligned down and kept inside it; unaligned O_DIRECT reads would fail
  * with -EINVAL at completion. */
+/*
+ * The read-gap search on scripted decodes (nf_plan_gap_search): gap k's
+ * rounds take the milliseconds in row k, in order, its last one repeated
+ * (a 0 past the first ends the row); a row starting 0 cannot run
+ * (-EAGAIN), -1 fails (-EIO).
+ */
+struct script {
+	double ms[6][4];
+	int n[6];                   /* rounds taken per gap */
+	double best[6];             /* seconds */
+	int calls;
+};
+
+static int script_round(void *arg, size_t k, double *best)
+{
+	struct script *s = arg;
+	cr_assert(k < 6);
+	s->calls++;
+	if (s->ms[k][0] == 0)
+		return -EAGAIN;
+	if (s->ms[k][0] < 0)
+		return -EIO;
+	int i = s->n[k] < 4 ? s->n[k] : 3;
+	while (i > 0 && s->ms[k][i] == 0)
+		i--;
+	double t = s->ms[k][i] * 1e-3;
+	s->n[k]++;
+	s->best[k] = s->n[k] == 1 || t < s->best[k] ? t : s->best[k];
+	*best = s->best[k];
+	return 0;
+}
+
+static size_t search(struct script *s, size_t k0, double best0, int *rc, char *log, size_t len)
+{
+	static const uint32_t gaps[6] = { 0, 1, 2, 4, 8, 16 };
+	size_t taken = 99;
+	*rc = nf_plan_gap_search(gaps, 6, k0, best0, 0.03, script_round, s, &taken, log, len);
+	cr_log_info("k0 %zu: rc %d, taken %zu: %s", k0, *rc, taken, log);
+	return taken;
+}
+
+Test(planner, read_gap_search_walks_on_while_each_gap_wins)
+{
+	char log[512];
+	int rc;
+	/* faster up to gap 4, then slower: the walk takes gap 4, decoding 8
+	 * once to find it slower; 16 is never decoded */
+	struct script s = { .ms = { { 200 }, { 190 }, { 180 }, { 170 }, { 175 }, { 100 } } };
+	cr_expect_eq(search(&s, 0, 0, &rc, log, sizeof(log)), 3);
+	cr_expect_eq(rc, 0);
+	cr_expect_str_eq(log, "gap 0 200.0 ms, gap 1 190.0 ms; again, the faster of two: gap 1 190.0 ms, gap 0 200.0 "
+			      "ms; on to gap 2 180.0 ms, the faster of two 180.0 against gap 1 190.0; on to gap 4 "
+			      "170.0 ms, the faster of two 170.0 against gap 2 180.0; on to gap 8 175.0 ms");
+	cr_expect_eq(s.n[4], 1, "gap 8, not faster, decoded once");
+	cr_expect_eq(s.n[5], 0);
+	cr_expect_eq(s.n[3], 2, "gap 4: found and confirmed");
+	/* no ": gap " in the walk: measure_gap's last, ": gap G kept / taken",
+	 * is the decision (as tests read it) */
+	cr_expect(!strstr(strstr(log, "; on to"), ": gap "), "%s", log);
+
+	/* down from the widest, to the end of the list */
+	struct script dn = { .ms = { { 50 }, { 60 }, { 70 }, { 80 }, { 90 }, { 100 } } };
+	cr_expect_eq(search(&dn, 5, 0, &rc, log, sizeof(log)), 0);
+	cr_expect_eq(rc, 0);
+
+	/* a neighbour 3% faster on its first round, but the chosen gap's
+	 * second round beats it: kept, nothing walked */
+	struct script kept = { .ms = { { 100 }, { 95, 70 }, { 80, 90 }, { 50 }, { 50 }, { 50 } } };
+	cr_expect_eq(search(&kept, 1, 0, &rc, log, sizeof(log)), 1);
+	cr_expect_eq(rc, 0);
+	cr_expect_eq(kept.n[3], 0, "no walk past a neighbour not taken");
+	/* and within the margin of it: kept without decoding again */
+	struct script near = { .ms = { { 100 }, { 100 }, { 98 }, { 50 }, { 50 }, { 50 } } };
+	cr_expect_eq(search(&near, 1, 0, &rc, log, sizeof(log)), 1);
+	cr_expect_eq(near.calls, 3);
+	/* the chosen gap's round before the search counts as its first */
+	struct script pre = { .ms = { { 100 }, { 100 }, { 100 }, { 100 }, { 100 }, { 100 } } };
+	cr_expect_eq(search(&pre, 2, 0.100, &rc, log, sizeof(log)), 2);
+	cr_expect_eq(pre.n[2], 0);
+	cr_expect_eq(pre.calls, 2, "the two neighbours alone");
+
+	/* the walk stops at a gap that cannot run, keeping the one before */
+	struct script gone = { .ms = { { 200 }, { 150 }, { 0 }, { 50 }, { 50 }, { 50 } } };
+	cr_expect_eq(search(&gone, 0, 0, &rc, log, sizeof(log)), 1);
+	cr_expect_eq(rc, 0);
+	cr_expect_eq(gone.n[3], 0, "no gap past one that cannot run");
+
+	/* the chosen gap cannot run: nothing decided; an error ends it */
+	struct script none = { .ms = { { 0 }, { 10 }, { 10 }, { 10 }, { 10 }, { 10 } } };
+	search(&none, 0, 0, &rc, log, sizeof(log));
+	cr_expect_eq(rc, 1);
+	struct script bad = { .ms = { { 100 }, { -1 }, { 100 }, { 100 }, { 100 }, { 100 } } };
+	search(&bad, 0, 0, &rc, log, sizeof(log));
+	cr_expect_eq(rc, -EIO);
+	/* a tiny log is truncated, never overrun; k0 out of range refused */
+	char tiny[8];
+	struct script t2 = { .ms = { { 200 }, { 190 }, { 180 }, { 170 }, { 175 }, { 100 } } };
+	cr_expect_eq(search(&t2, 0, 0, &rc, tiny, sizeof(tiny)), 3);
+	cr_expect_eq(strlen(tiny), 7);
+	search(&t2, 6, 0, &rc, tiny, sizeof(tiny));
+	cr_expect_eq(rc, -EINVAL);
+}
+
 Test(planner, device_reads_at_given_offsets_stay_aligned_and_inside, .fini = drop_model)
 {
 	pl_make_wide_model("plan-at", 64, gguf, store, sizeof(gguf));

@@ -152,6 +152,26 @@ struct nf_plan_model {
 void nf_plan_predict(const struct nf_store_plan *dev, const struct nf_plan_model *m, uint32_t qd,
 		     struct nf_store_plan_entry *e);
 
+/*
+ * nf_plan_gap_search - the read gap, measured (docs/PLAN.md "The read gap,
+ * measured"). From gaps[k0], the cost model's choice among gaps[0..n_gaps)
+ * (ascending): decode it and its neighbours once each; a neighbour margin
+ * faster (0.03: 3%) is decoded again, then gaps[k0], and taken if the
+ * faster of its rounds still wins; then on in that direction, the next gap
+ * decoded and taken the same way, until one does not win or the list ends.
+ * round(arg, k, &best_s) decodes gaps[k] once more and gives the fastest
+ * of all its rounds, in seconds a token; it returns 0, -EAGAIN or
+ * NF_EBUDGET where gaps[k] cannot run (that gap is passed over), or
+ * another negative error, which ends the search. best0 > 0: gaps[k0]'s
+ * fastest round so far (it is not decoded first). The rounds go to log
+ * ("gap G T ms, ..."; NUL-terminated, truncated at log_len); *taken: the
+ * index taken (k0: kept). Returns 0; 1 where gaps[k0] cannot run (nothing
+ * decided); -EINVAL for k0 out of range; or round's error.
+ */
+typedef int (*nf_plan_gap_round_fn)(void *arg, size_t k, double *best_s);
+int nf_plan_gap_search(const uint32_t *gaps, size_t n_gaps, size_t k0, double best0, double margin,
+		       nf_plan_gap_round_fn round, void *arg, size_t *taken, char *log, size_t log_len);
+
 /* ---- the whole planner ----------------------------------------------------------- */
 
 struct nf_plan_opts {
